@@ -1,0 +1,56 @@
+"""Every annotation key, label key and event type the project reads or writes.
+
+These names are contracts: users put the policy annotation on their workloads, Triggers filter
+on the event types, and existing clusters carry the state annotation. Change none of them
+without a migration.
+"""
+
+from typing import Final
+
+# The user's opt-in, kept compatible with the original kse-rescheduler: an integer, 0 disables.
+POLICY_ANNOTATION: Final = "scheduling-retries"
+
+PREFIX: Final = "kn-rescheduler.io/"
+
+# Versioned JSON state, on the pod's direct controller (ReplicaSet, StatefulSet, Job) or on a
+# bare pod itself.
+STATE_ANNOTATION: Final = PREFIX + "state"
+# JSON list of node names the webhook stamped on a new pod; the scheduler is kept off them by a
+# required node affinity added at the same time.
+EXCLUDED_NODES_ANNOTATION: Final = PREFIX + "excluded-nodes"
+# Per-workload override of how long a pod must have run before its failure no longer says
+# anything about the nodes it was kept off (a Go-style duration such as "30m" or "2h").
+RESET_AFTER_ANNOTATION: Final = PREFIX + "reset-after"
+# Written by the webhook on pods it patched, so later functions know the pod is opted in.
+POLICY_STAMP_ANNOTATION: Final = POLICY_ANNOTATION
+# Label on a pod that makes the webhook leave it alone (also the webhook's objectSelector).
+OPT_OUT_LABEL: Final = PREFIX + "ignore"
+
+# Compatibility with the original Podrescheduling scheduler plugin, written when enabled.
+KSE_SCHEDULED_HOSTS_ANNOTATION: Final = "kse.com/scheduled-hosts"
+
+# Event types Knative's ApiServerSource emits in Resource mode.
+APISERVER_ADD: Final = "dev.knative.apiserver.resource.add"
+APISERVER_UPDATE: Final = "dev.knative.apiserver.resource.update"
+APISERVER_DELETE: Final = "dev.knative.apiserver.resource.delete"
+
+# Event types the project emits.
+EVENT_POD_FAILING: Final = "io.kn-rescheduler.pod.failing"
+EVENT_POD_RESCHEDULED: Final = "io.kn-rescheduler.pod.rescheduled"
+EVENT_POD_EXHAUSTED: Final = "io.kn-rescheduler.pod.exhausted"
+EVENT_SOURCE_PREFIX: Final = "/kn-rescheduler/"
+
+# Reasons of the Kubernetes Events recorded on workloads.
+REASON_RESCHEDULED: Final = "Rescheduled"
+REASON_EXCLUSIONS_CLEARED: Final = "ExclusionsCleared"
+REASON_RETRIES_EXHAUSTED: Final = "RetriesExhausted"
+REASON_INVALID_POLICY: Final = "InvalidPolicy"
+
+# The component name on Kubernetes Events and the field manager on writes.
+COMPONENT: Final = "kn-rescheduler"
+
+# Namespace the project is installed in; its own pods are never touched.
+DEFAULT_NAMESPACE: Final = "kn-rescheduler"
+
+# The simulated kubelet fault label of the local control plane (tests and demo only).
+SIM_FAULT_LABEL: Final = "sim.kn-rescheduler.io/fault"

@@ -1,0 +1,113 @@
+"""TypedDicts for the raw Kubernetes and AdmissionReview JSON that crosses our edges.
+
+They describe only the fields we read. Everything arrives as plain JSON (a CloudEvent's data,
+an AdmissionReview body, the API's dict form), so these are views, never validated schemas:
+code reading them still copes with missing keys.
+"""
+
+from typing import Any, TypedDict
+
+
+class OwnerReference(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+
+class ObjectMeta(TypedDict, total=False):
+    name: str
+    generateName: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    ownerReferences: list[OwnerReference]
+    deletionTimestamp: str
+    creationTimestamp: str
+
+
+class ContainerStateWaiting(TypedDict, total=False):
+    reason: str
+    message: str
+
+
+class ContainerStateTerminated(TypedDict, total=False):
+    exitCode: int
+    reason: str
+    message: str
+    startedAt: str
+    finishedAt: str
+
+
+class ContainerStateRunning(TypedDict, total=False):
+    startedAt: str
+
+
+class ContainerState(TypedDict, total=False):
+    waiting: ContainerStateWaiting
+    running: ContainerStateRunning
+    terminated: ContainerStateTerminated
+
+
+class ContainerStatus(TypedDict, total=False):
+    name: str
+    ready: bool
+    started: bool
+    restartCount: int
+    image: str
+    state: ContainerState
+    lastState: ContainerState
+
+
+class PodCondition(TypedDict, total=False):
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+
+
+class PodStatus(TypedDict, total=False):
+    phase: str
+    reason: str
+    message: str
+    startTime: str
+    conditions: list[PodCondition]
+    containerStatuses: list[ContainerStatus]
+    initContainerStatuses: list[ContainerStatus]
+
+
+class PodSpec(TypedDict, total=False):
+    nodeName: str
+    affinity: dict[str, Any]
+    containers: list[dict[str, Any]]
+    initContainers: list[dict[str, Any]]
+
+
+class Pod(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    spec: PodSpec
+    status: PodStatus
+
+
+class AdmissionRequest(TypedDict, total=False):
+    uid: str
+    kind: dict[str, str]
+    resource: dict[str, str]
+    operation: str
+    namespace: str
+    name: str
+    object: Pod
+    dryRun: bool
+
+
+class AdmissionReview(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    request: AdmissionRequest
+    response: dict[str, Any]
