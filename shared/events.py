@@ -1,0 +1,188 @@
+"""CloudEvents in and out of the functions, with Knative's delivery rules in mind.
+
+A Broker treats the HTTP answer of a Trigger subscriber as follows: 2xx with a CloudEvent is a
+reply it routes again; 2xx with an empty body is plain success; a non-empty body that is not a
+CloudEvent counts as a failed delivery; 404, 408, 409, 429 and 5xx are retried; other 4xx are
+not. So every function here is an HTTP function (functions-framework's CloudEvent signature
+always answers "OK", which the Broker would count as a failure) that answers:
+
+- ``202`` and an empty body when there is nothing to emit (including "the object is gone");
+- ``200`` with a binary-mode reply CloudEvent (always with ``datacontenttype``);
+- ``400`` for a malformed event (not retried: it will never parse);
+- ``503`` for transient trouble (API unreachable, throttled, optimistic-concurrency retries
+  used up), which Knative redelivers;
+- ``500`` for what a person must fix (RBAC, a corrupt state annotation), so the event ends in
+  the dead-letter sink instead of being lost.
+
+Every received event is logged as one JSON line holding the event in structured mode: the raw
+material the replay tool reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import flask
+from cloudevents import exceptions as ce_exceptions
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent, from_http
+
+from shared import kube, logs, metrics
+from shared.constants import EVENT_SOURCE_PREFIX
+
+log = logging.getLogger(__name__)
+
+CORE_ATTRIBUTES = ("id", "source", "type", "specversion", "subject", "time", "datacontenttype")
+
+
+class BadEvent(ValueError):
+    """The request is not a CloudEvent we can act on; answered with 400."""
+
+
+class MustNotAct(RuntimeError):
+    """Acting would risk data (a corrupt state annotation, say); a person must look.
+
+    Answered with 500 so the Broker retries and finally dead-letters the event: kept, not lost.
+    """
+
+
+@dataclass(frozen=True)
+class Event:
+    """An incoming CloudEvent: its attributes (core and extensions) and its JSON data."""
+
+    id: str
+    source: str
+    type: str
+    attributes: Mapping[str, str]
+    data: Any
+
+    @property
+    def subject(self) -> str:
+        return self.attributes.get("subject", "")
+
+    def structured(self) -> dict[str, Any]:
+        """The event as a structured-mode JSON object (what the archive stores)."""
+        out: dict[str, Any] = dict(self.attributes)
+        out["data"] = self.data
+        return out
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A follow-up event a function answers with; the Broker routes it to the next Trigger."""
+
+    type: str
+    subject: str
+    data: Mapping[str, Any]
+    source: str = ""
+    extensions: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse(headers: Mapping[str, str], body: bytes) -> Event:
+    """A CloudEvent from an HTTP request, binary or structured mode, data as JSON."""
+    try:
+        ce = from_http(dict(headers), body)
+    except (ce_exceptions.GenericException, ValueError, TypeError) as exc:
+        raise BadEvent(f"not a CloudEvent: {exc}") from exc
+    attributes = {k: str(v) for k, v in ce.get_attributes().items() if v is not None}
+    for required in ("id", "source", "type"):
+        if not attributes.get(required):
+            raise BadEvent(f"CloudEvent without {required}")
+    data = ce.get_data()
+    if isinstance(data, (bytes, str)):
+        # The SDK hands back undecodable JSON as a string rather than failing.
+        try:
+            data = json.loads(data) if data else None
+        except ValueError as exc:
+            raise BadEvent(f"CloudEvent data is not JSON: {exc}") from exc
+    return Event(
+        id=attributes["id"],
+        source=attributes["source"],
+        type=attributes["type"],
+        attributes=attributes,
+        data=data,
+    )
+
+
+def reply_response(reply: Reply, function: str) -> flask.Response:
+    attributes: dict[str, Any] = {
+        "id": str(uuid.uuid4()),
+        "type": reply.type,
+        "source": reply.source or EVENT_SOURCE_PREFIX + function,
+        "subject": reply.subject,
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "datacontenttype": "application/json",
+        **reply.extensions,
+    }
+    headers, body = to_binary(CloudEvent(attributes, dict(reply.data)))
+    return flask.Response(body, status=200, headers=headers)
+
+
+def accepted() -> flask.Response:
+    return flask.Response(b"", status=202)
+
+
+def failure(status: int, reason: str) -> flask.Response:
+    # A Broker ignores the body of a failed delivery, but people reading logs of a direct
+    # POST (curl, replay) want the reason.
+    return flask.Response(
+        json.dumps({"error": reason}), status=status, mimetype="application/json"
+    )
+
+
+Handler = Callable[[Event], Reply | None]
+
+
+def serve(request: flask.Request, handler: Handler, *, function: str) -> flask.Response:
+    """Parse, log, dispatch, and map the outcome onto Knative's delivery semantics."""
+    if request.path.rstrip("/") == "/metrics" and request.method == "GET":
+        return metrics.response()
+    if request.method != "POST":
+        return failure(405, "POST a CloudEvent")
+    started = time.perf_counter()
+    try:
+        event = parse(dict(request.headers.items()), request.get_data())
+    except BadEvent as exc:
+        log.warning("malformed event: %s", exc)
+        metrics.EVENTS.labels(function=function, type="malformed", outcome="400").inc()
+        return failure(400, str(exc))
+    with logs.event_context(event.id, event.type, event.subject):
+        log.info("event received", extra={"cloudevent": event.structured()})
+        response = dispatch(event, handler, function=function)
+        metrics.EVENTS.labels(
+            function=function, type=event.type, outcome=str(response.status_code)
+        ).inc()
+        metrics.LATENCY.labels(function=function).observe(time.perf_counter() - started)
+        return response
+
+
+def dispatch(event: Event, handler: Handler, *, function: str) -> flask.Response:
+    """Run the handler for one parsed event and turn its outcome into an HTTP answer."""
+    try:
+        reply = handler(event)
+    except BadEvent as exc:
+        log.warning("event rejected: %s", exc)
+        return failure(400, str(exc))
+    except kube.NotFound as exc:
+        log.info("nothing to do, object gone: %s", exc)
+        return accepted()
+    except (kube.Transient, kube.Conflict) as exc:
+        log.warning("transient failure, asking for redelivery: %s", exc)
+        return failure(503, str(exc))
+    except (kube.Forbidden, kube.Invalid, MustNotAct) as exc:
+        log.error("cannot act, needs a person: %s", exc)
+        return failure(500, str(exc))
+    except Exception as exc:
+        log.exception("handler failed")
+        return failure(500, f"{type(exc).__name__}: {exc}")
+    if reply is None:
+        return accepted()
+    log.info("replying", extra={"reply_type": reply.type, "reply_subject": reply.subject})
+    return reply_response(reply, function)

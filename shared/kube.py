@@ -1,0 +1,366 @@
+"""The one module that talks to the Kubernetes API.
+
+Everything else builds request bodies (pure code) and hands them here. Keeping the client in
+one place means one set of timeouts, one error vocabulary and one dry-run switch:
+
+- API errors map to a handful of exceptions of ours (NotFound, Conflict, AlreadyExists,
+  Forbidden, Invalid, Transient), so handlers decide on meaning, not on HTTP codes;
+- only Transient failures (429, 5xx, timeouts, refused connections) are retried here, with a
+  short bounded backoff; the handler's caller (Knative's redelivery) owns longer waits;
+- with ``dry_run`` every write carries ``dryRun=All``: the API server validates and admits it
+  (webhooks included) but persists nothing;
+- every call is recorded in the current ``recording()`` context, which the replay tool prints
+  as the decision trace.
+
+Objects travel as plain JSON dicts (the API's own camelCase form), not the client's generated
+models: the same shape the CloudEvents and AdmissionReviews carry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote, urlencode
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from shared.constants import COMPONENT
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+# kind -> (API path prefix, plural). Only the kinds the project reads or writes.
+RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
+    "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
+    "ReplicaSet": ("/apis/apps/v1", "replicasets"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets"),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "CronJob": ("/apis/batch/v1", "cronjobs"),
+}
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when no answer came)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeError):
+    """The object (or its namespace) does not exist."""
+
+
+class Conflict(KubeError):
+    """A precondition failed: stale resourceVersion or a uid that no longer matches."""
+
+
+class AlreadyExists(Conflict):
+    """A create found an object of that name."""
+
+
+class Forbidden(KubeError):
+    """RBAC said no. Not retried: a deployment problem, not a passing one."""
+
+
+class Invalid(KubeError):
+    """The API server rejected the request body (400/422) or another permanent 4xx."""
+
+
+class Transient(KubeError):
+    """Worth another try later: 429, 5xx, timeouts, connection failures."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One API request as the decision trace shows it."""
+
+    method: str
+    path: str
+    status: int
+    dry_run: bool
+    millis: float
+    error: str = ""
+
+    def describe(self) -> str:
+        dry = " (dry run)" if self.dry_run else ""
+        err = f" {self.error}" if self.error else ""
+        return f"{self.method} {self.path} -> {self.status}{dry}{err}"
+
+
+_recording: contextvars.ContextVar[list[Call] | None] = contextvars.ContextVar(
+    "kube_recording", default=None
+)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Call]]:
+    """Collect the API calls made inside the block (per thread / context)."""
+    calls: list[Call] = []
+    token = _recording.set(calls)
+    try:
+        yield calls
+    finally:
+        _recording.reset(token)
+
+
+def _error_for(status: int, body: bytes | str | None, what: str) -> KubeError:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    reason, message = "", text[:300]
+    try:
+        parsed = json.loads(text)
+        reason = str(parsed.get("reason", ""))
+        message = str(parsed.get("message", message))
+    except (ValueError, AttributeError):
+        pass
+    full = f"{what}: {status} {reason}: {message}".strip()
+    if status == 404:
+        return NotFound(full, status, reason)
+    if status == 409:
+        cls = AlreadyExists if reason == "AlreadyExists" else Conflict
+        return cls(full, status, reason)
+    if status in (401, 403):
+        return Forbidden(full, status, reason)
+    if status == 429 or status >= 500:
+        return Transient(full, status, reason)
+    return Invalid(full, status, reason)
+
+
+def path_for(kind: str, namespace: str | None, name: str | None = None, sub: str = "") -> str:
+    try:
+        prefix, plural = RESOURCES[kind]
+    except KeyError:
+        raise Invalid(f"kind {kind!r} is not one kn-rescheduler works with") from None
+    parts = [prefix]
+    if namespace:
+        parts.append(f"namespaces/{quote(namespace, safe='')}")
+    parts.append(plural)
+    if name:
+        parts.append(quote(name, safe=""))
+    if sub:
+        parts.append(sub)
+    return "/".join(parts)
+
+
+class Kube:
+    """A thin, typed-error view of the API server. Thread-safe (urllib3 pools)."""
+
+    def __init__(
+        self,
+        api_client: k8s_client.ApiClient,
+        *,
+        dry_run: bool = False,
+        timeout: float = 5.0,
+        attempts: int = 4,
+        backoff: float = 0.1,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._api = api_client
+        self.dry_run = dry_run
+        self.timeout = timeout
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self._sleep = sleep
+
+    @classmethod
+    def from_environment(
+        cls, *, dry_run: bool = False, timeout: float = 5.0, attempts: int = 4
+    ) -> Kube:
+        """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+        configuration = k8s_client.Configuration()
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            k8s_config.load_kube_config(client_configuration=configuration)
+        # Handlers run many threads (gunicorn gthread); the default pool of 4 makes them queue.
+        configuration.connection_pool_maxsize = 32
+        return cls(
+            k8s_client.ApiClient(configuration),
+            dry_run=dry_run,
+            timeout=timeout,
+            attempts=attempts,
+        )
+
+    def with_options(self, *, dry_run: bool | None = None, timeout: float | None = None) -> Kube:
+        """The same connection with another dry-run switch or timeout."""
+        return Kube(
+            self._api,
+            dry_run=self.dry_run if dry_run is None else dry_run,
+            timeout=self.timeout if timeout is None else timeout,
+            attempts=self.attempts,
+            backoff=self.backoff,
+            sleep=self._sleep,
+        )
+
+    # -- the one request path ---------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        write: bool = False,
+    ) -> JSON:
+        params = dict(query or {})
+        dry = write and self.dry_run
+        if dry:
+            params["dryRun"] = "All"
+        if write and method in ("POST", "PATCH", "PUT"):
+            params.setdefault("fieldManager", COMPONENT)
+        url_path = path + ("?" + urlencode(params) if params else "")
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        what = f"{method} {path}"
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.perf_counter()
+            status, error = 0, ""
+            try:
+                status, data = self._send(method, url_path, headers, body)
+                if 200 <= status < 300:
+                    return json.loads(data) if data else {}
+                raise _error_for(status, data, what)
+            except KubeError as exc:
+                error = type(exc).__name__
+                if not isinstance(exc, Transient) or attempt >= self.attempts:
+                    raise
+                delay = self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random())
+                log.warning("transient API error, retrying in %.2fs: %s", delay, exc)
+                self._sleep(delay)
+            finally:
+                calls = _recording.get()
+                if calls is not None:
+                    calls.append(
+                        Call(
+                            method,
+                            path,
+                            status,
+                            dry,
+                            round((time.perf_counter() - started) * 1000, 2),
+                            error,
+                        )
+                    )
+
+    def _send(
+        self, method: str, url_path: str, headers: dict[str, str], body: Any
+    ) -> tuple[int, bytes]:
+        config = self._api.configuration
+        self._api.update_params_for_auth(headers, [], ["BearerToken"], url_path, method, body)
+        try:
+            response = self._api.call_api(
+                method,
+                config.host + url_path,
+                header_params=headers,
+                body=body,
+                _request_timeout=self.timeout,
+            )
+            data = response.read()
+        except k8s_client.ApiException as exc:
+            # The client raises (status 0) for TLS failures and for some retry-after answers.
+            if exc.status:
+                return int(exc.status), (exc.body or "").encode()
+            raise Transient(f"{method} {url_path}: {exc.reason}") from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"{method} {url_path}: {type(exc).__name__}: {exc}") from exc
+        return int(response.status), bytes(data or b"")
+
+    # -- verbs ------------------------------------------------------------------------------
+
+    def get(self, kind: str, namespace: str | None, name: str) -> JSON:
+        return self.request("GET", path_for(kind, namespace, name))
+
+    def list_page(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        continue_token: str | None = None,
+        label_selector: str | None = None,
+    ) -> JSON:
+        query = {"limit": str(limit)}
+        if continue_token:
+            query["continue"] = continue_token
+        if label_selector:
+            query["labelSelector"] = label_selector
+        return self.request("GET", path_for(kind, namespace), query=query)
+
+    def list_all(
+        self, kind: str, namespace: str | None = None, *, limit: int = 500
+    ) -> Iterator[JSON]:
+        """Every object, a page at a time (each page is one request; memory stays flat)."""
+        token: str | None = None
+        while True:
+            page = self.list_page(kind, namespace, limit=limit, continue_token=token)
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    def merge_patch(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        body: JSON,
+    ) -> JSON:
+        """JSON merge patch. A ``metadata.resourceVersion`` in the body is a precondition:
+        the API server answers 409 when the object changed since it was read."""
+        return self.request(
+            "PATCH",
+            path_for(kind, namespace, name),
+            body=body,
+            content_type="application/merge-patch+json",
+            write=True,
+        )
+
+    def create(self, kind: str, namespace: str | None, body: JSON) -> JSON:
+        return self.request("POST", path_for(kind, namespace), body=body, write=True)
+
+    def delete(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+        grace_seconds: int | None = None,
+    ) -> JSON:
+        """Delete; with ``uid`` only that incarnation (a recreated namesake gets 409)."""
+        options: JSON = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        return self.request("DELETE", path_for(kind, namespace, name), body=options, write=True)
+
+    def evict(self, namespace: str, name: str, *, uid: str | None = None) -> JSON:
+        """The Eviction API: honours PodDisruptionBudgets (429 while a budget forbids it)."""
+        body: JSON = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        return self.request(
+            "POST", path_for("Pod", namespace, name, "eviction"), body=body, write=True
+        )

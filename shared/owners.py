@@ -1,0 +1,148 @@
+"""Who owns a pod, where its policy comes from, and where its state is kept.
+
+The chains Kubernetes builds:
+
+    Pod -> ReplicaSet -> Deployment     state on the ReplicaSet (a rollout starts afresh)
+    Pod -> StatefulSet                  state on the StatefulSet, per pod name
+    Pod -> Job -> CronJob               state on the Job (the CronJob makes a Job per run)
+    Pod -> DaemonSet                    never moved: it belongs on every node
+    Pod (no controller)                 state on the pod itself
+
+The policy (``scheduling-retries``) is read from the nearest object of the chain, starting at
+the pod's controller, that has it. The Deployment controller copies a Deployment's annotations
+onto its ReplicaSets, so a Deployment's policy is normally found on the ReplicaSet without a
+second lookup; a CronJob's annotations are not copied onto its Jobs (only the jobTemplate's
+are), hence the extra hop there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from shared.constants import POLICY_ANNOTATION
+from shared.kube import Kube
+
+# Kinds whose pods we act on, and the kind that holds their state.
+STATEFUL: Final = "StatefulSet"
+REPLICASET: Final = "ReplicaSet"
+JOB: Final = "Job"
+BARE: Final = "Pod"
+DAEMONSET: Final = "DaemonSet"
+
+# The next hop up a chain, when the policy was not found yet.
+_PARENTS: Final[Mapping[str, str]] = {REPLICASET: "Deployment", JOB: "CronJob"}
+
+
+@dataclass(frozen=True)
+class Ref:
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+    api_version: str = ""
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The object that carries the state annotation, as it was read."""
+
+    ref: Ref
+    resource_version: str
+    annotations: Mapping[str, str]
+    replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What resolving a pod's owners found.
+
+    ``holder`` is None when the pod must never be moved (DaemonSet) or has a controller kind we
+    do not know how to handle; ``why`` then says which.
+    """
+
+    owner_kind: str
+    holder: Holder | None
+    policy: str | None
+    policy_ref: Ref | None
+    why: str = ""
+    chain: tuple[Ref, ...] = field(default_factory=tuple)
+
+
+def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference with ``controller: true`` (there is at most one)."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return dict(ref)
+    return None
+
+
+def _ref(namespace: str, owner: Mapping[str, Any]) -> Ref:
+    return Ref(
+        kind=str(owner.get("kind", "")),
+        namespace=namespace,
+        name=str(owner.get("name", "")),
+        uid=str(owner.get("uid", "")),
+        api_version=str(owner.get("apiVersion", "")),
+    )
+
+
+def _holder(kind: str, obj: Mapping[str, Any]) -> Holder:
+    meta = obj.get("metadata") or {}
+    replicas = (obj.get("spec") or {}).get("replicas")
+    return Holder(
+        ref=Ref(
+            kind=kind,
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+        ),
+        resource_version=str(meta.get("resourceVersion", "")),
+        annotations=dict(meta.get("annotations") or {}),
+        replicas=int(replicas) if isinstance(replicas, int) else None,
+    )
+
+
+def resolve(kube: Kube, namespace: str, pod: Mapping[str, Any]) -> Resolution:
+    """Follow the pod's controller chain with GETs (one, sometimes two).
+
+    Raises kube.NotFound when the controller is gone (nothing to do), and the other kube
+    errors as they come.
+    """
+    meta = pod.get("metadata") or {}
+    owner = controller_of(meta)
+    if owner is None:
+        pod_ref = Ref(BARE, namespace, str(meta.get("name", "")), str(meta.get("uid", "")))
+        holder = _holder(BARE, {**pod, "metadata": {**meta, "namespace": namespace}})
+        policy = holder.annotations.get(POLICY_ANNOTATION)
+        return Resolution(BARE, holder, policy, pod_ref if policy is not None else None)
+
+    first = _ref(namespace, owner)
+    if first.kind == DAEMONSET:
+        return Resolution(DAEMONSET, None, None, None, "DaemonSet pods belong on every node")
+    if first.kind not in (REPLICASET, STATEFUL, JOB):
+        return Resolution(first.kind, None, None, None, f"controller kind {first.kind} unsupported")
+
+    obj = kube.get(first.kind, namespace, first.name)
+    holder = _holder(first.kind, obj)
+    if first.uid and holder.ref.uid and first.uid != holder.ref.uid:
+        # Same name, new object: the pod's own controller is gone.
+        return Resolution(first.kind, None, None, None, f"{first.describe()} was replaced")
+    chain = [holder.ref]
+    policy = holder.annotations.get(POLICY_ANNOTATION)
+    policy_ref: Ref | None = holder.ref if policy is not None else None
+
+    parent_kind = _PARENTS.get(first.kind)
+    parent = controller_of(obj.get("metadata") or {})
+    if policy is None and parent_kind and parent and parent.get("kind") == parent_kind:
+        parent_ref = _ref(namespace, parent)
+        parent_obj = kube.get(parent_kind, namespace, parent_ref.name)
+        parent_meta = parent_obj.get("metadata") or {}
+        chain.append(parent_ref)
+        policy = (parent_meta.get("annotations") or {}).get(POLICY_ANNOTATION)
+        policy_ref = parent_ref if policy is not None else None
+    return Resolution(first.kind, holder, policy, policy_ref, chain=tuple(chain))
