@@ -1,0 +1,275 @@
+"""Runtime configuration shared by every function.
+
+Each function reads the same `Config`: from environment variables `KN_RESCHEDULER_<FIELD>` (what
+a Knative Service sets in `env:`), optionally layered over a mounted YAML or JSON file whose keys
+are the field names (what a ConfigMap volume gives). The environment wins, so a single Service
+can override one knob without a second ConfigMap.
+
+A value we cannot read stops the function at start-up with a `ConfigError` naming the variable:
+a rescheduler that silently falls back to defaults could delete pods its operator meant to
+protect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from shared.constants import DEFAULT_NAMESPACE
+from shared.policy import MAX_RETRIES, parse_duration
+
+ENV_PREFIX: Final = "KN_RESCHEDULER_"
+# Where a mounted config file is looked for when the caller names none.
+CONFIG_FILE_ENV: Final = ENV_PREFIX + "CONFIG_FILE"
+
+# Kubelet waiting reasons that a different node can plausibly fix. CrashLoopBackOff is not
+# here: it is judged separately, only after `crashloop_restart_threshold` restarts.
+DEFAULT_WAITING_REASONS: Final = frozenset(
+    {
+        "RunContainerError",
+        "CreateContainerError",
+        "ContainerCannotRun",
+        "ImagePullBackOff",
+        "ErrImagePull",
+    }
+)
+DEFAULT_TERMINATION_REASONS: Final = frozenset({"OOMKilled"})
+# status.reason of a pod in phase Failed that the node put it in: eviction under pressure,
+# admission rejections by the kubelet (OutOf*, NodeAffinity, UnexpectedAdmissionError), a lost
+# or shut-down node.
+DEFAULT_FAILED_POD_REASONS: Final = frozenset(
+    {
+        "Evicted",
+        "OutOfcpu",
+        "OutOfmemory",
+        "OutOfpods",
+        "OutOfephemeral-storage",
+        "NodeAffinity",
+        "UnexpectedAdmissionError",
+        "NodeLost",
+        "Shutdown",
+        "Terminated",
+    }
+)
+# Failures that follow the pod to every node (a missing Secret, a malformed or never-pull
+# image): moving would burn the budget and fix nothing, so no configuration may enable them.
+NEVER_MOVE_REASONS: Final = frozenset(
+    {"CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull"}
+)
+DEFAULT_EXCLUDED_NAMESPACES: Final = frozenset({"kube-system", DEFAULT_NAMESPACE})
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; `variable` names where it came from."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Config:
+    waiting_reasons: frozenset[str] = DEFAULT_WAITING_REASONS
+    termination_reasons: frozenset[str] = DEFAULT_TERMINATION_REASONS
+    failed_pod_reasons: frozenset[str] = DEFAULT_FAILED_POD_REASONS
+    # CrashLoopBackOff counts once a container has restarted this often: a single crash is
+    # usually the application, repeated crashes on one node may be the node.
+    crashloop_restart_threshold: int = 3
+    excluded_namespaces: frozenset[str] = DEFAULT_EXCLUDED_NAMESPACES
+    # The namespace the project runs in; always excluded, whatever excluded_namespaces says.
+    namespace: str = DEFAULT_NAMESPACE
+    reset_after: timedelta = timedelta(minutes=30)
+    pending_stuck_after: timedelta = timedelta(minutes=10)
+    # Let detect-failures forward failing pods the webhook never stamped (created before it
+    # was installed, or while it was down); update-annotations then reads the owner's policy.
+    forward_unstamped: bool = False
+    # Also write kse.com/scheduled-hosts, for clusters still running the original plugin.
+    kse_compat: bool = False
+    # Move pods with the Eviction API (honours PodDisruptionBudgets) instead of a delete.
+    use_eviction: bool = False
+    dry_run: bool = False
+    api_timeout: timedelta = timedelta(seconds=2)
+    handled_uids_max: int = 64
+    max_retries: int = MAX_RETRIES
+
+    def __post_init__(self) -> None:
+        for name in ("waiting_reasons", "termination_reasons"):
+            _refuse_never_move(getattr(self, name), name)
+
+    @property
+    def api_timeout_seconds(self) -> float:
+        return self.api_timeout.total_seconds()
+
+    def is_excluded_namespace(self, namespace: str | None) -> bool:
+        return namespace in self.excluded_namespaces or namespace == self.namespace
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], file: Path | None = None) -> Config:
+        """Build the config from a mounted file (optional) overlaid by the environment.
+
+        `file` defaults to the path in KN_RESCHEDULER_CONFIG_FILE when that is set. Unknown
+        keys in the file are errors (they are typos); unknown KN_RESCHEDULER_* variables are
+        ignored, since functions define their own.
+        """
+        if file is None and environ.get(CONFIG_FILE_ENV):
+            file = Path(environ[CONFIG_FILE_ENV])
+        values: dict[str, Any] = {}
+        if file is not None:
+            for key, raw in _read_file(file).items():
+                values[key] = _convert(key, raw, f"{key} in {file.name}")
+        for name in _FIELDS:
+            variable = ENV_PREFIX + name.upper()
+            if variable in environ:
+                values[name] = _convert(name, environ[variable], variable)
+        try:
+            return cls(**values)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as err:  # pragma: no cover - conversions check types
+            raise ConfigError("config", str(err)) from err
+
+
+def _read_file(file: Path) -> dict[str, Any]:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(CONFIG_FILE_ENV, f"cannot read {file}: {err.strerror}") from err
+    try:
+        # YAML is a superset of JSON, so one parser serves both.
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(CONFIG_FILE_ENV, f"{file.name} is not valid YAML or JSON") from err
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(CONFIG_FILE_ENV, f"{file.name} must hold a mapping of settings")
+    unknown = sorted(str(key) for key in loaded if key not in _FIELDS)
+    if unknown:
+        raise ConfigError(
+            CONFIG_FILE_ENV,
+            f"unknown setting(s) {', '.join(unknown)} in {file.name}; "
+            f"known: {', '.join(sorted(_FIELDS))}",
+        )
+    return {str(key): value for key, value in loaded.items()}
+
+
+def _as_str_set(raw: object, where: str) -> frozenset[str]:
+    if isinstance(raw, str):
+        items = [item.strip() for item in raw.split(",")]
+    elif isinstance(raw, list) and all(isinstance(item, str) for item in raw):
+        items = [item.strip() for item in raw]
+    else:
+        raise ConfigError(where, f"expected a comma-separated list of names, got {raw!r}")
+    return frozenset(item for item in items if item)
+
+
+_TRUE: Final = frozenset({"true", "1", "yes", "on"})
+_FALSE: Final = frozenset({"false", "0", "no", "off", ""})
+
+
+def _as_bool(raw: object, where: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        lowered = raw.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+    raise ConfigError(where, f"expected true or false, got {raw!r}")
+
+
+def _as_positive_int(raw: object, where: str) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
+        value = int(raw.strip())
+    else:
+        raise ConfigError(where, f"expected a positive whole number, got {raw!r}")
+    if value < 1:
+        raise ConfigError(where, f"expected a positive whole number, got {raw!r}")
+    return value
+
+
+def _as_duration(raw: object, where: str) -> timedelta:
+    if not isinstance(raw, str):
+        raise ConfigError(where, f"expected a duration such as 90s, 30m or 1h30m, got {raw!r}")
+    try:
+        duration = parse_duration(raw.strip())
+    except ValueError as err:
+        raise ConfigError(where, str(err)) from err
+    if duration <= timedelta(0):
+        raise ConfigError(where, f"expected a positive duration, got {raw!r}")
+    return duration
+
+
+def _as_name(raw: object, where: str) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(where, f"expected a non-empty name, got {raw!r}")
+    return raw.strip()
+
+
+def _refuse_never_move(reasons: frozenset[str], where: str) -> None:
+    never = reasons & NEVER_MOVE_REASONS
+    if never:
+        raise ConfigError(
+            where, f"{', '.join(sorted(never))} fail on every node; moving the pod cannot help"
+        )
+
+
+def _as_reasons(raw: object, where: str) -> frozenset[str]:
+    reasons = _as_str_set(raw, where)
+    _refuse_never_move(reasons, where)
+    return reasons
+
+
+def _as_max_retries(raw: object, where: str) -> int:
+    value = _as_positive_int(raw, where)
+    if value > 10_000:
+        raise ConfigError(where, f"at most 10000, got {raw!r}")
+    return value
+
+
+# Every Config field and how to read it from a string (env) or a YAML value (file).
+_FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
+    "waiting_reasons": _as_reasons,
+    "termination_reasons": _as_reasons,
+    "failed_pod_reasons": _as_str_set,
+    "crashloop_restart_threshold": _as_positive_int,
+    "excluded_namespaces": _as_str_set,
+    "namespace": _as_name,
+    "reset_after": _as_duration,
+    "pending_stuck_after": _as_duration,
+    "forward_unstamped": _as_bool,
+    "kse_compat": _as_bool,
+    "use_eviction": _as_bool,
+    "dry_run": _as_bool,
+    "api_timeout": _as_duration,
+    "handled_uids_max": _as_positive_int,
+    "max_retries": _as_max_retries,
+}
+
+
+def _convert(name: str, raw: object, where: str) -> Any:
+    return _FIELDS[name](raw, where)
+
+
+def describe(config: Config) -> str:
+    """One log line with every setting, for start-up logs."""
+    shown: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, frozenset):
+            value = sorted(value)
+        elif isinstance(value, timedelta):
+            value = value.total_seconds()
+        shown[f.name] = value
+    return json.dumps(shown, sort_keys=True)

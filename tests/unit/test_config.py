@@ -1,0 +1,170 @@
+"""Configuration from the environment and a mounted file, and the errors a bad value gives."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from shared.config import (
+    DEFAULT_FAILED_POD_REASONS,
+    Config,
+    ConfigError,
+    describe,
+)
+
+
+def test_the_defaults_match_the_design() -> None:
+    cfg = Config.from_env({})
+    assert cfg == Config()
+    assert cfg.crashloop_restart_threshold == 3
+    assert cfg.excluded_namespaces == {"kube-system", "kn-rescheduler"}
+    assert cfg.reset_after == timedelta(minutes=30)
+    assert cfg.pending_stuck_after == timedelta(minutes=10)
+    assert cfg.api_timeout_seconds == 2.0
+    assert cfg.handled_uids_max == 64
+    assert not (cfg.forward_unstamped or cfg.kse_compat or cfg.use_eviction or cfg.dry_run)
+    assert "OOMKilled" in cfg.termination_reasons
+    assert "Evicted" in cfg.failed_pod_reasons
+    assert "ImagePullBackOff" in cfg.waiting_reasons
+
+
+def test_every_setting_can_be_set_from_the_environment() -> None:
+    cfg = Config.from_env(
+        {
+            "KN_RESCHEDULER_WAITING_REASONS": "RunContainerError, ErrImagePull",
+            "KN_RESCHEDULER_TERMINATION_REASONS": "OOMKilled,StartError",
+            "KN_RESCHEDULER_FAILED_POD_REASONS": "Evicted",
+            "KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD": "5",
+            "KN_RESCHEDULER_EXCLUDED_NAMESPACES": "kube-system,monitoring",
+            "KN_RESCHEDULER_NAMESPACE": "rescheduler",
+            "KN_RESCHEDULER_RESET_AFTER": "1h",
+            "KN_RESCHEDULER_PENDING_STUCK_AFTER": "5m",
+            "KN_RESCHEDULER_FORWARD_UNSTAMPED": "true",
+            "KN_RESCHEDULER_KSE_COMPAT": "yes",
+            "KN_RESCHEDULER_USE_EVICTION": "1",
+            "KN_RESCHEDULER_DRY_RUN": "on",
+            "KN_RESCHEDULER_API_TIMEOUT": "500ms",
+            "KN_RESCHEDULER_HANDLED_UIDS_MAX": "128",
+            "KN_RESCHEDULER_MAX_RETRIES": "20",
+            "KN_RESCHEDULER_SOMETHING_A_HANDLER_USES": "ignored",
+            "PATH": "/usr/bin",
+        }
+    )
+    assert cfg.waiting_reasons == {"RunContainerError", "ErrImagePull"}
+    assert cfg.termination_reasons == {"OOMKilled", "StartError"}
+    assert cfg.failed_pod_reasons == {"Evicted"}
+    assert cfg.crashloop_restart_threshold == 5
+    assert cfg.excluded_namespaces == {"kube-system", "monitoring"}
+    assert cfg.is_excluded_namespace("rescheduler")
+    assert cfg.reset_after == timedelta(hours=1)
+    assert cfg.pending_stuck_after == timedelta(minutes=5)
+    assert cfg.forward_unstamped and cfg.kse_compat and cfg.use_eviction and cfg.dry_run
+    assert cfg.api_timeout_seconds == 0.5
+    assert cfg.handled_uids_max == 128
+    assert cfg.max_retries == 20
+
+
+def test_an_empty_namespace_list_leaves_only_the_own_namespace_excluded() -> None:
+    cfg = Config.from_env({"KN_RESCHEDULER_EXCLUDED_NAMESPACES": ""})
+    assert cfg.excluded_namespaces == frozenset()
+    assert cfg.is_excluded_namespace("kn-rescheduler")
+    assert not cfg.is_excluded_namespace("kube-system")
+
+
+BAD_ENV = {
+    "a threshold that is not a number": ("KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD", "three"),
+    "a zero threshold": ("KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD", "0"),
+    "a negative bound": ("KN_RESCHEDULER_HANDLED_UIDS_MAX", "-4"),
+    "a duration without a unit": ("KN_RESCHEDULER_RESET_AFTER", "30"),
+    "a zero timeout": ("KN_RESCHEDULER_API_TIMEOUT", "0s"),
+    "a switch that is neither true nor false": ("KN_RESCHEDULER_DRY_RUN", "maybe"),
+    "an empty namespace name": ("KN_RESCHEDULER_NAMESPACE", " "),
+    "a maximum beyond reason": ("KN_RESCHEDULER_MAX_RETRIES", "100000"),
+    "a reason that fails on every node": (
+        "KN_RESCHEDULER_WAITING_REASONS",
+        "RunContainerError,CreateContainerConfigError",
+    ),
+}
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_ENV.values(), ids=BAD_ENV.keys())
+def test_a_bad_value_names_its_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env({variable: value})
+    assert raised.value.variable == variable
+    assert str(raised.value).startswith(f"{variable}: ")
+
+
+def test_a_yaml_file_is_read_and_the_environment_wins(tmp_path: Path) -> None:
+    file = tmp_path / "config.yaml"
+    file.write_text(
+        "crashloop_restart_threshold: 4\n"
+        "excluded_namespaces: [kube-system, monitoring]\n"
+        "reset_after: 45m\n"
+        "kse_compat: true\n"
+        "failed_pod_reasons: Evicted,NodeLost\n"
+    )
+    cfg = Config.from_env({"KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD": "6"}, file)
+    assert cfg.crashloop_restart_threshold == 6
+    assert cfg.excluded_namespaces == {"kube-system", "monitoring"}
+    assert cfg.reset_after == timedelta(minutes=45)
+    assert cfg.kse_compat is True
+    assert cfg.failed_pod_reasons == {"Evicted", "NodeLost"}
+
+
+def test_a_json_file_named_by_the_environment_is_read(tmp_path: Path) -> None:
+    file = tmp_path / "config.json"
+    file.write_text(json.dumps({"dry_run": True, "handled_uids_max": 16}))
+    cfg = Config.from_env({"KN_RESCHEDULER_CONFIG_FILE": str(file)})
+    assert cfg.dry_run is True
+    assert cfg.handled_uids_max == 16
+
+
+def test_an_empty_file_means_the_defaults(tmp_path: Path) -> None:
+    file = tmp_path / "config.yaml"
+    file.write_text("")
+    assert Config.from_env({}, file) == Config()
+
+
+BAD_FILES = {
+    "an unknown setting (a typo)": "crashloop_treshold: 4\n",
+    "a list instead of a mapping": "- a\n- b\n",
+    "invalid YAML": "a: [\n",
+}
+
+
+@pytest.mark.parametrize("text", BAD_FILES.values(), ids=BAD_FILES.keys())
+def test_a_bad_file_is_an_error(tmp_path: Path, text: str) -> None:
+    file = tmp_path / "config.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env({}, file)
+    assert raised.value.variable == "KN_RESCHEDULER_CONFIG_FILE"
+
+
+def test_a_bad_value_in_the_file_names_the_setting_and_the_file(tmp_path: Path) -> None:
+    file = tmp_path / "config.yaml"
+    file.write_text("pending_stuck_after: 10\n")
+    with pytest.raises(ConfigError, match=r"pending_stuck_after in config.yaml"):
+        Config.from_env({}, file)
+
+
+def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        Config.from_env({}, tmp_path / "absent.yaml")
+
+
+def test_a_config_cannot_be_built_to_move_failures_that_follow_the_pod() -> None:
+    with pytest.raises(ConfigError, match="InvalidImageName"):
+        Config(waiting_reasons=frozenset({"InvalidImageName"}))
+
+
+def test_describe_lists_every_setting_on_one_line() -> None:
+    line = describe(Config())
+    shown = json.loads(line)
+    assert shown["failed_pod_reasons"] == sorted(DEFAULT_FAILED_POD_REASONS)
+    assert shown["reset_after"] == 1800.0
+    assert "\n" not in line
