@@ -132,9 +132,7 @@ def accepted() -> flask.Response:
 def failure(status: int, reason: str) -> flask.Response:
     # A Broker ignores the body of a failed delivery, but people reading logs of a direct
     # POST (curl, replay) want the reason.
-    return flask.Response(
-        json.dumps({"error": reason}), status=status, mimetype="application/json"
-    )
+    return flask.Response(json.dumps({"error": reason}), status=status, mimetype="application/json")
 
 
 Handler = Callable[[Event], Reply | None]

@@ -1,0 +1,29 @@
+"""detect-failures: ApiServerSource pod events in, io.kn-rescheduler.pod.failing out.
+
+The entry point only; the decision is shared.detect (pure, no API access).
+"""
+
+from __future__ import annotations
+
+import os
+
+import flask
+import functions_framework
+
+from shared import events, logs
+from shared.config import Config, describe
+from shared.detect import detect
+
+FUNCTION = "detect-failures"
+logs.configure(FUNCTION)
+CONFIG = Config.from_env(os.environ)
+events.log.info("configuration", extra={"config": describe(CONFIG)})
+
+
+def handler(event: events.Event) -> events.Reply | None:
+    return detect(event, CONFIG)
+
+
+@functions_framework.http
+def handle(request: flask.Request) -> flask.Response:
+    return events.serve(request, handler, function=FUNCTION)

@@ -1,0 +1,42 @@
+"""update-annotations: io.kn-rescheduler.pod.failing in, the pod moved and its move recorded.
+
+The entry point only; the logic is shared.reschedule. Replies
+io.kn-rescheduler.pod.rescheduled or .exhausted (never a type its own Trigger matches).
+"""
+
+from __future__ import annotations
+
+import os
+
+import flask
+import functions_framework
+
+from shared import events, logs
+from shared.config import Config, describe
+from shared.kube import Kube
+from shared.reschedule import Rescheduler
+
+FUNCTION = "update-annotations"
+logs.configure(FUNCTION)
+CONFIG = Config.from_env(os.environ)
+events.log.info("configuration", extra={"config": describe(CONFIG)})
+
+_rescheduler: Rescheduler | None = None
+
+
+def rescheduler() -> Rescheduler:
+    """Built on first use, so that importing the module needs no cluster credentials."""
+    global _rescheduler  # noqa: PLW0603 - one client per process, like a connection pool
+    if _rescheduler is None:
+        api = Kube.from_environment(dry_run=CONFIG.dry_run, timeout=5.0)
+        _rescheduler = Rescheduler(api, CONFIG)
+    return _rescheduler
+
+
+def handler(event: events.Event) -> events.Reply | None:
+    return rescheduler().handle(event)
+
+
+@functions_framework.http
+def handle(request: flask.Request) -> flask.Response:
+    return events.serve(request, handler, function=FUNCTION)

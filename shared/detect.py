@@ -1,0 +1,44 @@
+"""Is this pod event a failure another node could fix? The logic of detect-failures.
+
+It runs on every pod add and update in the cluster, so it is pure and needs no Kubernetes API
+access at all (the function's ServiceAccount has no rights): the webhook stamped the policy on
+each pod at creation, so the pod event alone says whether the pod is opted in and failing.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from shared import events, metrics
+from shared.classify import classify, policy_of, unschedulable_due_to_exclusions
+from shared.config import Config
+from shared.constants import APISERVER_ADD, APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.failing import FailingPod
+from shared.kubetypes import Pod
+
+_WATCHED: Final = frozenset({APISERVER_ADD, APISERVER_UPDATE})
+
+
+def detect(event: events.Event, cfg: Config) -> events.Reply | None:
+    """The reply for one ApiServerSource pod event: a failing-pod event, or None."""
+    if event.type not in _WATCHED:
+        return None
+    if event.attributes.get("kind", "Pod") != "Pod":
+        return None
+    pod = event.data
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise events.BadEvent("event data is not a Kubernetes object")
+    meta = pod["metadata"]
+    if not meta.get("name") or not meta.get("namespace"):
+        raise events.BadEvent("pod without metadata.name or metadata.namespace")
+    typed: Pod = pod  # type: ignore[assignment]
+    policy = policy_of(typed)
+    # 0 disables; an invalid stamp is forwarded so update-annotations can warn about it.
+    if policy == 0 or (policy is None and not cfg.forward_unstamped):
+        return None
+    failure = classify(typed, cfg) or unschedulable_due_to_exclusions(typed, cfg)
+    if failure is None:
+        return None
+    metrics.FAILURES.labels(reason=failure.reason).inc()
+    failing = FailingPod.from_pod(typed, failure)
+    return events.Reply(type=EVENT_POD_FAILING, subject=failing.subject, data=failing.to_data())

@@ -1,0 +1,98 @@
+"""Admission of new pods: the logic of mutate-admission.
+
+The API server calls this on every pod CREATE in the cluster. It must never block pod
+creation: it always answers ``allowed: true``; on any internal error or slow API lookup it
+allows the pod without a patch and logs why (the registration's ``failurePolicy: Ignore`` only
+covers failures to reach us, not a patch that fails to apply, so patches come from
+``shared.admission``, correct by construction).
+
+For an opted-in pod it copies the policy and the excluded nodes from the owner's state onto
+the pod and adds the node affinity that keeps the scheduler off them. A bare pod replaced by
+update-annotations carries the state in its own annotations, so it needs no lookup.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from shared import kube, metrics
+from shared.admission import Mutation, OwnerFacts, mutate
+from shared.config import Config
+from shared.constants import STATE_ANNOTATION
+from shared.kubetypes import Pod
+from shared.owners import resolve
+from shared.policy import OwnerKind
+from shared.state import StateError, exclusions_for, load_state
+
+log = logging.getLogger(__name__)
+
+
+def review_response(uid: str, mutation: Mutation | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if mutation is not None and mutation.changed:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(mutation.patch_json()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+class Admitter:
+    def __init__(self, api: kube.Kube, cfg: Config) -> None:
+        # One attempt with a short timeout: the API server waits for us while the pod waits.
+        self.api = api.with_options(timeout=cfg.api_timeout_seconds)
+        self.api.attempts = 1
+        self.cfg = cfg
+
+    def review(self, body: object) -> dict[str, Any]:
+        """Answer an AdmissionReview. Raises ValueError only when the body has no request uid
+        (there is nothing valid to answer then)."""
+        if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
+            raise ValueError("not an AdmissionReview")
+        request = body["request"]
+        uid = request.get("uid")
+        if not isinstance(uid, str) or not uid:
+            raise ValueError("AdmissionReview without request.uid")
+        try:
+            mutation = self.decide(request)
+        except Exception as exc:  # never block a pod: allow without a patch and say why
+            log.warning("admitting pod unchanged after an error: %s", exc, exc_info=True)
+            metrics.WEBHOOK.labels(result="error").inc()
+            return review_response(uid)
+        metrics.WEBHOOK.labels(
+            result="patched" if mutation and mutation.changed else "unchanged"
+        ).inc()
+        return review_response(uid, mutation)
+
+    def decide(self, request: Mapping[str, Any]) -> Mutation | None:
+        if request.get("operation") != "CREATE" or (request.get("kind") or {}).get("kind") != "Pod":
+            return None
+        namespace = request.get("namespace") or ""
+        if self.cfg.is_excluded_namespace(namespace):
+            return None
+        pod: Pod = request.get("object") or {}  # type: ignore[assignment]
+        meta = pod.get("metadata", {})
+        resolution = resolve(self.api, namespace, pod)
+        if resolution.holder is None or resolution.policy is None:
+            return None
+        holder = resolution.holder
+        try:
+            state = load_state(holder.annotations.get(STATE_ANNOTATION))
+        except StateError as exc:
+            log.warning("%s: unreadable state, no exclusions: %s", holder.ref.describe(), exc)
+            state = load_state(None)
+        excluded = exclusions_for(state, OwnerKind(resolution.owner_kind), meta.get("name"))
+        facts = OwnerFacts(
+            policy=resolution.policy, excluded_nodes=excluded, kse_compat=self.cfg.kse_compat
+        )
+        mutation = mutate(pod, facts)
+        log.info(
+            "admitted pod",
+            extra={
+                "pod": f"{namespace}/{meta.get('name') or meta.get('generateName', '')}",
+                "owner": holder.ref.describe(),
+                "reasons": list(mutation.reasons),
+            },
+        )
+        return mutation
