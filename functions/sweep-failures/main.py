@@ -1,0 +1,43 @@
+"""sweep-failures: a PingSource tick in, failing-pod events out to the Broker (K_SINK).
+
+The entry point only; the logic is shared.sweep.
+"""
+
+from __future__ import annotations
+
+import os
+
+import flask
+import functions_framework
+
+from shared import events, logs
+from shared.config import Config, describe
+from shared.kube import Kube
+from shared.sweep import Sweeper
+
+FUNCTION = "sweep-failures"
+logs.configure(FUNCTION)
+CONFIG = Config.from_env(os.environ)
+events.log.info("configuration", extra={"config": describe(CONFIG)})
+
+_sweeper: Sweeper | None = None
+
+
+def sweeper() -> Sweeper:
+    global _sweeper  # noqa: PLW0603 - one client per process, like a connection pool
+    if _sweeper is None:
+        sink = os.environ.get("K_SINK")
+        if not sink:
+            raise RuntimeError("K_SINK is not set: where should failing-pod events go?")
+        _sweeper = Sweeper(Kube.from_environment(dry_run=CONFIG.dry_run), CONFIG, sink)
+    return _sweeper
+
+
+def handler(event: events.Event) -> events.Reply | None:
+    sweeper().sweep()
+    return None
+
+
+@functions_framework.http
+def handle(request: flask.Request) -> flask.Response:
+    return events.serve(request, handler, function=FUNCTION)

@@ -1,0 +1,120 @@
+"""The periodic sweep: find failing pods that no pod event announced.
+
+ApiServerSource sends nothing for pods that were already failing when it started, and loses
+changes while it re-establishes a watch; a send that fails after its own retries is only
+logged. A PingSource therefore calls sweep-failures every few minutes; it lists pods a page at
+a time (each page a consistent read the API server serves from its watch cache), classifies
+them with the same code as detect-failures, also catches pods stuck Pending on a node, and
+sends one ``io.kn-rescheduler.pod.failing`` event per failing pod to the Broker (``K_SINK``).
+
+Sending an event that update-annotations already handled is harmless: it is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import requests
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent
+
+from shared import kube, metrics
+from shared.classify import classify, policy_of, stuck_pending, unschedulable_due_to_exclusions
+from shared.config import Config
+from shared.constants import EVENT_POD_FAILING, EVENT_SOURCE_PREFIX
+from shared.failing import FailingPod
+from shared.kubetypes import Pod
+
+log = logging.getLogger(__name__)
+
+Post = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    listed: int
+    failing: int
+    sent: int
+    send_errors: int
+
+
+def find_failures(pods: list[Pod] | Any, cfg: Config, now: datetime) -> list[FailingPod]:
+    """Pure: the failing, opted-in pods among ``pods``."""
+    found = []
+    for pod in pods:
+        policy = policy_of(pod)
+        if policy == 0 or (policy is None and not cfg.forward_unstamped):
+            continue
+        failure = (
+            classify(pod, cfg)
+            or unschedulable_due_to_exclusions(pod, cfg)
+            or stuck_pending(pod, cfg, now)
+        )
+        if failure is not None:
+            found.append(FailingPod.from_pod(pod, failure))
+    return found
+
+
+class Sweeper:
+    def __init__(
+        self,
+        api: kube.Kube,
+        cfg: Config,
+        sink: str,
+        *,
+        post: Post = requests.post,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        page_size: int = 500,
+    ) -> None:
+        self.api = api
+        self.cfg = cfg
+        self.sink = sink
+        self.post = post
+        self.clock = clock
+        self.page_size = page_size
+
+    def sweep(self) -> SweepResult:
+        listed = 0
+
+        def counted() -> Any:
+            nonlocal listed
+            for pod in self.api.list_all("Pod", limit=self.page_size):
+                listed += 1
+                if not self.cfg.is_excluded_namespace(pod.get("metadata", {}).get("namespace")):
+                    yield pod
+
+        failing = find_failures(counted(), self.cfg, self.clock())
+        sent = errors = 0
+        for item in failing:
+            if self._send(item):
+                sent += 1
+            else:
+                errors += 1
+        result = SweepResult(listed, len(failing), sent, errors)
+        log.info("sweep done", extra={"sweep": result.__dict__})
+        return result
+
+    def _send(self, item: FailingPod) -> bool:
+        metrics.FAILURES.labels(reason=item.failure.reason).inc()
+        attributes = {
+            "id": str(uuid.uuid4()),
+            "type": EVENT_POD_FAILING,
+            "source": EVENT_SOURCE_PREFIX + "sweep-failures",
+            "subject": item.subject,
+            "datacontenttype": "application/json",
+        }
+        headers, body = to_binary(CloudEvent(attributes, item.to_data()))
+        try:
+            response = self.post(self.sink, data=body, headers=headers, timeout=10)
+        except requests.RequestException as exc:
+            log.warning("could not send failing event for %s: %s", item.subject, exc)
+            return False
+        if not 200 <= response.status_code < 300:
+            log.warning("sink answered %s for %s", response.status_code, item.subject)
+            return False
+        return True
