@@ -186,7 +186,11 @@ class Kube:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             k8s_config.load_incluster_config(client_configuration=configuration)
         else:
-            k8s_config.load_kube_config(client_configuration=configuration)
+            # The client reads $KUBECONFIG once, at import; read it now instead.
+            k8s_config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG") or None,
+                client_configuration=configuration,
+            )
         # Handlers run many threads (gunicorn gthread); the default pool of 4 makes them queue.
         configuration.connection_pool_maxsize = 32
         return cls(

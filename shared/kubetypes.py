@@ -111,3 +111,31 @@ class AdmissionReview(TypedDict, total=False):
     kind: str
     request: AdmissionRequest
     response: dict[str, Any]
+
+
+# Node affinity, as the webhook reads and extends it. PodSpec.affinity stays a plain dict so
+# callers that build pods need not know these.
+class NodeSelectorRequirement(TypedDict, total=False):
+    key: str
+    operator: str
+    values: list[str]
+
+
+class NodeSelectorTerm(TypedDict, total=False):
+    matchExpressions: list[NodeSelectorRequirement]
+    matchFields: list[NodeSelectorRequirement]
+
+
+class NodeSelector(TypedDict, total=False):
+    nodeSelectorTerms: list[NodeSelectorTerm]
+
+
+class NodeAffinity(TypedDict, total=False):
+    requiredDuringSchedulingIgnoredDuringExecution: NodeSelector
+    preferredDuringSchedulingIgnoredDuringExecution: list[dict[str, Any]]
+
+
+class Affinity(TypedDict, total=False):
+    nodeAffinity: NodeAffinity
+    podAffinity: dict[str, Any]
+    podAntiAffinity: dict[str, Any]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared import kube, metrics
@@ -39,11 +39,21 @@ def review_response(uid: str, mutation: Mutation | None = None) -> dict[str, Any
 
 
 class Admitter:
-    def __init__(self, api: kube.Kube, cfg: Config) -> None:
-        # One attempt with a short timeout: the API server waits for us while the pod waits.
-        self.api = api.with_options(timeout=cfg.api_timeout_seconds)
-        self.api.attempts = 1
+    def __init__(self, api: Callable[[], kube.Kube], cfg: Config) -> None:
+        # The client is made on first use, inside the error handling: missing credentials
+        # must not stop pods from being created.
+        self._make_api = api
+        self._api: kube.Kube | None = None
         self.cfg = cfg
+
+    @property
+    def api(self) -> kube.Kube:
+        if self._api is None:
+            # One attempt with a short timeout: the API server waits for us, the pod waits.
+            made = self._make_api().with_options(timeout=self.cfg.api_timeout_seconds)
+            made.attempts = 1
+            self._api = made
+        return self._api
 
     def review(self, body: object) -> dict[str, Any]:
         """Answer an AdmissionReview. Raises ValueError only when the body has no request uid

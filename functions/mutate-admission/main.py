@@ -25,14 +25,7 @@ CONFIG = Config.from_env(os.environ)
 log = logging.getLogger(FUNCTION)
 log.info("configuration", extra={"config": describe(CONFIG)})
 
-_admitter: Admitter | None = None
-
-
-def admitter() -> Admitter:
-    global _admitter  # noqa: PLW0603 - one client per process, like a connection pool
-    if _admitter is None:
-        _admitter = Admitter(Kube.from_environment(dry_run=CONFIG.dry_run), CONFIG)
-    return _admitter
+ADMITTER = Admitter(lambda: Kube.from_environment(dry_run=CONFIG.dry_run), CONFIG)
 
 
 @functions_framework.http
@@ -44,7 +37,7 @@ def handle(request: flask.Request) -> flask.Response:
     started = time.perf_counter()
     try:
         body = json.loads(request.get_data() or b"null")
-        answer = admitter().review(body)
+        answer = ADMITTER.review(body)
     except ValueError as exc:
         log.warning("malformed AdmissionReview: %s", exc)
         return flask.Response(json.dumps({"error": str(exc)}), 400, mimetype="application/json")
