@@ -455,3 +455,39 @@ def mirror(node: str = "node-b") -> Pod:
         },
         containers=[crash_looping(restarts=12, pod_name=name, namespace="infra")],
     )
+
+
+def new_pod(
+    *,
+    annotations: Mapping[str, str] | None = None,
+    affinity: Mapping[str, Any] | None = None,
+    owner: tuple[str, str] | None = ("ReplicaSet", "web-7d9c8b6f4"),
+    name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    node: str | None = None,
+) -> Pod:
+    """A pod as the mutating webhook receives it on CREATE.
+
+    Mutating admission runs before the API server fills in the object: a controller's pod
+    has only generateName (no name), and there is no uid, resourceVersion or status yet.
+    """
+    base = pod(
+        name or "web-7d9c8b6f4-zzzzz",
+        owner=owner,
+        node=node,
+        stamp=None,
+        started=None,
+        annotations=annotations,
+        labels=labels,
+        affinity=affinity,
+        conditions=[],
+    )
+    meta = cast(dict[str, Any], base["metadata"])
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        meta.pop(key, None)
+    if name is None:
+        meta.pop("name")
+    if not annotations:
+        meta.pop("annotations", None)
+    del cast(dict[str, Any], base)["status"]
+    return base

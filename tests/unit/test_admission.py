@@ -1,0 +1,252 @@
+"""The webhook's patch: stamps and a node affinity merged into the pod's own, never clobbering."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, cast
+
+import jsonpatch
+import pytest
+
+from shared.admission import Mutation, OwnerFacts, mutate, node_exclusion_requirements
+from shared.kubetypes import Pod
+
+from . import pods
+
+EXCLUDE_AB = OwnerFacts(policy="3", excluded_nodes=("node-a", "node-b"))
+NOT_A = {"key": "metadata.name", "operator": "NotIn", "values": ["node-a"]}
+NOT_B = {"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}
+ZONE = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["eu-west-1a"]}
+GPU = {"key": "nvidia.com/gpu.present", "operator": "Exists"}
+
+
+def checked_mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
+    """mutate(), plus the guarantees every patch must give the API server."""
+    original = copy.deepcopy(pod)
+    mutation = mutate(pod, owner)
+    assert pod == original, "mutate must not change its input"
+    patched = jsonpatch.apply_patch(pod, list(mutation.patch))
+    assert patched == mutation.pod, "the patch must turn the pod into exactly the changed copy"
+    if (pod.get("metadata") or {}).get("annotations") is not None:
+        assert all(op["path"] != "/metadata/annotations" for op in mutation.patch), (
+            "an existing annotations map must be patched key by key, never replaced"
+        )
+    assert json.loads(mutation.patch_json()) == list(mutation.patch)
+    return mutation
+
+
+def terms_of(pod: Pod) -> list[dict[str, Any]]:
+    affinity = cast(dict[str, Any], pod["spec"]).get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return cast(list[dict[str, Any]], required.get("nodeSelectorTerms") or [])
+
+
+def required(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}
+        }
+    }
+
+
+def test_existing_annotations_are_kept_and_ours_added_key_by_key() -> None:
+    pod = pods.new_pod(
+        annotations={
+            "prometheus.io/scrape": "true",
+            "kubectl.kubernetes.io/restartedAt": "2026-03-14T08:00:00Z",
+        }
+    )
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    annotations = mutation.pod["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "kubectl.kubernetes.io/restartedAt": "2026-03-14T08:00:00Z",
+        "scheduling-retries": "3",
+        "kn-rescheduler.io/excluded-nodes": '["node-a","node-b"]',
+    }
+    paths = {op["path"] for op in mutation.patch if op["op"] == "add"}
+    # Keys with "/" are escaped as "~1" in a JSON Pointer.
+    assert "/metadata/annotations/kn-rescheduler.io~1excluded-nodes" in paths
+    assert "/metadata/annotations/scheduling-retries" in paths
+
+
+def test_a_pod_without_annotations_gets_the_whole_map() -> None:
+    pod = pods.new_pod()
+    assert "annotations" not in pod["metadata"]
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    assert {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": {
+            "scheduling-retries": "3",
+            "kn-rescheduler.io/excluded-nodes": '["node-a","node-b"]',
+        },
+    } in mutation.patch
+
+
+def test_a_pod_without_affinity_gets_one_requirement_per_excluded_node() -> None:
+    mutation = checked_mutate(pods.new_pod(), EXCLUDE_AB)
+    assert terms_of(mutation.pod) == [{"matchFields": [NOT_A, NOT_B]}]
+    # Kubernetes rejects a node field selector In/NotIn with more than one value.
+    for term in terms_of(mutation.pod):
+        for requirement in term["matchFields"]:
+            assert len(requirement["values"]) == 1
+
+
+def test_every_term_of_an_existing_required_affinity_is_extended() -> None:
+    pod = pods.new_pod(affinity=required({"matchExpressions": [ZONE]}, {"matchExpressions": [GPU]}))
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    # Terms are ORed: a term left without the exclusions would let the pod back onto them.
+    assert terms_of(mutation.pod) == [
+        {"matchExpressions": [ZONE], "matchFields": [NOT_A, NOT_B]},
+        {"matchExpressions": [GPU], "matchFields": [NOT_A, NOT_B]},
+    ]
+
+
+def test_an_empty_term_is_left_alone() -> None:
+    pod = pods.new_pod(affinity=required({"matchExpressions": [ZONE]}, {}))
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    # An empty term matches no node; extending it would make it match almost every node.
+    assert terms_of(mutation.pod) == [
+        {"matchExpressions": [ZONE], "matchFields": [NOT_A, NOT_B]},
+        {},
+    ]
+
+
+def test_only_empty_terms_means_no_affinity_change() -> None:
+    pod = pods.new_pod(affinity=required({}, {"matchExpressions": []}))
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    assert mutation.pod["spec"]["affinity"] == pod["spec"]["affinity"]
+    assert any("empty" in reason for reason in mutation.reasons)
+
+
+def test_existing_match_fields_are_merged_not_replaced() -> None:
+    not_z = {"key": "metadata.name", "operator": "NotIn", "values": ["node-z"]}
+    pod = pods.new_pod(affinity=required({"matchFields": [not_z, NOT_A]}))
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    assert terms_of(mutation.pod) == [{"matchFields": [not_z, NOT_A, NOT_B]}]
+
+
+def test_preferred_affinity_and_pod_affinities_are_untouched() -> None:
+    preferred = [{"weight": 50, "preference": {"matchExpressions": [ZONE]}}]
+    pod_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {"app": "cache"}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    }
+    anti = {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "podAffinityTerm": {
+                    "labelSelector": {"matchLabels": {"app": "web"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                },
+            }
+        ]
+    }
+    pod = pods.new_pod(
+        affinity={
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred},
+            "podAffinity": pod_affinity,
+            "podAntiAffinity": anti,
+        }
+    )
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    affinity = mutation.pod["spec"]["affinity"]
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
+    assert affinity["podAffinity"] == pod_affinity
+    assert affinity["podAntiAffinity"] == anti
+    assert terms_of(mutation.pod) == [{"matchFields": [NOT_A, NOT_B]}]
+
+
+def test_mutating_the_mutated_pod_again_changes_nothing() -> None:
+    for owner in (EXCLUDE_AB, OwnerFacts("3", ("node-a",), kse_compat=True), OwnerFacts("2")):
+        pod = pods.new_pod(affinity=required({"matchExpressions": [ZONE]}))
+        once = checked_mutate(pod, owner)
+        twice = checked_mutate(once.pod, owner)
+        assert twice.patch == ()
+        assert not twice.changed
+
+
+def test_no_exclusions_means_no_affinity_change_but_the_policy_is_stamped() -> None:
+    pod = pods.new_pod(affinity=required({"matchExpressions": [ZONE]}))
+    mutation = checked_mutate(pod, OwnerFacts(policy="3"))
+    assert mutation.pod["spec"] == pod["spec"]
+    assert mutation.patch == (
+        {"op": "add", "path": "/metadata/annotations", "value": {"scheduling-retries": "3"}},
+    )
+
+
+def test_the_owners_policy_replaces_a_different_stamp_from_the_template() -> None:
+    pod = pods.new_pod(annotations={"scheduling-retries": "9"})
+    mutation = checked_mutate(pod, OwnerFacts(policy="3"))
+    assert mutation.patch == (
+        {"op": "replace", "path": "/metadata/annotations/scheduling-retries", "value": "3"},
+    )
+
+
+def test_an_owner_without_policy_or_exclusions_changes_nothing() -> None:
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts(policy=None))
+    assert mutation.patch == ()
+    assert mutation.reasons == ("nothing to change",)
+
+
+def test_a_stale_exclusions_stamp_is_removed() -> None:
+    pod = pods.new_pod(
+        annotations={"kn-rescheduler.io/excluded-nodes": '["node-old"]', "team": "shop"}
+    )
+    mutation = checked_mutate(pod, OwnerFacts(policy="3"))
+    assert mutation.pod["metadata"]["annotations"] == {"team": "shop", "scheduling-retries": "3"}
+    assert {"op": "remove", "path": "/metadata/annotations/kn-rescheduler.io~1excluded-nodes"} in (
+        mutation.patch
+    )
+
+
+def test_the_kse_compatibility_stamp_is_written_only_when_enabled() -> None:
+    off = checked_mutate(pods.new_pod(), EXCLUDE_AB)
+    assert "kse.com/scheduled-hosts" not in off.pod["metadata"]["annotations"]
+    on = checked_mutate(pods.new_pod(), OwnerFacts("3", ("node-a", "node-b"), kse_compat=True))
+    assert on.pod["metadata"]["annotations"]["kse.com/scheduled-hosts"] == '["node-a","node-b"]'
+
+
+def test_duplicate_and_empty_node_names_are_dropped() -> None:
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts("3", ("node-a", "", "node-a", "node-b")))
+    assert terms_of(mutation.pod) == [{"matchFields": [NOT_A, NOT_B]}]
+    assert mutation.pod["metadata"]["annotations"]["kn-rescheduler.io/excluded-nodes"] == (
+        '["node-a","node-b"]'
+    )
+
+
+def test_a_pod_with_the_opt_out_label_is_left_alone() -> None:
+    pod = pods.new_pod(labels={"app": "web", "kn-rescheduler.io/ignore": "true"})
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    assert mutation.patch == ()
+
+
+def test_a_pod_created_on_a_node_gets_no_affinity() -> None:
+    # The scheduler never sees it, and the kubelet would reject it for the affinity.
+    pod = pods.new_pod(node="node-a")
+    mutation = checked_mutate(pod, EXCLUDE_AB)
+    assert "affinity" not in mutation.pod["spec"]
+    assert "kn-rescheduler.io/excluded-nodes" in mutation.pod["metadata"]["annotations"]
+
+
+def test_a_statefulset_pod_with_its_name_is_patched_the_same_way() -> None:
+    pod = pods.new_pod(owner=("StatefulSet", "db"), name="db-0")
+    mutation = checked_mutate(pod, OwnerFacts("2", ("node-c",)))
+    assert terms_of(mutation.pod) == [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-c"]}]}
+    ]
+
+
+@pytest.mark.parametrize("nodes", [(), ("node-a",), ("node-a", "node-b", "node-c")])
+def test_exclusion_requirements_hold_one_node_each(nodes: tuple[str, ...]) -> None:
+    requirements = node_exclusion_requirements(nodes)
+    assert [r["values"] for r in requirements] == [[n] for n in nodes]
