@@ -19,6 +19,7 @@ done) and deletes the old pod; a pod a person deleted is never brought back.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import random
 import time
@@ -44,6 +45,14 @@ from shared.policy import InvalidPolicy, OwnerKind, Policy, parse_reset_after, p
 from shared.state import Action, FailureFacts, Plan, StateError, dump_state, load_state, plan
 
 log = logging.getLogger(__name__)
+
+
+_trace: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
+
+
+def last_trace() -> Trace | None:
+    """The trace of the last event handled in this thread (for the replay tool)."""
+    return _trace.get()
 
 
 def utcnow() -> datetime:
@@ -75,7 +84,6 @@ class Rescheduler:
         self.cfg = cfg
         self.clock = clock
         self.max_attempts = max_attempts
-        self.last_trace = Trace()
 
     # -- entry point --------------------------------------------------------------------------
 
@@ -84,7 +92,8 @@ class Rescheduler:
             failing = FailingPod.from_data(event.data)
         except ValueError as exc:
             raise events.BadEvent(str(exc)) from exc
-        trace = self.last_trace = Trace()
+        trace = Trace()
+        _trace.set(trace)
         return self._handle(failing, trace)
 
     def _handle(self, failing: FailingPod, trace: Trace) -> events.Reply | None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shared.config import Config
 from shared.constants import EVENT_POD_FAILING
 from shared.detect import detect
-from shared.config import Config
 from shared.events import Event
 from tests.handlers.conftest import ClientFactory, cloudevent
 from tests.unit import pods

@@ -1,0 +1,111 @@
+"""Each function as its own process, started exactly as its container starts it.
+
+The command is the image's command (gunicorn with functions/gunicorn.conf.py and
+functions-framework's app factory), so what the tests exercise is what ships.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from localcluster.procs import Proc
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+FUNCTIONS: Final = ("detect-failures", "update-annotations", "mutate-admission", "sweep-failures")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def command(function: str) -> list[str]:
+    """The container's command line for ``function`` (see the Dockerfile)."""
+    app = f'functions_framework:create_app(target="handle", source="functions/{function}/main.py")'
+    return [sys.executable, "-m", "gunicorn", "-c", "functions/gunicorn.conf.py", app]
+
+
+class FunctionServer:
+    """One function served by gunicorn on 127.0.0.1, stopped with its process group."""
+
+    def __init__(
+        self,
+        function: str,
+        log_dir: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        tls: tuple[Path, Path] | None = None,
+        ca_file: Path | None = None,
+    ) -> None:
+        if function not in FUNCTIONS:
+            raise ValueError(f"unknown function {function!r}")
+        self.function = function
+        self.port = port or free_port()
+        self.tls = tls
+        self.ca_file = ca_file
+        self.log_path = log_dir / f"{function}.log"
+        self.env = {
+            "PYTHONPATH": str(ROOT),
+            "HOST": "127.0.0.1",
+            "PORT": str(self.port),
+            **(env or {}),
+        }
+        if tls:
+            self.env["TLS_CERT_FILE"], self.env["TLS_KEY_FILE"] = str(tls[0]), str(tls[1])
+        self.proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/"
+
+    def start(self, timeout: float = 30.0) -> FunctionServer:
+        self.proc = Proc(
+            self.function, command(self.function), self.log_path, env=self.env, cwd=ROOT
+        )
+        deadline = time.monotonic() + timeout
+        context = ssl.create_default_context(cafile=str(self.ca_file)) if self.tls else None
+        while time.monotonic() < deadline:
+            if not self.proc.alive():
+                raise RuntimeError(
+                    f"{self.function} exited with {self.proc.returncode}:\n{self.proc.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "metrics", timeout=1, context=context):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"{self.function} not answering on {self.url} after {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(grace=5.0)
+            self.proc = None
+
+    def __enter__(self) -> FunctionServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def environment(kubeconfig: Path, **extra: str) -> dict[str, str]:
+    """The environment a function gets locally: the cluster's credentials plus settings."""
+    env = {"KUBECONFIG": str(kubeconfig), "KN_RESCHEDULER_LOG_LEVEL": "INFO"}
+    env.update(extra)
+    # The local demo namespace list must not include the test namespaces by accident.
+    env.setdefault(
+        "KN_RESCHEDULER_NAMESPACE", os.environ.get("KN_RESCHEDULER_NAMESPACE", "kn-rescheduler")
+    )
+    return env

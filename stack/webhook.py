@@ -1,0 +1,92 @@
+"""Serving mutate-admission over TLS and registering it with the API server.
+
+The API server calls webhooks over HTTPS only. Locally the webhook runs on 127.0.0.1 with a
+serving certificate from a CA made at start-up; the registration names it by URL and carries
+that CA in caBundle, so it is the real API server that calls it on every pod CREATE.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any, Final
+
+from kubernetes import client as k8s
+
+from localcluster.pki import issue, make_ca
+from shared.constants import DEFAULT_NAMESPACE, OPT_OUT_LABEL
+
+NAME: Final = "kn-rescheduler-mutate-admission"
+
+
+def make_tls(directory: Path) -> tuple[Path, Path, Path]:
+    """(ca.crt, tls.crt, tls.key) for a server on 127.0.0.1."""
+    ca = make_ca("kn-rescheduler-webhook-ca")
+    ca_crt, _ = ca.write(directory, "webhook-ca")
+    crt, key = issue(
+        ca, "127.0.0.1", ip_addresses=("127.0.0.1",), dns_names=("localhost",), server=True
+    ).write(directory, "webhook")
+    return ca_crt, crt, key
+
+
+def configuration(url: str, ca_crt: Path, timeout_seconds: int = 5) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration, as knative/ ships it but reached by URL."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": NAME},
+        "webhooks": [
+            {
+                "name": "pods.kn-rescheduler.io",
+                "clientConfig": {
+                    "url": url,
+                    "caBundle": base64.b64encode(ca_crt.read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                # Never block pod creation: a webhook that is down or slow is skipped.
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": timeout_seconds,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "reinvocationPolicy": "Never",
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": ["kube-system", DEFAULT_NAMESPACE],
+                        }
+                    ]
+                },
+                "objectSelector": {
+                    "matchExpressions": [{"key": OPT_OUT_LABEL, "operator": "DoesNotExist"}]
+                },
+            }
+        ],
+    }
+
+
+def register(api_client: k8s.ApiClient, body: dict[str, Any]) -> None:
+    api = k8s.AdmissionregistrationV1Api(api_client)
+    try:
+        api.delete_mutating_webhook_configuration(NAME)
+    except k8s.ApiException as exc:
+        if exc.status != 404:
+            raise
+    api.create_mutating_webhook_configuration(body)
+
+
+def unregister(api_client: k8s.ApiClient) -> None:
+    try:
+        k8s.AdmissionregistrationV1Api(api_client).delete_mutating_webhook_configuration(NAME)
+    except k8s.ApiException as exc:
+        if exc.status != 404:
+            raise
