@@ -5,6 +5,7 @@ with the CloudEvents SDK in binary and structured mode like a Broker would send 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,6 @@ def reply_of(response: Any) -> tuple[dict[str, str], Any]:
 def unreachable_kubeconfig(tmp_path: Path) -> Path:
     """A kubeconfig pointing at a loopback port nobody listens on: every API call is refused,
     which is a real transient failure, not a mock."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -63,7 +62,9 @@ def unreachable_kubeconfig(tmp_path: Path) -> Path:
     path.write_text(
         f"""apiVersion: v1
 kind: Config
-clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}}}]
+clusters:
+- name: c
+  cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}
 users: [{{name: u, user: {{token: nothing}}}}]
 contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
 current-context: c

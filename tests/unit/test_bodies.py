@@ -22,6 +22,7 @@ from shared.failing import FailingPod
 from shared.owners import Ref
 from tests.unit import pods
 
+ZONE_A = {"key": "zone", "operator": "In", "values": ["a"]}
 NOW = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 
 
@@ -93,7 +94,7 @@ def test_replacement_names_are_stable_per_pod_and_named_after_the_first_one() ->
                     }
                 }
             },
-            [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}],
+            [{"matchExpressions": [ZONE_A]}],
         ),
     ],
 )
