@@ -40,6 +40,10 @@ from shared.constants import EVENT_SOURCE_PREFIX
 log = logging.getLogger(__name__)
 
 CORE_ATTRIBUTES = ("id", "source", "type", "specversion", "subject", "time", "datacontenttype")
+# An event carrying this extension with the value "true" is handled with every Kubernetes write
+# turned into a server-side dry run: the replay tool's --dry-run against running functions. It
+# can only make a function do less, never more.
+DRY_RUN_EXTENSION = "knrdryrun"
 
 
 class BadEvent(ValueError):
@@ -153,7 +157,8 @@ def serve(request: flask.Request, handler: Handler, *, function: str) -> flask.R
         return failure(400, str(exc))
     with logs.event_context(event.id, event.type, event.subject):
         log.info("event received", extra={"cloudevent": event.structured()})
-        response = dispatch(event, handler, function=function)
+        with kube.forced_dry_run(event.attributes.get(DRY_RUN_EXTENSION) == "true"):
+            response = dispatch(event, handler, function=function)
         metrics.EVENTS.labels(
             function=function, type=event.type, outcome=str(response.status_code)
         ).inc()

@@ -108,6 +108,22 @@ _recording: contextvars.ContextVar[list[Call] | None] = contextvars.ContextVar(
 )
 
 
+_forced_dry_run: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "kube_forced_dry_run", default=False
+)
+
+
+@contextlib.contextmanager
+def forced_dry_run(enabled: bool = True) -> Iterator[None]:
+    """Every write inside the block is a server-side dry run, whatever the client's switch
+    (the replay tool's ``--dry-run``, carried to running functions by an event extension)."""
+    token = _forced_dry_run.set(enabled or _forced_dry_run.get())
+    try:
+        yield
+    finally:
+        _forced_dry_run.reset(token)
+
+
 @contextlib.contextmanager
 def recording() -> Iterator[list[Call]]:
     """Collect the API calls made inside the block (per thread / context)."""
@@ -224,7 +240,7 @@ class Kube:
         write: bool = False,
     ) -> JSON:
         params = dict(query or {})
-        dry = write and self.dry_run
+        dry = write and (self.dry_run or _forced_dry_run.get())
         if dry:
             params["dryRun"] = "All"
         if write and method in ("POST", "PATCH", "PUT"):

@@ -81,7 +81,7 @@ def register(api_client: k8s.ApiClient, body: dict[str, Any]) -> None:
     except k8s.ApiException as exc:
         if exc.status != 404:
             raise
-    api.create_mutating_webhook_configuration(body)
+    api.create_mutating_webhook_configuration(body)  # type: ignore[arg-type]
 
 
 def unregister(api_client: k8s.ApiClient) -> None:
