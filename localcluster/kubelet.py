@@ -1,0 +1,431 @@
+"""The fake kubelet: the only writer of pod status on the local cluster's kwok nodes.
+
+kwok keeps the nodes alive (status, heartbeats, leases) and finalises pod deletions; this
+controller does what a kubelet does between binding and deletion. It watches pods bound to the
+cluster's nodes and, for each new pod:
+
+1. reads the pod's node (a fresh, consistent GET, so a fault label set just before the pod was
+   created is always seen) and decides the pod's fate once: the node's
+   ``sim.kn-rescheduler.io/fault`` label, or ``none``; the decision is stamped on the pod as the
+   annotation of the same key (later label changes affect only pods bound later);
+2. writes the statuses a kubelet would write for that fate, step by step (``pods/status``
+   strategic merge patches with a uid precondition, like the kubelet's status manager), and for
+   crash loops keeps raising ``restartCount`` every ``restart_interval`` seconds.
+
+Being the single writer of pod status (kwok has no pod status stages here) is what makes the
+simulation race-free: no two controllers ever patch the same pod's status.
+
+Work is sharded by pod uid over a few threads; each shard owns its pods' state, so the steps
+of one pod never run concurrently or out of order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import ipaddress
+import itertools
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from localcluster.podstatus import (
+    FAULT_MODES,
+    HEALTHY,
+    JSON,
+    PodRun,
+    Step,
+    is_job_pod,
+    pod_status,
+    restart_policy,
+)
+from localcluster.rest import STRATEGIC_MERGE_PATCH, ApiError, Rest
+from shared.constants import SIM_FAULT_LABEL
+
+log = logging.getLogger("localcluster.kubelet")
+
+# The pod annotation recording the fate decided at binding (same key as the node label).
+FAULT_ANNOTATION: Final = SIM_FAULT_LABEL
+_RETRY_DELAY: Final = 0.5
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How fast simulated pods move (seconds)."""
+
+    # Binding -> containers started (or failing).
+    start: float = 0.5
+    # Crash loops: first crash -> CrashLoopBackOff, then one more restart every interval.
+    first_restart: float = 0.5
+    restart_interval: float = 3.0
+    # ErrImagePull -> ImagePullBackOff.
+    pull_backoff: float = 2.0
+    # Running -> Evicted.
+    evict_after: float = 2.0
+    # Healthy pods of a Job complete after running this long.
+    job_runtime: float = 2.0
+
+
+@dataclass
+class _Tracked:
+    pod: JSON
+    run: PodRun | None = None
+    done: bool = False
+    token: int = 0  # invalidates timers of earlier steps
+
+
+class _IPAM:
+    """Pod IPs from each node's podCIDR (lowest free host address)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: dict[str, set[str]] = {}
+
+    def allocate(self, node: str, cidr: str) -> str:
+        net = ipaddress.ip_network(cidr, strict=False)
+        with self._lock:
+            used = self._used.setdefault(node, set())
+            for host in itertools.islice(net.hosts(), 1, None):  # .1 is the bridge
+                ip = str(host)
+                if ip not in used:
+                    used.add(ip)
+                    return ip
+        return str(next(itertools.islice(net.hosts(), 1, None)))
+
+    def release(self, node: str, ip: str) -> None:
+        with self._lock:
+            self._used.get(node, set()).discard(ip)
+
+
+class _Shard:
+    def __init__(self, kubelet: FakeKubelet, index: int) -> None:
+        self.k = kubelet
+        self.index = index
+        self.cond = threading.Condition()
+        self.events: list[tuple[str, JSON]] = []
+        self.timers: list[tuple[float, int, str, int]] = []
+        self.pods: dict[str, _Tracked] = {}
+        self.thread = threading.Thread(target=self._loop, name=f"fake-kubelet-{index}", daemon=True)
+
+    # -- called from the watch thread ------------------------------------------------------
+    def put(self, kind: str, obj: JSON) -> None:
+        with self.cond:
+            self.events.append((kind, obj))
+            self.cond.notify()
+
+    # -- the shard's own thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self.k.stopped.is_set():
+            event: tuple[str, JSON] | None = None
+            timer: tuple[float, int, str, int] | None = None
+            with self.cond:
+                if self.events:
+                    event = self.events.pop(0)
+                elif self.timers and self.timers[0][0] <= time.monotonic():
+                    timer = heapq.heappop(self.timers)
+                else:
+                    wait = self.timers[0][0] - time.monotonic() if self.timers else 1.0
+                    self.cond.wait(timeout=max(min(wait, 1.0), 0.0))
+                    continue
+            try:
+                if event is not None:
+                    self._on_event(*event)
+                elif timer is not None:
+                    self._on_timer(timer[2], timer[3])
+            except Exception:
+                log.exception("fake kubelet shard %d failed", self.index)
+
+    def _schedule(self, uid: str, tracked: _Tracked, delay: float) -> None:
+        tracked.token += 1
+        with self.cond:
+            heapq.heappush(
+                self.timers, (time.monotonic() + delay, next(self.k.seq), uid, tracked.token)
+            )
+            self.cond.notify()
+
+    def _on_event(self, kind: str, pod: JSON) -> None:
+        if kind == "RESYNC":
+            present = set(pod["uids"])
+            for uid in [u for u in self.pods if u not in present]:
+                self._forget(uid)
+            return
+        meta = pod.get("metadata", {})
+        uid = meta.get("uid", "")
+        if kind == "DELETED":
+            self._forget(uid)
+            return
+        node = pod.get("spec", {}).get("nodeName", "")
+        if node not in self.k.nodes:
+            return
+        tracked = self.pods.get(uid)
+        if tracked is not None:
+            tracked.pod = pod
+            if meta.get("deletionTimestamp"):
+                tracked.done = True  # kwok finalises the deletion
+            return
+        tracked = _Tracked(pod=pod)
+        self.pods[uid] = tracked
+        status = pod.get("status", {})
+        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            tracked.done = True
+        elif status.get("startTime"):
+            self._adopt(uid, tracked)
+        else:
+            self._schedule(uid, tracked, 0.0)
+
+    def _forget(self, uid: str) -> None:
+        tracked = self.pods.pop(uid, None)
+        if tracked is not None:
+            tracked.done = True
+            if tracked.run is not None:
+                self.k.ipam.release(tracked.run.node, tracked.run.pod_ip)
+
+    def _adopt(self, uid: str, tracked: _Tracked) -> None:
+        """A pod some earlier kubelet ran: keep a crash loop going, leave the rest alone."""
+        pod = tracked.pod
+        mode = pod["metadata"].get("annotations", {}).get(FAULT_ANNOTATION, HEALTHY)
+        status = pod.get("status", {})
+        if mode not in ("crashloop", "oom") or status.get("phase") != "Running":
+            tracked.done = True
+            return
+        restarts = max(
+            (int(c.get("restartCount", 0)) for c in status.get("containerStatuses", [])),
+            default=0,
+        )
+        run = self.k.new_run(pod, mode, status.get("hostIP", ""), status.get("podIP", ""))
+        run.step = "backoff"
+        run.restarts = max(restarts, 1)
+        run.run_started = run.run_finished = time.time()
+        for c in status.get("conditions", []):
+            run.conditions[c["type"]] = (c["status"], c.get("lastTransitionTime", ""))
+        tracked.run = run
+        self._schedule(uid, tracked, self.k.timing.restart_interval)
+
+    def _on_timer(self, uid: str, token: int) -> None:
+        tracked = self.pods.get(uid)
+        if tracked is None or tracked.done or token != tracked.token:
+            return
+        try:
+            if tracked.run is None:
+                self._admit(uid, tracked)
+            else:
+                self._advance(uid, tracked)
+        except ApiError as e:
+            if e.status in (404, 409, 422):
+                # Gone, or replaced by a pod of the same name (uid precondition failed).
+                tracked.done = True
+                return
+            log.warning("pod %s: %s; retrying", uid, e)
+            self._schedule(uid, tracked, _RETRY_DELAY)
+
+    def _admit(self, uid: str, tracked: _Tracked) -> None:
+        pod = tracked.pod
+        meta = pod["metadata"]
+        node_name = pod["spec"]["nodeName"]
+        node = self.k.rest.get(f"/api/v1/nodes/{node_name}")
+        mode = node.get("metadata", {}).get("labels", {}).get(SIM_FAULT_LABEL, HEALTHY)
+        if mode not in FAULT_MODES and mode != HEALTHY:
+            log.warning("node %s: unknown fault mode %r, treated as healthy", node_name, mode)
+            mode = HEALTHY
+        host_ip = next(
+            (
+                a["address"]
+                for a in node.get("status", {}).get("addresses", [])
+                if a.get("type") == "InternalIP"
+            ),
+            "10.0.0.1",
+        )
+        if pod["spec"].get("hostNetwork"):
+            pod_ip = host_ip
+        else:
+            cidr = node.get("spec", {}).get("podCIDR") or self.k.fallback_cidr(node_name)
+            pod_ip = self.k.ipam.allocate(node_name, cidr)
+        ns, name = meta["namespace"], meta["name"]
+        tracked.pod = self.k.rest.patch(
+            f"/api/v1/namespaces/{ns}/pods/{name}",
+            {"metadata": {"uid": uid, "annotations": {FAULT_ANNOTATION: mode}}},
+        )
+        run = self.k.new_run(tracked.pod, mode, host_ip, pod_ip)
+        for c in tracked.pod.get("status", {}).get("conditions", []) or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "True":
+                run.conditions["PodScheduled"] = ("True", c.get("lastTransitionTime", ""))
+        tracked.run = run
+        log.info("pod %s/%s on %s: %s", ns, name, node_name, mode)
+        self._write(tracked)
+        self._schedule(uid, tracked, self.k.timing.start)
+
+    def _advance(self, uid: str, tracked: _Tracked) -> None:
+        run = tracked.run
+        assert run is not None
+        t = self.k.timing
+        now = time.time()
+        nxt: Step | None = None
+        delay = 0.0
+        pod = tracked.pod
+        mode, step = run.mode, run.step
+        if step == "creating":
+            run.run_started = now
+            if mode in (HEALTHY, "evict"):
+                nxt = "running"
+            elif mode in ("crashloop", "oom"):
+                run.run_finished = now
+                nxt = "failed" if restart_policy(pod) == "Never" else "crashed"
+            elif mode == "imagepull":
+                nxt = "pull_error"
+            else:
+                nxt = "create_error"
+        elif step == "running":
+            if mode == "evict":
+                run.run_finished = now
+                nxt = "evicted"
+            elif is_job_pod(pod):
+                run.run_finished = now
+                nxt = "completed"
+        elif step in ("crashed", "backoff"):
+            run.restarts += 1
+            run.run_started = run.run_finished = now
+            nxt = "backoff"
+        elif step == "pull_error":
+            nxt = "pull_backoff"
+        if nxt is None:
+            tracked.done = True
+            return
+        run.step = nxt
+        self._write(tracked)
+        if nxt == "running":
+            if mode == "evict":
+                delay = t.evict_after
+            elif is_job_pod(pod):
+                delay = t.job_runtime
+            else:
+                tracked.done = True
+                return
+        elif nxt == "crashed":
+            delay = t.first_restart
+        elif nxt == "backoff":
+            delay = t.restart_interval
+        elif nxt == "pull_error":
+            delay = t.pull_backoff
+        else:
+            tracked.done = True
+            return
+        self._schedule(uid, tracked, delay)
+
+    def _write(self, tracked: _Tracked) -> None:
+        run = tracked.run
+        assert run is not None
+        body = {
+            "metadata": {"uid": run.uid},
+            "status": pod_status(tracked.pod, run, time.time()),
+        }
+        tracked.pod = self.k.rest.patch(
+            f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status",
+            body,
+            STRATEGIC_MERGE_PATCH,
+        )
+
+
+@dataclass
+class FakeKubelet:
+    """Runs the pods of ``nodes`` (see the module docstring). ``start()``, then ``stop()``."""
+
+    rest: Rest
+    nodes: frozenset[str]
+    timing: Timing = field(default_factory=Timing)
+    shards: int = 2
+    fallback_cidr: Callable[[str], str] = lambda node: "10.244.0.0/24"
+
+    def __post_init__(self) -> None:
+        self.stopped = threading.Event()
+        self.synced = threading.Event()
+        self.seq = itertools.count()
+        self.ipam = _IPAM()
+        self._shards = [_Shard(self, i) for i in range(max(self.shards, 1))]
+        self._watcher = threading.Thread(target=self._watch_loop, name="fake-kubelet-watch")
+        self._watcher.daemon = True
+
+    def new_run(self, pod: JSON, mode: str, host_ip: str, pod_ip: str) -> PodRun:
+        meta = pod["metadata"]
+        return PodRun(
+            uid=meta["uid"],
+            namespace=meta["namespace"],
+            name=meta["name"],
+            node=pod["spec"]["nodeName"],
+            mode=mode,
+            host_ip=host_ip,
+            pod_ip=pod_ip,
+            start_time=time.time(),
+        )
+
+    def start(self) -> None:
+        for s in self._shards:
+            s.thread.start()
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for s in self._shards:
+            with s.cond:
+                s.cond.notify_all()
+        for s in self._shards:
+            s.thread.join(timeout=5)
+        self._watcher.join(timeout=1)
+
+    def _shard(self, uid: str) -> _Shard:
+        return self._shards[zlib.crc32(uid.encode()) % len(self._shards)]
+
+    def _dispatch(self, kind: str, pod: JSON) -> None:
+        self._shard(pod.get("metadata", {}).get("uid", "")).put(kind, pod)
+
+    def _list(self) -> str:
+        """Lists bound pods, hands each to its shard, drops vanished ones; returns the RV."""
+        params = {"fieldSelector": "spec.nodeName!=", "limit": "500"}
+        uids: list[str] = []
+        while True:
+            page = self.rest.get("/api/v1/pods", params)
+            for pod in page.get("items", []):
+                uids.append(pod["metadata"]["uid"])
+                self._dispatch("ADDED", pod)
+            cont = page.get("metadata", {}).get("continue")
+            if not cont:
+                rv = str(page.get("metadata", {}).get("resourceVersion", ""))
+                break
+            params = {**params, "continue": cont}
+        for s in self._shards:
+            s.put("RESYNC", {"uids": uids})
+        return rv
+
+    def _watch_loop(self) -> None:
+        rv = ""
+        while not self.stopped.is_set():
+            try:
+                if not rv:
+                    rv = self._list()
+                    self.synced.set()
+                params = {"fieldSelector": "spec.nodeName!=", "resourceVersion": rv}
+                for event in self.rest.watch("/api/v1/pods", params, timeout_seconds=5):
+                    if self.stopped.is_set():
+                        return
+                    etype, obj = event.get("type"), event.get("object", {})
+                    if etype == "ERROR":
+                        if obj.get("code") == 410:
+                            rv = ""  # too old: relist
+                        break
+                    rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
+                        self._dispatch(str(etype), obj)
+            except ApiError as e:
+                if self.stopped.is_set():
+                    return
+                if e.status == 410:
+                    rv = ""
+                log.debug("pod watch: %s", e)
+                time.sleep(0.5)
+            except Exception:
+                if self.stopped.is_set():
+                    return
+                log.exception("pod watch failed")
+                time.sleep(0.5)
