@@ -1,0 +1,620 @@
+"""A real Kubernetes control plane on 127.0.0.1 with kwok nodes and a fake kubelet.
+
+``Cluster`` runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the
+binaries of ``hack/build-bins.sh``, registers N nodes that kwok keeps alive, and runs the fake
+kubelet (:mod:`localcluster.kubelet`) that writes pod statuses, faulty ones on nodes labelled
+``sim.kn-rescheduler.io/fault``. Every port is a free one on 127.0.0.1; every file (PKI,
+kubeconfigs, etcd data, logs) lives in the work directory.
+
+    with Cluster(nodes=4) as c:
+        core = kubernetes.client.CoreV1Api(c.api_client())
+        c.set_fault("node-1", "crashloop")
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import logging
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from kubernetes import client as k8s_client
+
+from localcluster import kwok, pki
+from localcluster.bins import ensure_bins
+from localcluster.kubelet import FakeKubelet, Timing
+from localcluster.podstatus import FAULT_MODES, HEALTHY
+from localcluster.procs import Component, Proc, stop_all
+from localcluster.rest import ApiError, Rest
+from shared.constants import SIM_FAULT_LABEL
+
+log = logging.getLogger("localcluster")
+
+K8S_VERSION: Final = "v1.36.3"
+SERVICE_CIDR: Final = "10.96.0.0/16"
+CLUSTER_CIDR: Final = "10.244.0.0/16"
+SA_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
+CLUSTER_NAME: Final = "kn-rescheduler-local"
+PROCESS_NAMES: Final = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+)
+# Everything a ready cluster must have, after which start() gives up.
+START_TIMEOUT: Final = 90.0
+
+
+class ClusterError(RuntimeError):
+    """The control plane failed to start (the message carries the failing process's log)."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (all held open until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _kubeconfig(server: str, ca: Path, crt: Path, key: Path, user: str) -> dict[str, Any]:
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": CLUSTER_NAME,
+                "cluster": {"server": server, "certificate-authority-data": b64(ca)},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate-data": b64(crt), "client-key-data": b64(key)},
+            }
+        ],
+        "contexts": [{"name": CLUSTER_NAME, "context": {"cluster": CLUSTER_NAME, "user": user}}],
+        "current-context": CLUSTER_NAME,
+    }
+
+
+class Cluster:
+    """One local control plane. Use as a context manager, or call start() and stop()."""
+
+    def __init__(
+        self,
+        workdir: Path | str | None = None,
+        *,
+        nodes: int = 4,
+        timing: Timing | None = None,
+        bins_dir: Path | None = None,
+        components: Sequence[Component] = (),
+        keep_workdir: bool | None = None,
+        quiet: bool = False,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self._own_workdir = workdir is None
+        self.workdir = (
+            Path(tempfile.mkdtemp(prefix="kn-rescheduler-cluster-"))
+            if workdir is None
+            else Path(workdir).resolve()
+        )
+        self.keep_workdir = (not self._own_workdir) if keep_workdir is None else keep_workdir
+        self.log_dir = self.workdir / "logs"
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.nodes = [f"node-{i}" for i in range(nodes)]
+        self.timing = timing or Timing()
+        self.components = list(components)
+        self.quiet = quiet
+        self._bins_dir = bins_dir
+        self.procs: list[Proc] = []
+        self.kubelet: FakeKubelet | None = None
+        self.ports: Ports | None = None
+        self.server = ""
+        self.startup_seconds: float | None = None
+        self._pki: pki.ClusterPKI | None = None
+        self._rest: Rest | None = None
+        self._stopped = threading.Event()
+        self._atexit_registered = False
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def bins_dir(self) -> Path:
+        if self._bins_dir is None:
+            self._bins_dir = ensure_bins()
+        return self._bins_dir
+
+    @property
+    def rest(self) -> Rest:
+        if self._rest is None:
+            raise ClusterError("the cluster is not started")
+        return self._rest
+
+    @property
+    def ca_file(self) -> Path:
+        return self._require_pki().ca_crt
+
+    def api_client(self) -> k8s_client.ApiClient:
+        """A fresh official-client ApiClient with cluster-admin (system:masters) credentials."""
+        p = self._require_pki()
+        cfg = k8s_client.Configuration(
+            host=self.server,
+            ssl_ca_cert=str(p.ca_crt),
+            cert_file=str(p.admin_crt),
+            key_file=str(p.admin_key),
+        )
+        return k8s_client.ApiClient(cfg)
+
+    def set_fault(self, node: str, mode: str | None) -> None:
+        """Labels ``node`` with a fault mode (None or "none" heals it, for pods bound later)."""
+        if node not in self.nodes:
+            raise ValueError(f"unknown node {node!r}; nodes are {self.nodes}")
+        if mode == HEALTHY:
+            mode = None
+        if mode is not None and mode not in FAULT_MODES:
+            raise ValueError(f"unknown fault mode {mode!r}; modes are {FAULT_MODES}")
+        self.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {SIM_FAULT_LABEL: mode}}})
+
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.pid for p in self.procs}
+
+    def start(self) -> Cluster:
+        """Starts everything and returns once the cluster is ready (see ``wait_ready``)."""
+        bins = self.bins_dir  # may build; not part of the start-up time
+        last: ClusterError | None = None
+        for _ in range(2):
+            t0 = time.monotonic()
+            try:
+                self._start_once(bins)
+            except ClusterError as e:
+                self.keep_workdir = True  # the logs say why
+                self.stop(remove=False)
+                # Another process may have grabbed one of our free ports in the meantime.
+                if "address already in use" not in str(e):
+                    raise
+                last = e
+                continue
+            except BaseException:
+                self.keep_workdir = True  # the logs say why
+                self.stop(remove=False)
+                raise
+            self.startup_seconds = time.monotonic() - t0
+            self._say(
+                f"local cluster ready in {self.startup_seconds:.1f}s: {self.server}, "
+                f"kubeconfig {self.kubeconfig}, logs {self.log_dir}"
+            )
+            return self
+        assert last is not None
+        raise last
+
+    def stop(self, remove: bool | None = None) -> None:
+        """Stops the components, the fake kubelet and the control plane (in that order)."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            self.kubelet = None
+        procs, self.procs = self.procs, []
+        # Dependants first; etcd last so the API server can shut down cleanly.
+        stop_all(list(reversed(procs)), grace=10.0)
+        self._stopped.set()
+        if remove if remove is not None else not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _at_exit(self) -> None:
+        # An interpreter exiting without stop() (a crashed test session): stop what runs.
+        if self.procs or self.kubelet is not None:
+            self.stop()
+
+    def check_alive(self) -> None:
+        """Raises ClusterError naming the first process that exited."""
+        for p in self.procs:
+            if not p.alive():
+                raise ClusterError(
+                    f"{p.name} exited with code {p.returncode}; last log lines "
+                    f"({p.log_path}):\n{p.log_tail()}"
+                )
+
+    def state(self) -> dict[str, Any]:
+        """What the supervisor records about this cluster (JSON-serialisable)."""
+        return {
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "workdir": str(self.workdir),
+            "log_dir": str(self.log_dir),
+            "nodes": self.nodes,
+            "ports": self.ports.__dict__ if self.ports else {},
+            "pids": self.pids(),
+            "startup_seconds": self.startup_seconds,
+            "bins_dir": str(self.bins_dir),
+        }
+
+    # -- start-up --------------------------------------------------------------------------------
+
+    def _say(self, message: str) -> None:
+        log.info(message)
+        if not self.quiet:
+            print(f"[localcluster] {message}", file=sys.stderr, flush=True)
+
+    def _require_pki(self) -> pki.ClusterPKI:
+        if self._pki is None:
+            raise ClusterError("the cluster is not started")
+        return self._pki
+
+    def _prepare_workdir(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for name in ("etcd", "pki", "kwok", "certs"):
+            shutil.rmtree(self.workdir / name, ignore_errors=True)
+        for name in ("kubeconfig", "controller-manager.kubeconfig", "scheduler.kubeconfig"):
+            (self.workdir / name).unlink(missing_ok=True)
+        # Only our own logs: a supervisor may already be writing its log in the same directory.
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        names = [*PROCESS_NAMES, "fake-kubelet", *(c.name for c in self.components)]
+        for name in names:
+            (self.log_dir / f"{name}.log").unlink(missing_ok=True)
+        if not self._atexit_registered:
+            atexit.register(self._at_exit)
+            self._atexit_registered = True
+
+    def _spawn(self, name: str, argv: list[str], **kw: Any) -> Proc:
+        proc = Proc(name, argv, self.log_dir / f"{name}.log", **kw)
+        self.procs.append(proc)
+        return proc
+
+    def _wait(self, what: str, check: Callable[[], bool], deadline: float) -> None:
+        while True:
+            self.check_alive()
+            try:
+                if check():
+                    return
+            except ApiError:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out waiting for {what}")
+            time.sleep(0.1)
+
+    def _start_once(self, bins: Path) -> None:
+        self._stopped.clear()
+        self._prepare_workdir()
+        deadline = time.monotonic() + START_TIMEOUT
+        ports = Ports(*free_ports(6))
+        self.ports = ports
+        self.server = f"https://127.0.0.1:{ports.apiserver}"
+        p = pki.generate(self.workdir / "pki")
+        self._pki = p
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                _kubeconfig(self.server, p.ca_crt, p.admin_crt, p.admin_key, "kubernetes-admin")
+            )
+        )
+        kcm_kubeconfig = self.workdir / "controller-manager.kubeconfig"
+        kcm_kubeconfig.write_text(
+            yaml.safe_dump(
+                _kubeconfig(
+                    self.server,
+                    p.ca_crt,
+                    p.controller_manager_crt,
+                    p.controller_manager_key,
+                    "system:kube-controller-manager",
+                )
+            )
+        )
+        sched_kubeconfig = self.workdir / "scheduler.kubeconfig"
+        sched_kubeconfig.write_text(
+            yaml.safe_dump(
+                _kubeconfig(
+                    self.server, p.ca_crt, p.scheduler_crt, p.scheduler_key, "system:kube-scheduler"
+                )
+            )
+        )
+        self._rest = Rest(
+            self.server, ca_file=p.ca_crt, cert_file=p.admin_crt, key_file=p.admin_key
+        )
+
+        # etcd
+        etcd_url = f"http://127.0.0.1:{ports.etcd}"
+        peer_url = f"http://127.0.0.1:{ports.etcd_peer}"
+        self._spawn(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--initial-cluster-state=new",
+                # A test cluster: durability across power loss buys nothing, fsync costs seconds.
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        etcd = Rest(etcd_url, ca_file=p.ca_crt, cert_file=p.admin_crt, key_file=p.admin_key)
+        self._wait("etcd", lambda: '"health":"true"' in etcd.text("/health", 1.0)[1], deadline)
+
+        # kube-apiserver
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports.apiserver}",
+                f"--cert-dir={self.workdir / 'certs'}",
+                f"--tls-cert-file={p.apiserver_crt}",
+                f"--tls-private-key-file={p.apiserver_key}",
+                f"--client-ca-file={p.ca_crt}",
+                f"--service-account-issuer={SA_ISSUER}",
+                f"--service-account-key-file={p.sa_pub}",
+                f"--service-account-signing-key-file={p.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--requestheader-client-ca-file={p.front_proxy_ca_crt}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={p.front_proxy_client_crt}",
+                f"--proxy-client-key-file={p.front_proxy_client_key}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction,MutatingAdmissionWebhook,"
+                "ValidatingAdmissionWebhook",
+                "--allow-privileged=true",
+                # The default reconciler would publish 127.0.0.1 as the endpoint of the
+                # `kubernetes` Service, which Endpoints validation rejects (loopback).
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait(
+            "kube-apiserver /readyz",
+            lambda: self.rest.text("/readyz", 2.0) == (200, "ok"),
+            deadline,
+        )
+
+        # Controllers, scheduler and kwok in parallel; nodes registered meanwhile.
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"),
+                f"--kubeconfig={kcm_kubeconfig}",
+                f"--authentication-kubeconfig={kcm_kubeconfig}",
+                f"--authorization-kubeconfig={kcm_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports.controller_manager}",
+                f"--cert-dir={self.workdir / 'certs'}",
+                "--leader-elect=true",
+                "--controllers=*",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={p.ca_crt}",
+                f"--service-account-private-key-file={p.sa_key}",
+                f"--cluster-signing-cert-file={p.ca_crt}",
+                f"--cluster-signing-key-file={p.ca_key}",
+                f"--cluster-name={CLUSTER_NAME}",
+                "--allocate-node-cidrs=true",
+                f"--cluster-cidr={CLUSTER_CIDR}",
+                "--node-cidr-mask-size=24",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--kubeconfig={sched_kubeconfig}",
+                f"--authentication-kubeconfig={sched_kubeconfig}",
+                f"--authorization-kubeconfig={sched_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports.scheduler}",
+                f"--cert-dir={self.workdir / 'certs'}",
+                "--leader-elect=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        kwok_dir = self.workdir / "kwok"
+        kwok_dir.mkdir()
+        kwok_config = kwok_dir / "stages.yaml"
+        kwok_config.write_text(kwok.config_yaml())
+        self._spawn(
+            "kwok",
+            [
+                str(bins / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={kwok_config}",
+                "--manage-all-nodes=true",
+                f"--server-address=127.0.0.1:{ports.kwok}",
+                "--node-lease-duration-seconds=40",
+            ],
+            # kwok also reads ~/.kwok/kwok.yaml; keep whatever a user has there out of it.
+            env={"KWOK_WORKDIR": str(kwok_dir)},
+        )
+        for i, name in enumerate(self.nodes):
+            self._register_node(i, name)
+
+        self.kubelet = FakeKubelet(
+            Rest(
+                self.server,
+                ca_file=p.ca_crt,
+                cert_file=p.admin_crt,
+                key_file=p.admin_key,
+                user_agent="kn-rescheduler-fake-kubelet",
+            ),
+            frozenset(self.nodes),
+            self.timing,
+            fallback_cidr=self._fallback_cidr,
+        )
+        self._attach_kubelet_log()
+        self.kubelet.start()
+        self.wait_ready(deadline)
+        for component in self.components:
+            self.start_component(component, deadline=time.monotonic() + component.ready_timeout)
+
+    def _fallback_cidr(self, node: str) -> str:
+        index = self.nodes.index(node) if node in self.nodes else 0
+        return f"10.244.{index}.0/24"
+
+    def _attach_kubelet_log(self) -> None:
+        logger = logging.getLogger("localcluster.kubelet")
+        for h in list(logger.handlers):
+            if getattr(h, "_localcluster", False):
+                logger.removeHandler(h)
+                h.close()
+        handler = logging.FileHandler(self.log_dir / "fake-kubelet.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler._localcluster = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+    def _register_node(self, index: int, name: str) -> None:
+        """Registers a node the way a kubelet does (labels, capacity, addresses, nodeInfo)."""
+        ip = f"10.0.0.{10 + index}"
+        capacity = {
+            "cpu": "8",
+            "memory": "32873196Ki",
+            "pods": "110",
+            "ephemeral-storage": "102350Mi",
+            "hugepages-1Gi": "0",
+            "hugepages-2Mi": "0",
+        }
+        allocatable = {**capacity, "cpu": "7800m", "memory": "32158316Ki"}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "beta.kubernetes.io/os": "linux",
+                    "beta.kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                },
+                "annotations": {
+                    "kwok.x-k8s.io/node": "fake",
+                    "node.alpha.kubernetes.io/ttl": "0",
+                    "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                },
+            },
+            "spec": {},
+            "status": {
+                "capacity": capacity,
+                "allocatable": allocatable,
+                "addresses": [
+                    {"type": "InternalIP", "address": ip},
+                    {"type": "Hostname", "address": name},
+                ],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "bootID": f"00000000-0000-4000-8000-{index:012d}",
+                    "containerRuntimeVersion": "containerd://2.1.4",
+                    "kernelVersion": "6.8.0-60-generic",
+                    "kubeProxyVersion": "",
+                    "kubeletVersion": K8S_VERSION,
+                    "machineID": f"{index:032x}",
+                    "operatingSystem": "linux",
+                    "osImage": "Ubuntu 24.04.2 LTS",
+                    "systemUUID": f"00000000-0000-4000-9000-{index:012d}",
+                },
+            },
+        }
+        self.rest.post("/api/v1/nodes", node)
+
+    def _nodes_ready(self) -> bool:
+        items = self.rest.get("/api/v1/nodes").get("items", [])
+        ready = set()
+        for n in items:
+            conds = {c["type"]: c["status"] for c in n.get("status", {}).get("conditions", [])}
+            taints = {t["key"] for t in n.get("spec", {}).get("taints", []) or []}
+            if conds.get("Ready") == "True" and "node.kubernetes.io/not-ready" not in taints:
+                ready.add(n["metadata"]["name"])
+        return ready >= set(self.nodes)
+
+    def _lease_held(self, name: str) -> bool:
+        lease = self.rest.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/{name}")
+        return bool(lease.get("spec", {}).get("holderIdentity"))
+
+    def _default_sa(self) -> bool:
+        self.rest.get("/api/v1/namespaces/default/serviceaccounts/default")
+        return True
+
+    def wait_ready(self, deadline: float) -> None:
+        """Nodes Ready and untainted, default ServiceAccount present, leaders elected."""
+        assert self.ports is not None
+        kwok_health = Rest(
+            f"http://127.0.0.1:{self.ports.kwok}",
+            ca_file=self.ca_file,
+            cert_file=self._require_pki().admin_crt,
+            key_file=self._require_pki().admin_key,
+        )
+        self._wait("kwok /healthz", lambda: kwok_health.text("/healthz", 1.0)[0] == 200, deadline)
+        self._wait(
+            "the scheduler's leader lease", lambda: self._lease_held("kube-scheduler"), deadline
+        )
+        self._wait(
+            "the controller manager's leader lease",
+            lambda: self._lease_held("kube-controller-manager"),
+            deadline,
+        )
+        self._wait("nodes Ready", self._nodes_ready, deadline)
+        self._wait("the default ServiceAccount", self._default_sa, deadline)
+        kubelet = self.kubelet
+        assert kubelet is not None
+        self._wait("the fake kubelet's pod list", kubelet.synced.is_set, deadline)
+
+    def start_component(self, component: Component, deadline: float | None = None) -> Proc:
+        """Starts one more process beside the cluster (KUBECONFIG points at the cluster)."""
+        env = {"KUBECONFIG": str(self.kubeconfig), **component.env}
+        proc = self._spawn(component.name, list(component.argv), env=env, cwd=component.cwd)
+        if component.ready is not None:
+            ready = component.ready
+            self._wait(
+                f"component {component.name}",
+                ready,
+                deadline or time.monotonic() + component.ready_timeout,
+            )
+        return proc
