@@ -32,7 +32,7 @@ test: venv cluster-bins
 	$(PY) -m pytest -q
 
 up: venv cluster-bins
-	$(PY) -m localcluster up --dir .local
+	$(PY) -m localcluster up --dir .local --nodes $(or $(NODES),4)
 
 down:
 	$(PY) -m localcluster down --dir .local
