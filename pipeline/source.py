@@ -1,0 +1,265 @@
+"""Pod events from a kube-apiserver, produced by Knative's own ApiServerSource adapter.
+
+Locally there is no Knative controller to deploy the ApiServerSource's receive adapter, so this
+runs the adapter binary itself (``cmd/apiserver_receive_adapter`` of knative.dev/eventing,
+pinned in ``hack/adapter/go.mod`` and built by ``hack/build-adapter.sh``) outside any cluster,
+configured the way the controller configures its Deployment:
+
+- ``--kubeconfig`` (knative.dev/pkg's client flags) points it at the API server; the event
+  ``source`` is that server's URL.
+- ``K_SINK`` is where events go (the local broker), ``NAME`` / ``NAMESPACE`` name the
+  ApiServerSource, ``K_SOURCE_CONFIG`` is the JSON the controller derives from its spec
+  (namespaces or all namespaces, resources as group/version/resource, mode, owner, filters).
+- ``K_KLOG_VERBOSITY=2`` makes client-go log "Caches populated" once a watch's initial list is
+  done: from then on every change is sent, which is what :meth:`ApiServerSource.start` waits
+  for. As in a cluster, objects that exist before that produce no event.
+- ``PROFILING_PORT=0``: the pprof server (default :8008) takes a free port instead. The health
+  probe server's :8080 is a constant of knative.dev/pkg and cannot be moved; when that port is
+  taken the adapter runs on without probes (the error is ignored), so several adapters, or an
+  adapter and anything else on 8080, can coexist, whoever binds 8080 first keeps it.
+
+The events are Knative's, byte for byte: binary mode, ``dev.knative.apiserver.resource.add``,
+``.update`` or ``.delete``, a fresh UUID ``id``, ``subject`` ``/apis/v1/namespaces/NS/pods/NAME``,
+the extensions ``kind``, ``apiversion``, ``name``, ``namespace``, the whole object as JSON data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from shared.constants import DEFAULT_NAMESPACE
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT: Final = ROOT / "hack" / "build-adapter.sh"
+# Overrides the binary (for a prebuilt adapter); otherwise hack/build-adapter.sh finds or builds it.
+BINARY_ENV: Final = "KN_RESCHEDULER_ADAPTER"
+# client-go's reflector logs this at verbosity 2 when a watch's initial list is in.
+_READY_MARK: Final = '"Caches populated"'
+_PR_SET_PDEATHSIG: Final = 1
+
+
+class SourceError(RuntimeError):
+    """The adapter could not be built, started, or did not become ready."""
+
+
+def adapter_binary() -> Path:
+    """The receive adapter binary: ``$KN_RESCHEDULER_ADAPTER`` or the cached build."""
+    override = os.environ.get(BINARY_ENV)
+    if override:
+        path = Path(override)
+        if not os.access(path, os.X_OK):
+            raise SourceError(f"{BINARY_ENV}={override} is not an executable")
+        return path
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise SourceError(f"{BUILD_SCRIPT.name} failed:\n{result.stderr[-4000:]}")
+    lines = result.stdout.strip().splitlines()
+    if not lines:
+        raise SourceError(f"{BUILD_SCRIPT.name} printed no path")
+    return Path(lines[-1])
+
+
+def gvr(resource: str) -> dict[str, str]:
+    """``v1/pods`` or ``apps/v1/deployments`` as the GroupVersionResource the adapter reads."""
+    parts = resource.strip("/").split("/")
+    if len(parts) == 2:
+        return {"Group": "", "Version": parts[0], "Resource": parts[1]}
+    if len(parts) == 3:
+        return {"Group": parts[0], "Version": parts[1], "Resource": parts[2]}
+    raise ValueError(f"expected VERSION/RESOURCE or GROUP/VERSION/RESOURCE, got {resource!r}")
+
+
+def source_config(
+    *,
+    namespaces: Sequence[str] = (),
+    resources: Sequence[str] = ("v1/pods",),
+    mode: str = "Resource",
+    label_selector: str = "",
+    owner: Mapping[str, str] | None = None,
+    filters: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """``K_SOURCE_CONFIG``: an empty ``namespaces`` means every namespace."""
+    if mode not in ("Resource", "Reference"):
+        raise ValueError(f"mode must be Resource or Reference, got {mode!r}")
+    watches: list[dict[str, Any]] = []
+    for resource in resources:
+        watch: dict[str, Any] = {"gvr": gvr(resource)}
+        if label_selector:
+            watch["selector"] = label_selector
+        watches.append(watch)
+    config: dict[str, Any] = {
+        "namespaces": list(namespaces),
+        "allNamespaces": not namespaces,
+        "resources": watches,
+        "mode": mode,
+    }
+    if owner:
+        config["owner"] = dict(owner)
+    if filters:
+        config["filters"] = [dict(f) for f in filters]
+    return config
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def preexec() -> None:  # in the child, between fork and exec
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody would kill us
+            os._exit(1)
+
+    return preexec
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class ApiServerSource:
+    """Knative's ApiServerSource adapter as a local process: pod events to ``sink``.
+
+    ``start()`` returns once every watch has listed (events flow from then on); ``stop()``
+    sends SIGTERM, then SIGKILL after ``grace`` seconds. The process also dies with the
+    thread that started it (PR_SET_PDEATHSIG) and at interpreter exit, so none is left
+    behind; start it from a thread that lives as long as it should.
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | Path,
+        sink: str,
+        *,
+        namespaces: Sequence[str] = (),
+        resources: Sequence[str] = ("v1/pods",),
+        mode: str = "Resource",
+        label_selector: str = "",
+        name: str = "kn-rescheduler-pods",
+        namespace: str = DEFAULT_NAMESPACE,
+        log_path: str | Path | None = None,
+        binary: str | Path | None = None,
+    ) -> None:
+        self.kubeconfig = Path(kubeconfig)
+        self.sink = sink
+        self.name = name
+        self.namespace = namespace
+        self.config = source_config(
+            namespaces=namespaces, resources=resources, mode=mode, label_selector=label_selector
+        )
+        # One reflector per resource, times one per namespace when namespaces are listed.
+        self._reflectors = len(resources) * max(1, len(namespaces))
+        self._binary = Path(binary) if binary else None
+        self._own_log_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._log_path = Path(log_path) if log_path else None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def environment(self) -> dict[str, str]:
+        """The adapter's environment, as the ApiServerSource controller would set it."""
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/"),
+            "K_SINK": self.sink,
+            "NAME": self.name,
+            "NAMESPACE": self.namespace,
+            "SYSTEM_NAMESPACE": "knative-eventing",
+            "K_SOURCE_CONFIG": json.dumps(self.config, separators=(",", ":")),
+            "K_KLOG_VERBOSITY": "2",
+            "PROFILING_PORT": "0",
+        }
+
+    def log_text(self) -> str:
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        return self._log_path.read_text(errors="replace")
+
+    def start(self, timeout: float = 60.0) -> None:
+        if self.running:
+            return
+        binary = self._binary or adapter_binary()
+        if self._log_path is None:
+            self._own_log_dir = tempfile.TemporaryDirectory(prefix="apiserversource-")
+            self._log_path = Path(self._own_log_dir.name) / "adapter.log"
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._log_path.open("ab") as log:
+            log.write(f"--- starting {binary.name}, sink {self.sink}\n".encode())
+            log.flush()
+            offset = log.tell()
+            self._proc = subprocess.Popen(
+                [str(binary), "--kubeconfig", str(self.kubeconfig)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                start_new_session=True,
+                # Only prctl and getppid run between fork and exec: no lock is taken there.
+                preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509
+            )
+        self._finalizer = weakref.finalize(self, _terminate, self._proc, 5.0)
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self._log_path.read_bytes()[offset:].decode(errors="replace")
+            if text.count(_READY_MARK) >= self._reflectors:
+                return
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self.stop()
+                raise SourceError(
+                    f"adapter exited with {code} before it was ready:\n{text[-4000:]}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SourceError(f"adapter not ready after {timeout:.0f} s:\n{text[-4000:]}")
+            time.sleep(0.1)
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self._proc is not None:
+            _terminate(self._proc, grace)
+            self._proc = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self._own_log_dir is not None:
+            with contextlib.suppress(OSError):
+                self._own_log_dir.cleanup()
+            self._own_log_dir = None
+            self._log_path = None
+
+    def __enter__(self) -> ApiServerSource:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,172 @@
+"""Knative's ApiServerSource adapter against the real local API server, into the local broker.
+
+The adapter binary is Knative's own (built from knative.dev/eventing by hack/build-adapter.sh);
+these tests pin down what the rest of the project relies on: the exact event shape, that objects
+existing before the source starts produce no add event, that Trigger filtering of the project's
+manifests lets add/update through to detect-failures and keeps delete out, and that stopping
+the source leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+from localcluster.cluster import Cluster
+from pipeline.router import Router
+from pipeline.source import ApiServerSource
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The session's cluster when the suite has one, else a one-node cluster of our own."""
+    try:
+        existing = request.getfixturevalue("cluster")
+    except pytest.FixtureLookupError:
+        existing = None
+    if existing is not None:
+        yield existing
+        return
+    with Cluster(nodes=1, quiet=True) as cluster:
+        yield cluster
+
+
+class Recorder:
+    """detect-failures stand-in: records every delivery, answers 202."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, str], bytes]] = []
+        self._server = make_server("127.0.0.1", 0, self._app, threaded=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.port}/"
+
+    @Request.application  # type: ignore[arg-type]
+    def _app(self, request: Request) -> Response:
+        self.calls.append(({k.lower(): v for k, v in request.headers}, request.data))
+        return Response("", status=202)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def named(self, name: str, event_type: str) -> list[tuple[dict[str, str], bytes]]:
+        return [
+            c for c in self.calls if c[0].get("ce-name") == name and c[0]["ce-type"] == event_type
+        ]
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "pipeline-source"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/app:1"}]},
+    }
+
+
+def test_adapter_events_reach_the_broker_in_knative_shape(
+    control_plane: Any, tmp_path: Path
+) -> None:
+    core = k8s.CoreV1Api(control_plane.api_client())
+    ns = f"pipeline-src-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    wait_for("default service account", lambda: core.list_namespaced_service_account(ns).items)
+    core.create_namespaced_pod(ns, _pod("before"))
+
+    recorder = Recorder()
+    router = Router(
+        ROOT / "knative",
+        {"detect-failures": recorder.url},
+        tmp_path / "archive.jsonl",
+        tmp_path / "dead.jsonl",
+    )
+    url = router.start()
+    source = ApiServerSource(
+        control_plane.kubeconfig, url, namespaces=[ns], log_path=tmp_path / "adapter.log"
+    )
+    try:
+        source.start()
+        pid = source.pid
+        assert pid is not None
+
+        created = core.create_namespaced_pod(ns, _pod("after"))
+        [(headers, body)] = wait_for(
+            "the add event of pod after",
+            lambda: recorder.named("after", "dev.knative.apiserver.resource.add"),
+        )
+        assert headers["ce-specversion"] == "1.0"
+        assert headers["ce-source"] == control_plane.server
+        assert headers["ce-subject"] == f"/apis/v1/namespaces/{ns}/pods/after"
+        assert (headers["ce-kind"], headers["ce-apiversion"]) == ("Pod", "v1")
+        assert (headers["ce-name"], headers["ce-namespace"]) == ("after", ns)
+        assert headers["content-type"] == "application/json"
+        assert uuid.UUID(headers["ce-id"]).version == 4
+        assert "ce-time" in headers
+        pod = json.loads(body)
+        assert pod["kind"] == "Pod" and pod["metadata"]["uid"] == created.metadata.uid
+        assert pod["spec"]["containers"][0]["image"] == "registry.invalid/app:1"
+
+        # A pod that existed at start-up gets no add event, but its changes are sent.
+        core.patch_namespaced_pod("before", ns, {"metadata": {"labels": {"touched": "yes"}}})
+        wait_for(
+            "the update event of pod before",
+            lambda: recorder.named("before", "dev.knative.apiserver.resource.update"),
+        )
+        assert recorder.named("before", "dev.knative.apiserver.resource.add") == []
+
+        # Deletes reach the broker (archived) but not detect-failures (its Trigger's filter).
+        core.delete_namespaced_pod("after", ns, grace_period_seconds=0)
+
+        def deleted() -> list[dict[str, Any]]:
+            lines = (tmp_path / "archive.jsonl").read_text().splitlines()
+            return [
+                e
+                for e in map(json.loads, lines)
+                if e["type"] == "dev.knative.apiserver.resource.delete" and e["name"] == "after"
+            ]
+
+        wait_for("the delete event of pod after", deleted)
+        assert router.wait_idle(10)
+        assert all(
+            c[0]["ce-type"] != "dev.knative.apiserver.resource.delete" for c in recorder.calls
+        )
+        ids = [c[0]["ce-id"] for c in recorder.calls]
+        assert len(ids) == len(set(ids))
+        assert (tmp_path / "dead.jsonl").exists() is False
+    finally:
+        source.stop()
+        router.stop()
+        recorder.close()
+        core.delete_namespace(ns)
+    assert not source.running
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
