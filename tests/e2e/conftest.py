@@ -1,0 +1,216 @@
+"""End-to-end fixtures for the rescheduling core, on the real local control plane.
+
+The webhook runs as its real server (gunicorn, TLS) and is registered with the API server, so
+every pod the controllers create in a test passes through it. detect-failures and
+update-annotations run in-process on their shared logic with a real API client: what a Broker
+would deliver is built here from the live pod exactly as ApiServerSource shapes it (the whole
+pipeline with a router is tested separately).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from shared import events
+from shared.config import Config
+from shared.constants import APISERVER_UPDATE, STATE_ANNOTATION
+from shared.detect import detect
+from shared.kube import Kube
+from shared.reschedule import Rescheduler
+from shared.state import WorkloadState, load_state
+from stack import webhook as webhook_setup
+from stack.functions import FunctionServer, environment
+
+FAULTY_PREFERENCE_WEIGHT = 100
+
+
+def wait_for(
+    what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.25
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail the test with ``what`` if not."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Webhook:
+    server: FunctionServer
+    url: str
+    ca_file: Path
+    api_client: k8s.ApiClient
+
+    def register(self) -> None:
+        webhook_setup.register(self.api_client, webhook_setup.configuration(self.url, self.ca_file))
+
+
+@pytest.fixture(scope="session")
+def webhook(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """mutate-admission over TLS, registered with the API server for the whole session."""
+    tls_dir = tmp_path_factory.mktemp("webhook-tls")
+    ca, crt, key = webhook_setup.make_tls(tls_dir)
+    server = FunctionServer(
+        "mutate-admission",
+        cluster.log_dir,
+        env=environment(cluster.kubeconfig),
+        tls=(crt, key),
+        ca_file=ca,
+    ).start()
+    hook = Webhook(server, server.url, ca, cluster.api_client())
+    hook.register()
+    yield hook
+    webhook_setup.unregister(hook.api_client)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def api(cluster: Any) -> Kube:
+    return Kube(cluster.api_client())
+
+
+@pytest.fixture
+def core(cluster: Any) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(cluster.api_client())
+
+
+@pytest.fixture
+def apps(cluster: Any) -> k8s.AppsV1Api:
+    return k8s.AppsV1Api(cluster.api_client())
+
+
+@pytest.fixture
+def batch(cluster: Any) -> k8s.BatchV1Api:
+    return k8s.BatchV1Api(cluster.api_client())
+
+
+@pytest.fixture
+def faults(cluster: Any) -> Iterator[Callable[..., None]]:
+    """Set node faults for one test; every node is healed afterwards."""
+    touched: set[str] = set()
+
+    def set_faults(mode: str | None, *nodes: str) -> None:
+        for node in nodes:
+            cluster.set_fault(node, mode)
+            touched.add(node)
+
+    yield set_faults
+    for node in touched:
+        cluster.set_fault(node, None)
+
+
+def pod_event(pod: dict[str, Any]) -> events.Event:
+    """The event ApiServerSource (Resource mode) sends for this pod's latest update."""
+    meta = pod["metadata"]
+    attributes = {
+        "specversion": "1.0",
+        "id": str(uuid.uuid4()),
+        "source": "https://127.0.0.1",
+        "type": APISERVER_UPDATE,
+        "subject": f"/apis/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+        "kind": "Pod",
+        "apiversion": "v1",
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "datacontenttype": "application/json",
+    }
+    return events.Event(attributes["id"], attributes["source"], APISERVER_UPDATE, attributes, pod)
+
+
+@dataclass
+class Loop:
+    """detect-failures then update-annotations, as the Triggers chain them, in-process."""
+
+    api: Kube
+    cfg: Config
+
+    def __post_init__(self) -> None:
+        self.rescheduler = Rescheduler(self.api, self.cfg)
+        self.replies: list[events.Reply] = []
+
+    def failing_event(self, pod: dict[str, Any]) -> events.Event | None:
+        reply = detect(pod_event(pod), self.cfg)
+        if reply is None:
+            return None
+        return events.Event(
+            str(uuid.uuid4()),
+            "/kn-rescheduler/detect-failures",
+            reply.type,
+            {"subject": reply.subject},
+            dict(reply.data),
+        )
+
+    def deliver(self, event: events.Event) -> events.Reply | None:
+        reply = self.rescheduler.handle(event)
+        if reply is not None:
+            self.replies.append(reply)
+        return reply
+
+    def pump(self, namespace: str) -> int:
+        """Deliver a failing event for every failing pod in ``namespace``; how many there were."""
+        handled = 0
+        for pod in self.api.list_all("Pod", namespace):
+            failing = self.failing_event(pod)
+            if failing is not None:
+                self.deliver(failing)
+                handled += 1
+        return handled
+
+
+@pytest.fixture
+def loop(api: Kube, webhook: Webhook) -> Loop:
+    return Loop(api, Config())
+
+
+def state_of(api: Kube, kind: str, namespace: str, name: str) -> WorkloadState:
+    obj = api.get(kind, namespace, name)
+    return load_state((obj["metadata"].get("annotations") or {}).get(STATE_ANNOTATION))
+
+
+def excluded_stamp(pod: dict[str, Any]) -> list[str]:
+    raw = (pod["metadata"].get("annotations") or {}).get("kn-rescheduler.io/excluded-nodes")
+    return json.loads(raw) if raw else []
+
+
+def preferring(node: str) -> dict[str, Any]:
+    """Affinity that makes the scheduler pick ``node`` first while it is allowed."""
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": FAULTY_PREFERENCE_WEIGHT,
+                    "preference": {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node]}
+                        ]
+                    },
+                }
+            ]
+        }
+    }
+
+
+def pod_template(labels: dict[str, str], node: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": labels},
+        "spec": {
+            "affinity": preferring(node),
+            "containers": [{"name": "app", "image": "registry.example.com/shop/web:1.4.2"}],
+            # kwok pods end instantly; a real grace period only slows the tests down.
+            "terminationGracePeriodSeconds": 0,
+            **spec,
+        },
+    }
