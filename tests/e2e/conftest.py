@@ -159,12 +159,13 @@ class Loop:
             self.replies.append(reply)
         return reply
 
-    def pump(self, namespace: str) -> int:
-        """Deliver a failing event for every failing pod in ``namespace``; how many there were."""
+    def pump(self, namespace: str, *, kinds: tuple[str, ...] = ()) -> int:
+        """Deliver a failing event for every failing pod in ``namespace`` (only failures of
+        the given kinds, when given); how many there were."""
         handled = 0
         for pod in self.api.list_all("Pod", namespace):
             failing = self.failing_event(pod)
-            if failing is not None:
+            if failing is not None and (not kinds or failing.data["kind"] in kinds):
                 self.deliver(failing)
                 handled += 1
         return handled
