@@ -4,10 +4,11 @@ kwok keeps the nodes alive (status, heartbeats, leases) and finalises pod deleti
 controller does what a kubelet does between binding and deletion. It watches pods bound to the
 cluster's nodes and, for each new pod:
 
-1. reads the pod's node (a fresh, consistent GET, so a fault label set just before the pod was
-   created is always seen) and decides the pod's fate once: the node's
-   ``sim.kn-rescheduler.io/fault`` label, or ``none``; the decision is stamped on the pod as the
-   annotation of the same key (later label changes affect only pods bound later);
+1. reads the pod's node as it was when the pod was bound (an exact-revision read at the pod's
+   resourceVersion of that moment) and decides the pod's fate once: the node's
+   ``sim.kn-rescheduler.io/fault`` label, or ``none``. A label set before the pod was bound is
+   always seen, one changed afterwards never is, however late this controller gets to the pod.
+   The decision is stamped on the pod as the annotation of the same key;
 2. writes the statuses a kubelet would write for that fate, step by step (``pods/status``
    strategic merge patches with a uid precondition, like the kubelet's status manager), and for
    crash loops keeps raising ``restartCount`` every ``restart_interval`` seconds.
@@ -72,6 +73,8 @@ class Timing:
 @dataclass
 class _Tracked:
     pod: JSON
+    # The pod's resourceVersion when first seen bound: the revision its fate is read at.
+    bound_rv: str = ""
     run: PodRun | None = None
     done: bool = False
     token: int = 0  # invalidates timers of earlier steps
@@ -166,7 +169,7 @@ class _Shard:
             if meta.get("deletionTimestamp"):
                 tracked.done = True  # kwok finalises the deletion
             return
-        tracked = _Tracked(pod=pod)
+        tracked = _Tracked(pod=pod, bound_rv=str(meta.get("resourceVersion", "")))
         self.pods[uid] = tracked
         status = pod.get("status", {})
         if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
@@ -225,7 +228,7 @@ class _Shard:
         pod = tracked.pod
         meta = pod["metadata"]
         node_name = pod["spec"]["nodeName"]
-        node = self.k.rest.get(f"/api/v1/nodes/{node_name}")
+        node = self._node_at(node_name, tracked.bound_rv)
         mode = node.get("metadata", {}).get("labels", {}).get(SIM_FAULT_LABEL, HEALTHY)
         if mode not in FAULT_MODES and mode != HEALTHY:
             log.warning("node %s: unknown fault mode %r, treated as healthy", node_name, mode)
@@ -256,6 +259,27 @@ class _Shard:
         log.info("pod %s/%s on %s: %s", ns, name, node_name, mode)
         self._write(tracked)
         self._schedule(uid, tracked, self.k.timing.start)
+
+    def _node_at(self, name: str, rv: str) -> JSON:
+        """The node as it was at revision ``rv``; its current state if that is not available."""
+        if rv:
+            try:
+                page = self.k.rest.get(
+                    "/api/v1/nodes",
+                    {
+                        "fieldSelector": f"metadata.name={name}",
+                        "resourceVersion": rv,
+                        "resourceVersionMatch": "Exact",
+                    },
+                )
+                items: list[JSON] = page.get("items", [])
+                if items:
+                    return items[0]
+            except ApiError as e:
+                if e.status not in (400, 410):  # 410: compacted away; fall back below
+                    raise
+                log.info("node %s at revision %s: %s; reading it now", name, rv, e)
+        return self.k.rest.get(f"/api/v1/nodes/{name}")
 
     def _advance(self, uid: str, tracked: _Tracked) -> None:
         run = tracked.run

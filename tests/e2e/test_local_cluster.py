@@ -488,6 +488,26 @@ def test_removing_the_label_heals_the_node_for_new_pods(
     assert not is_ready(get_pod(cluster, namespace, "before"))
 
 
+def test_a_pods_fate_is_its_nodes_label_at_the_moment_it_was_bound(
+    cluster: Cluster, namespace: str, fault: Callable[[str, str | None], None]
+) -> None:
+    fault("node-2", "createcontainer")
+    create_pod(cluster, namespace, "bound-while-sick", nodeName="node-2")
+    fault("node-2", None)  # healed at once, likely before the fake kubelet saw the pod
+    create_pod(cluster, namespace, "bound-after-healing", nodeName="node-2")
+    wait_for(
+        "the pod bound while the node was sick to fail",
+        lambda: (
+            waiting_reason(get_pod(cluster, namespace, "bound-while-sick"))
+            == "CreateContainerError"
+        ),
+    )
+    wait_for(
+        "the pod bound after healing to be Ready",
+        lambda: is_ready(get_pod(cluster, namespace, "bound-after-healing")),
+    )
+
+
 def test_set_fault_rejects_unknown_modes_and_nodes(cluster: Cluster) -> None:
     with pytest.raises(ValueError, match="unknown fault mode"):
         cluster.set_fault("node-0", "flaky")
