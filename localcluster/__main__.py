@@ -170,11 +170,11 @@ def up(args: argparse.Namespace) -> int:
     directory = Path(args.dir).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     state = _read_state(directory)
-    if _supervisor_alive(directory, state):
-        assert state is not None
-        print(f"already running: {state.get('server', '')}", file=sys.stderr)
-        _print_ready(state)
-        return 0
+    running = _supervisor_alive(directory, state)
+    if running:
+        print(f"a local cluster is already running in {_display(directory)}", file=sys.stderr)
+        # It may still be starting (another `up` in progress): wait for it like that `up` does.
+        return _await_ready(directory, lambda: pid_alive(running), args.timeout)
     try:
         bins = ensure_bins()
     except BinsError as e:
@@ -207,22 +207,31 @@ def up(args: argparse.Namespace) -> int:
             cwd=Path.cwd(),
             close_fds=True,
         )
-    deadline = time.monotonic() + args.timeout
+    code = _await_ready(directory, lambda: proc.poll() is None, args.timeout)
+    if code == 2:
+        print("timed out waiting for the local cluster; stopping it", file=sys.stderr)
+        return down(args) or 1
+    if code != 0:
+        proc.wait()
+    return code
+
+
+def _await_ready(directory: Path, alive: Callable[[], bool], timeout: float) -> int:
+    """0 once the supervisor reports ready, 1 if it failed or died, 2 on timeout."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = _read_state(directory)
         status = (state or {}).get("status")
         if state is not None and status in ("ready", "degraded"):
             _print_ready(state)
             return 0
-        if status == "failed" or proc.poll() is not None:
-            error = (state or {}).get("error", f"the supervisor exited ({proc.poll()})")
+        if status in ("failed", "stopping", "stopped") or not alive():
+            error = (state or {}).get("error", f"the supervisor ended ({status or 'no state'})")
             print(f"local cluster failed to start: {error}", file=sys.stderr)
-            print(f"logs: {_display(log_dir)}", file=sys.stderr)
-            proc.wait()
+            print(f"logs: {_display(directory / 'logs')}", file=sys.stderr)
             return 1
         time.sleep(0.2)
-    print("timed out waiting for the local cluster; stopping it", file=sys.stderr)
-    return down(args) or 1
+    return 2
 
 
 def _print_ready(state: dict[str, Any]) -> None:
