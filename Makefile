@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: venv lint typecheck unit test e2e cluster-bins up down demo bench bench-quick clean
+.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -25,14 +25,22 @@ unit: venv
 cluster-bins:
 	bash hack/build-bins.sh
 
-e2e: venv cluster-bins
+# Knative's own ApiServerSource receive adapter, the local source of pod events.
+adapter-bin:
+	bash hack/build-adapter.sh
+
+e2e: venv cluster-bins adapter-bin
 	$(PY) -m pytest -m e2e -q
 
-test: venv cluster-bins
+test: venv cluster-bins adapter-bin
 	$(PY) -m pytest -q
 
-up: venv cluster-bins
-	$(PY) -m localcluster up --dir .local --nodes $(or $(NODES),4)
+# The control plane and the whole pipeline (functions, router, event source, webhook), in
+# the background; `make down` stops it all.
+up: venv cluster-bins adapter-bin
+	$(PY) -m localcluster up --dir .local --nodes $(or $(NODES),4) --with stack.up:components
+	@echo "pipeline (broker URL, function URLs, event archive, logs):"
+	@cat .local/stack.json
 
 down:
 	$(PY) -m localcluster down --dir .local

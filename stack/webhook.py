@@ -29,12 +29,14 @@ def make_tls(directory: Path) -> tuple[Path, Path, Path]:
     return ca_crt, crt, key
 
 
-def configuration(url: str, ca_crt: Path, timeout_seconds: int = 5) -> dict[str, Any]:
+def configuration(
+    url: str, ca_crt: Path, *, name: str = NAME, timeout_seconds: int = 5
+) -> dict[str, Any]:
     """The MutatingWebhookConfiguration, as knative/ ships it but reached by URL."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": NAME},
+        "metadata": {"name": name},
         "webhooks": [
             {
                 "name": "pods.kn-rescheduler.io",
@@ -75,18 +77,19 @@ def configuration(url: str, ca_crt: Path, timeout_seconds: int = 5) -> dict[str,
 
 
 def register(api_client: k8s.ApiClient, body: dict[str, Any]) -> None:
+    """Create (or replace) the registration named in ``body``."""
     api = k8s.AdmissionregistrationV1Api(api_client)
     try:
-        api.delete_mutating_webhook_configuration(NAME)
+        api.delete_mutating_webhook_configuration(body["metadata"]["name"])
     except k8s.ApiException as exc:
         if exc.status != 404:
             raise
     api.create_mutating_webhook_configuration(body)  # type: ignore[arg-type]
 
 
-def unregister(api_client: k8s.ApiClient) -> None:
+def unregister(api_client: k8s.ApiClient, name: str = NAME) -> None:
     try:
-        k8s.AdmissionregistrationV1Api(api_client).delete_mutating_webhook_configuration(NAME)
+        k8s.AdmissionregistrationV1Api(api_client).delete_mutating_webhook_configuration(name)
     except k8s.ApiException as exc:
         if exc.status != 404:
             raise

@@ -54,8 +54,12 @@ class Webhook:
     ca_file: Path
     api_client: k8s.ApiClient
 
+    # Its own registration, so that it never collides with a whole Stack's in the same session.
+    name: str = webhook_setup.NAME + "-core-tests"
+
     def register(self) -> None:
-        webhook_setup.register(self.api_client, webhook_setup.configuration(self.url, self.ca_file))
+        body = webhook_setup.configuration(self.url, self.ca_file, name=self.name)
+        webhook_setup.register(self.api_client, body)
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +77,7 @@ def webhook(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     hook = Webhook(server, server.url, ca, cluster.api_client())
     hook.register()
     yield hook
-    webhook_setup.unregister(hook.api_client)
+    webhook_setup.unregister(hook.api_client, hook.name)
     server.stop()
 
 

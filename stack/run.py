@@ -1,0 +1,57 @@
+"""``python -m stack.run --dir DIR``: the pipeline as one long-running process.
+
+``make up`` runs it as a component of the local cluster's supervisor (KUBECONFIG set): it
+starts every function, the router and the event source, writes ``DIR/stack.json`` (URLs, the
+archive, the logs) and stops them all on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from stack.stack import Stack
+
+STACK_FILE = "stack.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stack.run")
+    parser.add_argument("--dir", required=True, help="where the archive and stack.json go")
+    parser.add_argument("--log-dir", help="function logs (default DIR/logs)")
+    parser.add_argument("--sweep-every", type=float, default=300.0, help="seconds, 0 = never")
+    args = parser.parse_args(argv)
+    directory = Path(args.dir).resolve()
+    kubeconfig = Path(os.environ["KUBECONFIG"])
+    configuration = k8s.Configuration()
+    k8s_config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stack = Stack(
+        kubeconfig,
+        k8s.ApiClient(configuration),
+        directory / "stack",
+        Path(args.log_dir) if args.log_dir else directory / "logs",
+        sweep_every=args.sweep_every or None,
+    )
+    stack.start()
+    try:
+        (directory / STACK_FILE).write_text(stack.info().to_json())
+        print(f"stack ready: {stack.info().to_json()}", flush=True)
+        stop.wait()
+    finally:
+        (directory / STACK_FILE).unlink(missing_ok=True)
+        stack.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

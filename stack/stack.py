@@ -1,0 +1,193 @@
+"""The whole event pipeline on a local control plane, wired as Knative wires it.
+
+    kube-apiserver -> ApiServerSource adapter (Knative's own) -> router (the Broker: Triggers
+    from knative/, retries, dead letters, archive) -> detect-failures -> router ->
+    update-annotations -> router;   kube-apiserver -> mutate-admission (TLS, registered);
+    a timer (the PingSource) -> sweep-failures -> router.
+
+Each function is its own gunicorn process started with the image's command line. ``Stack``
+is used by the end-to-end tests and the demo in-process, and by ``python -m stack.run`` as a
+component of the ``make up`` supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import requests
+from kubernetes import client as k8s
+
+from pipeline.router import Router
+from pipeline.source import ApiServerSource
+from stack import webhook as webhook_setup
+from stack.functions import ROOT, FunctionServer, environment, free_port
+
+log = logging.getLogger(__name__)
+
+PING_TYPE: Final = "dev.knative.sources.ping"
+TRIGGERED_FUNCTIONS: Final = ("detect-failures", "update-annotations")
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """Where things are, for people and for ``make up``'s state file."""
+
+    broker: str
+    functions: Mapping[str, str]
+    archive: str
+    dead_letters: str
+    log_dir: str
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, default=dict)
+
+
+class Stack:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        api_client: k8s.ApiClient,
+        workdir: Path,
+        log_dir: Path,
+        *,
+        settings: Mapping[str, str] | None = None,
+        sweep_every: float | None = 300.0,
+        triggers_dir: Path = ROOT / "knative",
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.api_client = api_client
+        self.workdir = workdir
+        self.log_dir = log_dir
+        self.settings = dict(settings or {})
+        self.sweep_every = sweep_every
+        self.triggers_dir = triggers_dir
+        self.archive = workdir / "archive.jsonl"
+        self.dead_letters = workdir / "dead-letters.jsonl"
+        self.servers: dict[str, FunctionServer] = {}
+        self.router: Router | None = None
+        self.source: ApiServerSource | None = None
+        self._ping_stop = threading.Event()
+        self._ping_thread: threading.Thread | None = None
+        self.broker_url = ""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        router_port = free_port()
+        self.broker_url = f"http://127.0.0.1:{router_port}/kn-rescheduler/default"
+        env = environment(self.kubeconfig, **self.settings)
+
+        for name in TRIGGERED_FUNCTIONS:
+            self.servers[name] = FunctionServer(name, self.log_dir, env=env).start()
+        self.servers["sweep-failures"] = FunctionServer(
+            "sweep-failures", self.log_dir, env={**env, "K_SINK": self.broker_url}
+        ).start()
+        ca, crt, key = webhook_setup.make_tls(self.workdir / "tls")
+        hook = FunctionServer(
+            "mutate-admission", self.log_dir, env=env, tls=(crt, key), ca_file=ca
+        ).start()
+        self.servers["mutate-admission"] = hook
+
+        self.router = Router(
+            self.triggers_dir,
+            {name: self.servers[name].url for name in TRIGGERED_FUNCTIONS},
+            self.archive,
+            self.dead_letters,
+            port=router_port,
+        )
+        self.router.start()
+        webhook_setup.register(self.api_client, webhook_setup.configuration(hook.url, ca))
+        self.source = ApiServerSource(
+            self.kubeconfig, self.broker_url, log_path=self.log_dir / "apiserversource.log"
+        )
+        self.source.start()
+        if self.sweep_every:
+            self._ping_thread = threading.Thread(target=self._ping_loop, daemon=True)
+            self._ping_thread.start()
+
+    def stop(self) -> None:
+        self._ping_stop.set()
+        if self._ping_thread is not None:
+            self._ping_thread.join(timeout=5)
+        if self.source is not None:
+            self.source.stop()
+            self.source = None
+        try:
+            webhook_setup.unregister(self.api_client)
+        except Exception as exc:  # the cluster may already be gone
+            log.debug("could not unregister the webhook: %s", exc)
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what the PingSource does ---------------------------------------------------------------
+
+    def sweep_now(self) -> int:
+        """POST one PingSource event to sweep-failures; its HTTP status."""
+        body = {"message": "sweep"}
+        headers = {
+            "ce-specversion": "1.0",
+            "ce-id": str(uuid.uuid4()),
+            "ce-source": "/apis/v1/namespaces/kn-rescheduler/pingsources/sweep-failures",
+            "ce-type": PING_TYPE,
+            "content-type": "application/json",
+        }
+        response = requests.post(
+            self.servers["sweep-failures"].url, json=body, headers=headers, timeout=60
+        )
+        return response.status_code
+
+    def _ping_loop(self) -> None:
+        assert self.sweep_every
+        while not self._ping_stop.wait(self.sweep_every):
+            try:
+                self.sweep_now()
+            except requests.RequestException as exc:
+                log.warning("sweep ping failed: %s", exc)
+
+    # -- for people -----------------------------------------------------------------------------
+
+    def info(self) -> StackInfo:
+        return StackInfo(
+            broker=self.broker_url,
+            functions={name: server.url for name, server in self.servers.items()},
+            archive=str(self.archive),
+            dead_letters=str(self.dead_letters),
+            log_dir=str(self.log_dir),
+        )
+
+    def archived(self) -> list[dict[str, Any]]:
+        """Every event the router accepted so far, in order."""
+        try:
+            lines = self.archive.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        return self.router.wait_idle(timeout) if self.router else True
