@@ -254,6 +254,40 @@ def test_a_deployment_is_scheduled_onto_kwok_nodes_and_its_pods_become_ready(
     )
 
 
+def test_a_jobs_pod_completes_on_a_healthy_node_and_the_job_succeeds(
+    cluster: Cluster, kube: k8s.ApiClient, namespace: str
+) -> None:
+    batch = k8s.BatchV1Api(kube)
+    batch.create_namespaced_job(
+        namespace,
+        {
+            "metadata": {"name": "once"},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "initContainers": [{"name": "setup", "image": IMAGE}],
+                        "containers": [{"name": "app", "image": IMAGE}],
+                    }
+                }
+            },
+        },
+    )
+    wait_for(
+        "the Job to succeed",
+        lambda: batch.read_namespaced_job("once", namespace).status.succeeded == 1,
+    )
+    (pod,) = cluster.rest.get(
+        f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": "job-name=once"}
+    )["items"]
+    assert pod["status"]["phase"] == "Succeeded"
+    assert container(pod)["state"]["terminated"]["reason"] == "Completed"
+    assert container(pod)["state"]["terminated"]["exitCode"] == 0
+    (init,) = pod["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["reason"] == "Completed" and init["ready"] is True
+    assert conditions(pod)["Ready"]["reason"] == "PodCompleted"
+
+
 # -- node faults --------------------------------------------------------------------------------
 
 
@@ -339,6 +373,45 @@ def test_a_node_in_oom_makes_its_pods_crash_loop_as_oomkilled(
     assert cs["lastState"]["terminated"]["reason"] == "OOMKilled"
     assert cs["lastState"]["terminated"]["exitCode"] == 137
     assert conditions(pod)["Ready"]["reason"] == "ContainersNotReady"
+
+
+def test_a_job_pod_that_may_not_restart_fails_on_a_crashloop_node(
+    cluster: Cluster, kube: k8s.ApiClient, namespace: str, fault: Callable[[str, str | None], None]
+) -> None:
+    fault("node-3", "crashloop")
+    batch = k8s.BatchV1Api(kube)
+    batch.create_namespaced_job(
+        namespace,
+        {
+            "metadata": {"name": "doomed"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "nodeSelector": {"kubernetes.io/hostname": "node-3"},
+                        "containers": [{"name": "app", "image": IMAGE}],
+                    }
+                },
+            },
+        },
+    )
+    wait_for(
+        "the Job to fail",
+        lambda: any(
+            c.type == "Failed" and c.status == "True"
+            for c in batch.read_namespaced_job("doomed", namespace).status.conditions or []
+        ),
+    )
+    (pod,) = cluster.rest.get(
+        f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": "job-name=doomed"}
+    )["items"]
+    assert pod["status"]["phase"] == "Failed"
+    cs = container(pod)
+    assert cs["restartCount"] == 0
+    assert cs["state"]["terminated"]["exitCode"] == 1
+    assert cs["state"]["terminated"]["reason"] == "Error"
+    assert conditions(pod)["Ready"]["reason"] == "PodFailed"
 
 
 def test_a_node_in_imagepull_reports_errimagepull_then_imagepullbackoff(
