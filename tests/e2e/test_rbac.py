@@ -1,0 +1,238 @@
+"""Least privilege, checked by the real API server's authorizer.
+
+The ServiceAccounts, ClusterRoles and bindings of knative/ are created for real; then every
+row below asks, with a SubjectAccessReview, whether that function's ServiceAccount may do one
+thing. The allowed rows are exactly the calls the code makes (shared/kube.py through
+shared/reschedule.py, shared/owners.py, shared/webhook.py, shared/sweep.py); the denied rows
+are the near misses and the dangerous ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from stack.functions import FUNCTIONS
+from tests.e2e.knative_manifests import NAMESPACE, Obj, find, install_rbac, of_kind, render
+
+pytestmark = pytest.mark.e2e
+
+# A namespace of some user's workload (a SubjectAccessReview needs no real object).
+APP = "shop"
+
+
+@dataclass(frozen=True)
+class Can:
+    """``who`` may (or may not) ``verb`` the ``resource`` in ``namespace`` ("" = cluster)."""
+
+    who: str
+    verb: str
+    resource: str
+    group: str = ""
+    subresource: str = ""
+    namespace: str = APP
+
+    def __str__(self) -> str:
+        what = self.resource + (f"/{self.subresource}" if self.subresource else "")
+        group = f".{self.group}" if self.group else ""
+        where = f" in {self.namespace}" if self.namespace else " cluster-wide"
+        return f"{self.who} {self.verb} {what}{group}{where}"
+
+
+def pods(who: str, verb: str, **kw: Any) -> Can:
+    return Can(who, verb, "pods", **kw)
+
+
+def apps(who: str, verb: str, resource: str) -> Can:
+    return Can(who, verb, resource, group="apps")
+
+
+def batch(who: str, verb: str, resource: str) -> Can:
+    return Can(who, verb, resource, group="batch")
+
+
+UPDATE = "update-annotations"
+WEBHOOK = "mutate-admission"
+SWEEP = "sweep-failures"
+DETECT = "detect-failures"
+SOURCE = "pod-events-source"
+
+ALLOWED = [
+    # update-annotations: the live pod, its removal or recreation, a bare pod's state.
+    pods(UPDATE, "get"),
+    pods(UPDATE, "delete"),
+    pods(UPDATE, "create"),
+    pods(UPDATE, "patch"),
+    pods(UPDATE, "create", subresource="eviction"),
+    Can(UPDATE, "create", "events"),
+    # ... the objects holding the state, and one hop up for the policy.
+    apps(UPDATE, "get", "replicasets"),
+    apps(UPDATE, "patch", "replicasets"),
+    apps(UPDATE, "get", "statefulsets"),
+    apps(UPDATE, "patch", "statefulsets"),
+    batch(UPDATE, "get", "jobs"),
+    batch(UPDATE, "patch", "jobs"),
+    apps(UPDATE, "get", "deployments"),
+    batch(UPDATE, "get", "cronjobs"),
+    # mutate-admission: reads the owner chain, nothing else.
+    apps(WEBHOOK, "get", "replicasets"),
+    apps(WEBHOOK, "get", "statefulsets"),
+    apps(WEBHOOK, "get", "deployments"),
+    batch(WEBHOOK, "get", "jobs"),
+    batch(WEBHOOK, "get", "cronjobs"),
+    # sweep-failures: paged lists of every pod.
+    pods(SWEEP, "list", namespace=""),
+    pods(SWEEP, "list"),
+    # The ApiServerSource adapter: the three verbs Knative's controller checks.
+    pods(SOURCE, "get"),
+    pods(SOURCE, "list", namespace=""),
+    pods(SOURCE, "watch", namespace=""),
+]
+
+DENIED = [
+    # detect-failures needs nothing at all.
+    pods(DETECT, "get"),
+    pods(DETECT, "list", namespace=""),
+    pods(DETECT, "watch", namespace=""),
+    apps(DETECT, "get", "replicasets"),
+    Can(DETECT, "create", "events"),
+    Can(DETECT, "get", "secrets"),
+    Can(DETECT, "get", "configmaps", namespace=NAMESPACE),
+    # update-annotations: no lists or watches, no other writes, no secrets.
+    pods(UPDATE, "list", namespace=""),
+    pods(UPDATE, "watch"),
+    pods(UPDATE, "update"),
+    pods(UPDATE, "patch", subresource="status"),
+    pods(UPDATE, "create", subresource="exec"),
+    apps(UPDATE, "delete", "deployments"),
+    apps(UPDATE, "patch", "deployments"),
+    apps(UPDATE, "delete", "replicasets"),
+    apps(UPDATE, "create", "replicasets"),
+    apps(UPDATE, "patch", "daemonsets"),
+    batch(UPDATE, "patch", "cronjobs"),
+    batch(UPDATE, "delete", "jobs"),
+    Can(UPDATE, "get", "secrets"),
+    Can(UPDATE, "list", "secrets", namespace=""),
+    Can(UPDATE, "delete", "events"),
+    Can(UPDATE, "patch", "nodes", namespace=""),
+    Can(UPDATE, "delete", "nodes", namespace=""),
+    Can(UPDATE, "create", "serviceaccounts", subresource="token"),
+    # mutate-admission: read only, and only what resolving an owner reads.
+    pods(WEBHOOK, "get"),
+    pods(WEBHOOK, "list", namespace=""),
+    apps(WEBHOOK, "list", "replicasets"),
+    apps(WEBHOOK, "patch", "replicasets"),
+    apps(WEBHOOK, "get", "daemonsets"),
+    batch(WEBHOOK, "patch", "jobs"),
+    Can(WEBHOOK, "create", "events"),
+    Can(WEBHOOK, "get", "secrets"),
+    Can(WEBHOOK, "get", "secrets", namespace=NAMESPACE),
+    # sweep-failures: lists pods, nothing more (not even a get).
+    pods(SWEEP, "get"),
+    pods(SWEEP, "watch", namespace=""),
+    pods(SWEEP, "delete"),
+    apps(SWEEP, "list", "replicasets"),
+    Can(SWEEP, "list", "secrets", namespace=""),
+    Can(SWEEP, "create", "events"),
+    # The source's adapter watches pods and does nothing else.
+    pods(SOURCE, "delete"),
+    Can(SOURCE, "list", "secrets", namespace=""),
+    apps(SOURCE, "list", "replicasets"),
+    # Nobody may escalate.
+    *(
+        Can(who, verb, resource, group="rbac.authorization.k8s.io", namespace="")
+        for who in (*FUNCTIONS, SOURCE)
+        for verb, resource in (
+            ("create", "clusterrolebindings"),
+            ("bind", "clusterroles"),
+            ("escalate", "clusterroles"),
+        )
+    ),
+    *(Can(who, "impersonate", "users", namespace="") for who in (*FUNCTIONS, SOURCE)),
+]
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[Obj]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def authorization(cluster: Any, manifests: list[Obj]) -> k8s.AuthorizationV1Api:
+    install_rbac(cluster.kubeconfig, manifests)
+    return k8s.AuthorizationV1Api(cluster.api_client())
+
+
+def allowed(api: k8s.AuthorizationV1Api, case: Can) -> bool:
+    review = k8s.V1SubjectAccessReview(
+        spec=k8s.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{NAMESPACE}:{case.who}",
+            # The groups a ServiceAccount token carries, so that bindings to them count too.
+            groups=[
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{NAMESPACE}",
+                "system:authenticated",
+            ],
+            resource_attributes=k8s.V1ResourceAttributes(
+                namespace=case.namespace or None,
+                verb=case.verb,
+                group=case.group,
+                resource=case.resource,
+                subresource=case.subresource or None,
+            ),
+        )
+    )
+    return bool(api.create_subject_access_review(review).status.allowed)
+
+
+@pytest.mark.parametrize("case", ALLOWED, ids=str)
+def test_each_function_may_do_what_its_code_does(
+    authorization: k8s.AuthorizationV1Api, case: Can
+) -> None:
+    assert allowed(authorization, case), f"{case} is refused"
+
+
+@pytest.mark.parametrize("case", DENIED, ids=str)
+def test_each_function_is_refused_what_it_does_not_need(
+    authorization: k8s.AuthorizationV1Api, case: Can
+) -> None:
+    assert not allowed(authorization, case), f"{case} is allowed"
+
+
+def test_every_function_runs_as_its_own_service_account(manifests: list[Obj]) -> None:
+    service_accounts = {o["metadata"]["name"] for o in of_kind(manifests, "ServiceAccount")}
+    for function in FUNCTIONS:
+        ksvc = find(manifests, "Service", function, "serving.knative.dev/v1")
+        assert ksvc["spec"]["template"]["spec"]["serviceAccountName"] == function
+        assert function in service_accounts
+    used = [
+        o["spec"]["template"]["spec"].get("serviceAccountName")
+        for o in manifests
+        if o["apiVersion"] == "serving.knative.dev/v1"
+    ]
+    assert len(set(filter(None, used))) == len(list(filter(None, used))), "a shared account"
+
+
+def test_the_roles_name_every_verb_and_resource_without_wildcards(manifests: list[Obj]) -> None:
+    for role in of_kind(manifests, "ClusterRole", "Role"):
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule, role["metadata"]["name"]
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{role['metadata']['name']}: {key} {rule[key]}"
+                assert not any("*" in item for item in rule[key])
+
+
+def test_each_binding_gives_one_role_to_one_account(manifests: list[Obj]) -> None:
+    roles = {o["metadata"]["name"] for o in of_kind(manifests, "ClusterRole")}
+    bound = set()
+    for binding in of_kind(manifests, "ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] in roles
+        (subject,) = binding["subjects"]
+        assert subject["kind"] == "ServiceAccount"
+        assert subject["namespace"] == NAMESPACE
+        bound.add(subject["name"])
+    # detect-failures is bound to nothing.
+    assert bound == {"update-annotations", "mutate-admission", "sweep-failures", SOURCE}
