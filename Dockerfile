@@ -1,0 +1,41 @@
+# One image per function, all from this file:
+#
+#   docker build --build-arg FUNCTION=detect-failures -t REGISTRY/detect-failures .
+#
+# The image holds the runtime dependencies (requirements.txt), shared/, the one function and
+# the gunicorn settings every function uses, nothing else. It starts the function exactly as
+# stack/functions.py::command() does locally (tests/e2e/test_function_commands.py compares).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+ARG FUNCTION
+RUN test -n "${FUNCTION}" || { echo "build with --build-arg FUNCTION=<function name>" >&2; exit 1; }
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONPATH=/app \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    FUNCTION=${FUNCTION} \
+    PORT=8080
+WORKDIR /app
+
+# Dependencies first: this layer is shared by all four images and survives code changes.
+COPY requirements.txt ./
+RUN pip install --no-cache-dir -r requirements.txt
+
+COPY shared/ shared/
+COPY functions/gunicorn.conf.py functions/gunicorn.conf.py
+COPY functions/${FUNCTION}/ functions/${FUNCTION}/
+# Byte-compiled here: the root filesystem is read-only at run time, and a cold start should
+# not compile anything.
+RUN test -f "functions/${FUNCTION}/main.py" || { echo "no function ${FUNCTION}" >&2; exit 1; } \
+    && python -m compileall -q shared functions
+
+# A numeric user, so that runAsNonRoot can be verified by the kubelet.
+USER 65532:65532
+# Knative sets PORT to the container port; gunicorn.conf.py binds to it.
+EXPOSE 8080
+# exec: gunicorn becomes PID 1 and gets SIGTERM. The shell is only there to put ${FUNCTION}
+# into the app factory's arguments.
+CMD exec python -m gunicorn -c functions/gunicorn.conf.py "functions_framework:create_app(target=\"handle\", source=\"functions/${FUNCTION}/main.py\")"

@@ -1,0 +1,158 @@
+# Images and Knative deployment of the functions. Included from the Makefile.
+#
+#   make image FN=detect-failures                 build one function's image
+#   make deploy FN=detect-failures REGISTRY=r     build, push, deploy that function only
+#   make deploy-all REGISTRY=r                    every function, plus everything else in knative/
+#   make undeploy FN=detect-failures              remove that function's Service
+#   make manifests REGISTRY=r [TAG=t]             render knative/ with these image names (stdout)
+#   make revisions FN=detect-failures             list the function's Revisions
+#   make rollback FN=detect-failures REVISION=detect-failures-00003
+#   make rollforward FN=detect-failures           route to the latest Revision again
+#   make webhook-cert                             self-signed webhook certificate (no cert-manager)
+#
+# COMPONENTS adds kustomize components of knative/ to what is rendered and applied, e.g.
+# COMPONENTS="cert-manager monitoring" (names: the folders of knative/components, and
+# monitoring). A per-function deploy applies that function's Service (and the config it reads),
+# nothing else: the other functions keep their Revisions.
+
+KNR_FUNCTIONS := detect-failures update-annotations mutate-admission sweep-failures
+KNR_NAMESPACE := kn-rescheduler
+REGISTRY ?=
+TAG ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+CONTAINER ?= docker
+KUBECTL ?= kubectl
+COMPONENTS ?=
+# Where the generated overlays and digests go (ignored by git).
+KNR_WORK := .local/deploy
+KNR_CERT_DIR ?= .local/webhook-cert
+
+.PHONY: image deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
+	knr-check-fn knr-check-registry knr-check-engine
+
+knr-check-fn:
+	@if [ -z "$(FN)" ] || ! echo " $(KNR_FUNCTIONS) " | grep -q " $(FN) "; then \
+	  echo "FN must be one of: $(KNR_FUNCTIONS) (got '$(FN)')" >&2; exit 2; fi
+
+knr-check-registry:
+	@if [ -z "$(REGISTRY)" ]; then \
+	  echo "REGISTRY is required (the repository prefix to push to, e.g. ghcr.io/acme/kn-rescheduler)" >&2; \
+	  exit 2; fi
+
+knr-check-engine:
+	@if ! command -v $(CONTAINER) >/dev/null 2>&1; then \
+	  echo "building images needs a container engine: '$(CONTAINER)' is not installed" \
+	    "(CONTAINER=docker or CONTAINER=podman chooses one)" >&2; exit 1; fi
+	@if ! $(CONTAINER) info >/dev/null 2>&1; then \
+	  echo "building images needs a running container engine: '$(CONTAINER) info' fails" \
+	    "(is its daemon running? CONTAINER=podman uses podman instead)" >&2; exit 1; fi
+
+# The image reference of one function: REGISTRY/FN:TAG (kn-rescheduler/FN:TAG without REGISTRY).
+knr_image = $(if $(REGISTRY),$(REGISTRY),kn-rescheduler)/$(1):$(TAG)
+
+image: knr-check-fn knr-check-engine
+	$(CONTAINER) build --build-arg FUNCTION=$(FN) -t $(call knr_image,$(FN)) .
+
+# Build, push and write the pushed digest (registry/name@sha256:...) to $(KNR_WORK)/FN.digest.
+knr_push = \
+	$(CONTAINER) build --build-arg FUNCTION=$(1) -t $(call knr_image,$(1)) . && \
+	mkdir -p $(KNR_WORK) && \
+	if [ "$$(basename $(CONTAINER))" = podman ]; then \
+	  $(CONTAINER) push --digestfile $(KNR_WORK)/$(1).sha $(call knr_image,$(1)) && \
+	  echo "$(REGISTRY)/$(1)@$$(cat $(KNR_WORK)/$(1).sha)" > $(KNR_WORK)/$(1).digest; \
+	else \
+	  $(CONTAINER) push $(call knr_image,$(1)) && \
+	  $(CONTAINER) inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' \
+	    $(call knr_image,$(1)) | grep -F "$(REGISTRY)/$(1)@" | head -n 1 > $(KNR_WORK)/$(1).digest; \
+	fi && \
+	test -s $(KNR_WORK)/$(1).digest || { echo "could not resolve the pushed digest of $(1)" >&2; exit 1; } && \
+	echo "$(1): $$(cat $(KNR_WORK)/$(1).digest)"
+
+# Writes the overlay $(KNR_WORK)/$(1)/kustomization.yaml: knative/ plus COMPONENTS, with the
+# image of each function in $(2) set to its pushed digest (or to REGISTRY/FN:TAG if there is
+# no digest file). Relative paths: kustomize refuses absolute ones in some versions.
+knr_overlay = \
+	mkdir -p $(KNR_WORK)/$(1) && \
+	{ echo "apiVersion: kustomize.config.k8s.io/v1beta1"; \
+	  echo "kind: Kustomization"; \
+	  echo "resources:"; \
+	  echo "  - ../../../knative"; \
+	  if [ -n "$(strip $(COMPONENTS))" ]; then echo "components:"; fi; \
+	  for c in $(COMPONENTS); do \
+	    if [ "$$c" = monitoring ]; then echo "  - ../../../knative/monitoring"; \
+	    else echo "  - ../../../knative/components/$$c"; fi; \
+	  done; \
+	  echo "images:"; \
+	  for f in $(2); do \
+	    echo "  - name: kn-rescheduler/$$f"; \
+	    if [ -s $(KNR_WORK)/$$f.digest ] && [ "$(3)" = digest ]; then \
+	      ref=$$(cat $(KNR_WORK)/$$f.digest); \
+	      echo "    newName: $${ref%@*}"; echo "    digest: $${ref\#*@}"; \
+	    else \
+	      echo "    newName: $(if $(REGISTRY),$(REGISTRY),kn-rescheduler)/$$f"; echo "    newTag: $(TAG)"; \
+	    fi; \
+	  done; } > $(KNR_WORK)/$(1)/kustomization.yaml
+
+deploy: knr-check-fn knr-check-registry knr-check-engine
+	@$(call knr_push,$(FN))
+	@$(call knr_overlay,$(FN),$(FN),digest)
+	$(KUBECTL) kustomize $(KNR_WORK)/$(FN) > $(KNR_WORK)/$(FN)/rendered.yaml
+	# The settings it reads: a new, content-named ConfigMap, which no other function uses yet.
+	$(KUBECTL) apply -f $(KNR_WORK)/$(FN)/rendered.yaml -l app.kubernetes.io/component=config
+	# Only this function's Service (Knative Service, or the webhook Deployment variant).
+	$(KUBECTL) apply -f $(KNR_WORK)/$(FN)/rendered.yaml \
+	  -l app.kubernetes.io/name=$(FN),app.kubernetes.io/component=function
+	@if [ "$(FN)" = mutate-admission ]; then \
+	  $(KUBECTL) -n $(KNR_NAMESPACE) patch service mutate-admission-webhook --type=merge \
+	    -p '{"spec":{"selector":{"serving.knative.dev/revision":null}}}' >/dev/null 2>&1 || true; fi
+	@if $(KUBECTL) -n $(KNR_NAMESPACE) get ksvc $(FN) >/dev/null 2>&1; then \
+	  $(KUBECTL) -n $(KNR_NAMESPACE) wait ksvc/$(FN) --for=condition=Ready --timeout=300s; \
+	else \
+	  $(KUBECTL) -n $(KNR_NAMESPACE) rollout status deployment/$(FN) --timeout=300s; fi
+
+deploy-all: knr-check-registry knr-check-engine
+	@set -e; $(foreach f,$(KNR_FUNCTIONS),$(call knr_push,$(f));)
+	@$(call knr_overlay,all,$(KNR_FUNCTIONS),digest)
+	$(KUBECTL) kustomize $(KNR_WORK)/all > $(KNR_WORK)/all/rendered.yaml
+	# Everything: namespace, RBAC, config, Broker, Triggers, sources, Services, webhook.
+	$(KUBECTL) apply -f $(KNR_WORK)/all/rendered.yaml
+	@echo "Deployed. Without cert-manager (COMPONENTS=cert-manager), run: make webhook-cert"
+
+undeploy: knr-check-fn
+	@$(call knr_overlay,$(FN),$(FN),tag)
+	$(KUBECTL) kustomize $(KNR_WORK)/$(FN) | $(KUBECTL) delete --ignore-not-found -f - \
+	  -l app.kubernetes.io/name=$(FN),app.kubernetes.io/component=function
+
+manifests:
+	@$(call knr_overlay,manifests,$(KNR_FUNCTIONS),tag)
+	@$(KUBECTL) kustomize $(KNR_WORK)/manifests
+
+revisions: knr-check-fn
+	$(KUBECTL) -n $(KNR_NAMESPACE) get revisions -l serving.knative.dev/service=$(FN) \
+	  --sort-by=.metadata.creationTimestamp
+
+# Routes all of the function's traffic to REVISION (an earlier Revision keeps its image and its
+# config, so this is a full rollback). The webhook's calls do not go through Knative's routing:
+# for mutate-admission the ClusterIP Service is pinned to REVISION's pods as well.
+rollback: knr-check-fn
+	@if [ -z "$(REVISION)" ]; then echo "REVISION is required (see: make revisions FN=$(FN))" >&2; exit 2; fi
+	@owner=$$($(KUBECTL) -n $(KNR_NAMESPACE) get revision $(REVISION) \
+	  -o jsonpath='{.metadata.labels.serving\.knative\.dev/service}') || exit 1; \
+	if [ "$$owner" != "$(FN)" ]; then \
+	  echo "Revision $(REVISION) belongs to '$$owner', not to $(FN)" >&2; exit 2; fi
+	$(KUBECTL) -n $(KNR_NAMESPACE) patch ksvc $(FN) --type=merge \
+	  -p '{"spec":{"traffic":[{"revisionName":"$(REVISION)","percent":100}]}}'
+	@if [ "$(FN)" = mutate-admission ]; then \
+	  $(KUBECTL) -n $(KNR_NAMESPACE) patch service mutate-admission-webhook --type=merge \
+	    -p '{"spec":{"selector":{"serving.knative.dev/revision":"$(REVISION)"}}}'; fi
+	$(KUBECTL) -n $(KNR_NAMESPACE) wait ksvc/$(FN) --for=condition=Ready --timeout=300s
+	@echo "$(FN) now serves from $(REVISION). 'make rollforward FN=$(FN)' or the next deploy undoes it."
+
+rollforward: knr-check-fn
+	$(KUBECTL) -n $(KNR_NAMESPACE) patch ksvc $(FN) --type=merge \
+	  -p '{"spec":{"traffic":[{"latestRevision":true,"percent":100}]}}'
+	@if [ "$(FN)" = mutate-admission ]; then \
+	  $(KUBECTL) -n $(KNR_NAMESPACE) patch service mutate-admission-webhook --type=merge \
+	    -p '{"spec":{"selector":{"serving.knative.dev/revision":null}}}'; fi
+
+webhook-cert:
+	KUBECTL=$(KUBECTL) bash hack/webhook-cert.sh --out $(KNR_CERT_DIR) --apply
