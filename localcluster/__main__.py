@@ -31,7 +31,7 @@ from typing import Any
 
 from localcluster.bins import BinsError, ensure_bins
 from localcluster.cluster import Cluster, ClusterError
-from localcluster.procs import Component, cmdline, pid_alive
+from localcluster.procs import Component, cmdline, names_path, pid_alive
 from localcluster.rest import Rest
 
 STATE_FILE = "state.json"
@@ -81,13 +81,12 @@ def cluster_processes(directory: Path, bins_dir: str | None) -> list[int]:
     started from the binaries directory whose command line names ``directory``."""
     found = []
     me = os.getpid()
-    text = str(directory)
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         pid = int(entry)
         args = cmdline(pid)
-        if not any(text in a for a in args) or not pid_alive(pid):
+        if not names_path(args, str(directory)) or not pid_alive(pid):
             continue
         try:
             exe = os.readlink(f"/proc/{pid}/exe")

@@ -197,7 +197,11 @@ class Cluster:
         return {p.name: p.pid for p in self.procs}
 
     def start(self) -> Cluster:
-        """Starts everything and returns once the cluster is ready (see ``wait_ready``)."""
+        """Starts everything and returns once the cluster is ready (see ``wait_ready``).
+
+        Call it from a thread that lives as long as the cluster (normally the main thread):
+        the kernel kills the children when the thread that started them ends.
+        """
         bins = self.bins_dir  # may build; not part of the start-up time
         last: ClusterError | None = None
         for _ in range(2):
@@ -484,8 +488,8 @@ class Cluster:
             frozenset(self.nodes),
             self.timing,
             fallback_cidr=self._fallback_cidr,
+            log=self._kubelet_logger(),
         )
-        self._attach_kubelet_log()
         self.kubelet.start()
         self.wait_ready(deadline)
         for component in self.components:
@@ -495,18 +499,18 @@ class Cluster:
         index = self.nodes.index(node) if node in self.nodes else 0
         return f"10.244.{index}.0/24"
 
-    def _attach_kubelet_log(self) -> None:
-        logger = logging.getLogger("localcluster.kubelet")
+    def _kubelet_logger(self) -> logging.Logger:
+        """A logger of this cluster's own, writing ``logs/fake-kubelet.log``."""
+        logger = logging.getLogger(f"localcluster.kubelet.{id(self):x}")
         for h in list(logger.handlers):
-            if getattr(h, "_localcluster", False):
-                logger.removeHandler(h)
-                h.close()
+            logger.removeHandler(h)
+            h.close()
         handler = logging.FileHandler(self.log_dir / "fake-kubelet.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        handler._localcluster = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+        return logger
 
     def _register_node(self, index: int, name: str) -> None:
         """Registers a node the way a kubelet does (labels, capacity, addresses, nodeInfo)."""

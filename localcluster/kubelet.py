@@ -46,8 +46,6 @@ from localcluster.podstatus import (
 from localcluster.rest import STRATEGIC_MERGE_PATCH, ApiError, Rest
 from shared.constants import SIM_FAULT_LABEL
 
-log = logging.getLogger("localcluster.kubelet")
-
 # The pod annotation recording the fate decided at binding (same key as the node label).
 FAULT_ANNOTATION: Final = SIM_FAULT_LABEL
 _RETRY_DELAY: Final = 0.5
@@ -139,7 +137,7 @@ class _Shard:
                 elif timer is not None:
                     self._on_timer(timer[2], timer[3])
             except Exception:
-                log.exception("fake kubelet shard %d failed", self.index)
+                self.k.log.exception("fake kubelet shard %d failed", self.index)
 
     def _schedule(self, uid: str, tracked: _Tracked, delay: float) -> None:
         tracked.token += 1
@@ -221,7 +219,7 @@ class _Shard:
                 # Gone, or replaced by a pod of the same name (uid precondition failed).
                 tracked.done = True
                 return
-            log.warning("pod %s: %s; retrying", uid, e)
+            self.k.log.warning("pod %s: %s; retrying", uid, e)
             self._schedule(uid, tracked, _RETRY_DELAY)
 
     def _admit(self, uid: str, tracked: _Tracked) -> None:
@@ -231,7 +229,9 @@ class _Shard:
         node = self._node_at(node_name, tracked.bound_rv)
         mode = node.get("metadata", {}).get("labels", {}).get(SIM_FAULT_LABEL, HEALTHY)
         if mode not in FAULT_MODES and mode != HEALTHY:
-            log.warning("node %s: unknown fault mode %r, treated as healthy", node_name, mode)
+            self.k.log.warning(
+                "node %s: unknown fault mode %r, treated as healthy", node_name, mode
+            )
             mode = HEALTHY
         host_ip = next(
             (
@@ -256,7 +256,7 @@ class _Shard:
             if c.get("type") == "PodScheduled" and c.get("status") == "True":
                 run.conditions["PodScheduled"] = ("True", c.get("lastTransitionTime", ""))
         tracked.run = run
-        log.info("pod %s/%s on %s: %s", ns, name, node_name, mode)
+        self.k.log.info("pod %s/%s on %s: %s", ns, name, node_name, mode)
         self._write(tracked)
         self._schedule(uid, tracked, self.k.timing.start)
 
@@ -278,7 +278,7 @@ class _Shard:
             except ApiError as e:
                 if e.status not in (400, 410):  # 410: compacted away; fall back below
                     raise
-                log.info("node %s at revision %s: %s; reading it now", name, rv, e)
+                self.k.log.info("node %s at revision %s: %s; reading it now", name, rv, e)
         return self.k.rest.get(f"/api/v1/nodes/{name}")
 
     def _advance(self, uid: str, tracked: _Tracked) -> None:
@@ -361,6 +361,8 @@ class FakeKubelet:
     timing: Timing = field(default_factory=Timing)
     shards: int = 2
     fallback_cidr: Callable[[str], str] = lambda node: "10.244.0.0/24"
+    # Where decisions and problems go (one logger per cluster, so each has its own log file).
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("localcluster.kubelet"))
 
     def __post_init__(self) -> None:
         self.stopped = threading.Event()
@@ -446,10 +448,10 @@ class FakeKubelet:
                     return
                 if e.status == 410:
                     rv = ""
-                log.debug("pod watch: %s", e)
+                self.log.debug("pod watch: %s", e)
                 time.sleep(0.5)
             except Exception:
                 if self.stopped.is_set():
                     return
-                log.exception("pod watch failed")
+                self.log.exception("pod watch failed")
                 time.sleep(0.5)

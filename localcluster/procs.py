@@ -160,14 +160,8 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Pids of live processes whose command line contains ``text`` (e.g. a cluster's workdir)."""
-    found = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        pid = int(entry)
-        if any(text in arg for arg in cmdline(pid)) and pid_alive(pid):
-            found.append(pid)
-    return found
+def names_path(args: list[str], directory: str) -> bool:
+    """True if an argument is ``directory`` or a path inside it (``/a/b`` does not name
+    ``/a/b2/x``)."""
+    d = directory.rstrip("/")
+    return any(a == d or a.endswith("=" + d) or d + "/" in a for a in args)

@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from localcluster import FAULT_ANNOTATION, Cluster
 from localcluster import pki as lpki
-from localcluster.procs import cmdline, pid_alive
+from localcluster.procs import cmdline, names_path, pid_alive
 from shared.constants import SIM_FAULT_LABEL
 
 pytestmark = pytest.mark.e2e
@@ -746,8 +746,7 @@ def _ours(directory: Path, bins_dir: str) -> list[int]:
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:
             continue
-        mentions = any(str(directory) in a for a in cmdline(pid))
-        if exe.startswith(bins_dir) and mentions and pid_alive(pid):
+        if exe.startswith(bins_dir) and names_path(cmdline(pid), str(directory)) and pid_alive(pid):
             found.append(pid)
     return found
 
