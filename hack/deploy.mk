@@ -15,10 +15,15 @@
 # monitoring). A per-function deploy applies that function's Service (and the config it reads),
 # nothing else: the other functions keep their Revisions.
 
+# Wherever this file is included, it must not become the Makefile's default goal.
+KNR_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
+
 KNR_FUNCTIONS := detect-failures update-annotations mutate-admission sweep-failures
 KNR_NAMESPACE := kn-rescheduler
 REGISTRY ?=
-TAG ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+ifeq ($(origin TAG),undefined)
+TAG := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+endif
 CONTAINER ?= docker
 KUBECTL ?= kubectl
 COMPONENTS ?=
@@ -156,3 +161,5 @@ rollforward: knr-check-fn
 
 webhook-cert:
 	KUBECTL=$(KUBECTL) bash hack/webhook-cert.sh --out $(KNR_CERT_DIR) --apply
+
+.DEFAULT_GOAL := $(KNR_SAVED_DEFAULT_GOAL)
