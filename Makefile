@@ -44,3 +44,10 @@ up: venv cluster-bins adapter-bin
 
 down:
 	$(PY) -m localcluster down --dir .local
+
+# Replay recorded events: make replay FILE=.local/stack/archive.jsonl ARGS="--dry-run"
+replay: venv
+	$(PY) -m tools.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
+
+# Images and per-function deploys to a Knative cluster (needs a container engine).
+include hack/deploy.mk
