@@ -29,6 +29,7 @@ from shared.reschedule import Rescheduler
 from shared.state import WorkloadState, load_state
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment
+from tests.handlers.conftest import function_client  # noqa: F401 - shared fixture
 
 FAULTY_PREFERENCE_WEIGHT = 100
 

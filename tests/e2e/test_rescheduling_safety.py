@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from shared.config import Config
 from shared.constants import POLICY_ANNOTATION
-from shared.kube import Kube
+from shared.kube import Kube, Transient
 from tests.e2e.conftest import Loop, Webhook, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
 
@@ -223,3 +224,44 @@ def test_pods_are_still_created_while_the_webhook_is_down(
         assert created["metadata"]["uid"]
     finally:
         webhook.server.start()
+
+
+def test_with_eviction_a_pod_disruption_budget_delays_the_move_but_loses_nothing(
+    cluster: Any, namespace: str, api: Kube, loop: Loop, faults: Callable[..., None]
+) -> None:
+    bad = cluster.nodes[1]
+    faults("crashloop", bad)
+    api.create("Deployment", namespace, deployment("web", "3", pod_template({"app": "web"}, bad)))
+    api.request(
+        "POST",
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
+        body={
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        },
+        write=True,
+    )
+    evicting = Loop(api, Config(use_eviction=True))
+    pod = wait_for("a failing pod", lambda: failing_pod(api, evicting, namespace))
+    event = evicting.failing_event(pod)
+    assert event is not None
+
+    # The budget forbids the eviction (the API server answers 429): a transient failure that
+    # Knative redelivers, with the move already recorded.
+    with pytest.raises(Transient):
+        evicting.deliver(event)
+    rs = only(api, "ReplicaSet", namespace)["metadata"]["name"]
+    assert state_of(api, "ReplicaSet", namespace, rs).moves == 1
+    assert api.get("Pod", namespace, pod["metadata"]["name"])["metadata"]["uid"]
+
+    # Once the budget allows it, the redelivered event finishes the move without counting twice.
+    api.request(
+        "DELETE", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/web", write=True
+    )
+    evicting.deliver(event)
+    meta = pod["metadata"]
+    wait_for("the pod to be evicted", lambda: gone(api, namespace, meta["name"], meta["uid"]))
+    state = state_of(api, "ReplicaSet", namespace, rs)
+    assert (state.moves, state.excluded_nodes) == (1, (bad,))

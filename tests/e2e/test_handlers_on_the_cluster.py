@@ -1,0 +1,120 @@
+"""The success paths of the functions that need the API server, still through
+functions-framework's test client, against the real local control plane."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shared.constants import EVENT_POD_FAILING, EVENT_POD_RESCHEDULED, STATE_ANNOTATION
+from shared.kube import Kube
+from tests.e2e.conftest import Loop, pod_template, wait_for
+from tests.e2e.test_rescheduling import failing_pod, only
+from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
+
+pytestmark = pytest.mark.e2e
+
+
+def test_update_annotations_answers_200_with_the_rescheduled_event(
+    cluster: Any,
+    namespace: str,
+    api: Kube,
+    loop: Loop,
+    faults: Callable[..., None],
+    function_client: ClientFactory,
+) -> None:
+    bad = cluster.nodes[0]
+    faults("crashloop", bad)
+    api.create(
+        "ReplicaSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "web", "annotations": {"scheduling-retries": "2"}},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": pod_template({"app": "web"}, bad),
+            },
+        },
+    )
+    pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
+    event = loop.failing_event(pod)
+    assert event is not None
+    client = function_client("update-annotations", KUBECONFIG=str(cluster.kubeconfig))
+    headers, body = cloudevent(EVENT_POD_FAILING, event.data, subject=event.subject)
+
+    response = client.post("/", headers=headers, data=body)
+    assert response.status_code == 200
+    attrs, data = reply_of(response)
+    assert attrs["type"] == EVENT_POD_RESCHEDULED
+    assert attrs["source"] == "/kn-rescheduler/update-annotations"
+    assert (data["moves"], data["budget"], data["excludedNodes"]) == (1, 2, [bad])
+    assert data["workload"] == {"kind": "ReplicaSet", "name": "web"}
+
+    # The same event again: already handled, nothing to emit.
+    assert client.post("/", headers=headers, data=body).status_code == 202
+
+
+def test_mutate_admission_patches_a_pod_of_a_workload_with_exclusions(
+    cluster: Any, namespace: str, api: Kube, function_client: ClientFactory
+) -> None:
+    state = '{"excludedNodes":["node-3"],"handled":[],"moves":1,"version":1}'
+    rs = api.create(
+        "ReplicaSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": "web",
+                "annotations": {"scheduling-retries": "3", STATE_ANNOTATION: state},
+            },
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": pod_template({"app": "web"}, "node-0"),
+            },
+        },
+    )
+    pod = {
+        "metadata": {
+            "generateName": "web-",
+            "labels": {"app": "web"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "web",
+                    "uid": rs["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": pod_template({"app": "web"}, "node-0")["spec"],
+    }
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "e911857d-c318-11e8-bbad-025000000001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "namespace": namespace,
+            "object": pod,
+        },
+    }
+    client = function_client("mutate-admission", KUBECONFIG=str(cluster.kubeconfig))
+    answer = client.post("/", json=review).get_json()["response"]
+    assert answer["allowed"] is True
+    assert answer["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    paths = {op["path"] for op in ops}
+    assert "/metadata/annotations" in paths  # the pod had no annotations map at all
+    assert any(p.startswith("/spec/affinity/nodeAffinity/required") for p in paths)
+    assert only(api, "ReplicaSet", namespace)["metadata"]["name"] == "web"
