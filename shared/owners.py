@@ -21,14 +21,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from shared.classify import controller_of
 from shared.constants import POLICY_ANNOTATION
 from shared.kube import Kube
+from shared.policy import OwnerKind
 
 # Kinds whose pods we act on, and the kind that holds their state.
-STATEFUL: Final = "StatefulSet"
-REPLICASET: Final = "ReplicaSet"
-JOB: Final = "Job"
-BARE: Final = "Pod"
+STATEFUL: Final = OwnerKind.STATEFUL_SET.value
+REPLICASET: Final = OwnerKind.REPLICA_SET.value
+JOB: Final = OwnerKind.JOB.value
+BARE: Final = OwnerKind.POD.value
 DAEMONSET: Final = "DaemonSet"
 
 # The next hop up a chain, when the policy was not found yet.
@@ -73,14 +75,6 @@ class Resolution:
     chain: tuple[Ref, ...] = field(default_factory=tuple)
 
 
-def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The ownerReference with ``controller: true`` (there is at most one)."""
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller"):
-            return dict(ref)
-    return None
-
-
 def _ref(namespace: str, owner: Mapping[str, Any]) -> Ref:
     return Ref(
         kind=str(owner.get("kind", "")),
@@ -114,7 +108,7 @@ def resolve(kube: Kube, namespace: str, pod: Mapping[str, Any]) -> Resolution:
     errors as they come.
     """
     meta = pod.get("metadata") or {}
-    owner = controller_of(meta)
+    owner = controller_of(pod)  # type: ignore[arg-type]
     if owner is None:
         pod_ref = Ref(BARE, namespace, str(meta.get("name", "")), str(meta.get("uid", "")))
         holder = _holder(BARE, {**pod, "metadata": {**meta, "namespace": namespace}})
@@ -137,7 +131,7 @@ def resolve(kube: Kube, namespace: str, pod: Mapping[str, Any]) -> Resolution:
     policy_ref: Ref | None = holder.ref if policy is not None else None
 
     parent_kind = _PARENTS.get(first.kind)
-    parent = controller_of(obj.get("metadata") or {})
+    parent = controller_of(obj)  # type: ignore[arg-type]
     if policy is None and parent_kind and parent and parent.get("kind") == parent_kind:
         parent_ref = _ref(namespace, parent)
         parent_obj = kube.get(parent_kind, namespace, parent_ref.name)
