@@ -30,7 +30,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from localcluster.podstatus import (
@@ -74,6 +74,7 @@ class _Tracked:
     # The pod's resourceVersion when first seen bound: the revision its fate is read at.
     bound_rv: str = ""
     run: PodRun | None = None
+    pod_ip: str = ""  # allocated once, even if admission is retried
     done: bool = False
     token: int = 0  # invalidates timers of earlier steps
 
@@ -181,8 +182,9 @@ class _Shard:
         tracked = self.pods.pop(uid, None)
         if tracked is not None:
             tracked.done = True
-            if tracked.run is not None:
-                self.k.ipam.release(tracked.run.node, tracked.run.pod_ip)
+            if tracked.pod_ip:
+                node = tracked.pod.get("spec", {}).get("nodeName", "")
+                self.k.ipam.release(node, tracked.pod_ip)
 
     def _adopt(self, uid: str, tracked: _Tracked) -> None:
         """A pod some earlier kubelet ran: keep a crash loop going, leave the rest alone."""
@@ -215,10 +217,15 @@ class _Shard:
             else:
                 self._advance(uid, tracked)
         except ApiError as e:
-            if e.status in (404, 409, 422):
+            if e.status in (404, 409):
                 # Gone, or replaced by a pod of the same name (uid precondition failed).
                 tracked.done = True
                 return
+            if e.status == 422:
+                self.k.log.warning("pod %s: status rejected: %s", uid, e)
+                tracked.done = True
+                return
+            # Transient: the step was not taken (see _advance), so it is simply retried.
             self.k.log.warning("pod %s: %s; retrying", uid, e)
             self._schedule(uid, tracked, _RETRY_DELAY)
 
@@ -241,23 +248,22 @@ class _Shard:
             ),
             "10.0.0.1",
         )
-        if pod["spec"].get("hostNetwork"):
-            pod_ip = host_ip
-        else:
-            cidr = node.get("spec", {}).get("podCIDR") or self.k.fallback_cidr(node_name)
-            pod_ip = self.k.ipam.allocate(node_name, cidr)
         ns, name = meta["namespace"], meta["name"]
         tracked.pod = self.k.rest.patch(
             f"/api/v1/namespaces/{ns}/pods/{name}",
             {"metadata": {"uid": uid, "annotations": {FAULT_ANNOTATION: mode}}},
         )
-        run = self.k.new_run(tracked.pod, mode, host_ip, pod_ip)
+        if pod["spec"].get("hostNetwork"):
+            tracked.pod_ip = host_ip
+        elif not tracked.pod_ip:
+            cidr = node.get("spec", {}).get("podCIDR") or self.k.fallback_cidr(node_name)
+            tracked.pod_ip = self.k.ipam.allocate(node_name, cidr)
+        run = self.k.new_run(tracked.pod, mode, host_ip, tracked.pod_ip)
         for c in tracked.pod.get("status", {}).get("conditions", []) or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "True":
                 run.conditions["PodScheduled"] = ("True", c.get("lastTransitionTime", ""))
-        tracked.run = run
+        self._write(tracked, run)
         self.k.log.info("pod %s/%s on %s: %s", ns, name, node_name, mode)
-        self._write(tracked)
         self._schedule(uid, tracked, self.k.timing.start)
 
     def _node_at(self, name: str, rv: str) -> JSON:
@@ -282,8 +288,9 @@ class _Shard:
         return self.k.rest.get(f"/api/v1/nodes/{name}")
 
     def _advance(self, uid: str, tracked: _Tracked) -> None:
-        run = tracked.run
-        assert run is not None
+        assert tracked.run is not None
+        # Work on a copy: the step counts as taken only once its status is written.
+        run = replace(tracked.run, conditions=dict(tracked.run.conditions))
         t = self.k.timing
         now = time.time()
         nxt: Step | None = None
@@ -318,7 +325,7 @@ class _Shard:
             tracked.done = True
             return
         run.step = nxt
-        self._write(tracked)
+        self._write(tracked, run)
         if nxt == "running":
             if mode == "evict":
                 delay = t.evict_after
@@ -338,9 +345,8 @@ class _Shard:
             return
         self._schedule(uid, tracked, delay)
 
-    def _write(self, tracked: _Tracked) -> None:
-        run = tracked.run
-        assert run is not None
+    def _write(self, tracked: _Tracked, run: PodRun) -> None:
+        """Patches the status of ``run``'s step; ``run`` becomes the pod's state if that works."""
         body = {
             "metadata": {"uid": run.uid},
             "status": pod_status(tracked.pod, run, time.time()),
@@ -350,6 +356,7 @@ class _Shard:
             body,
             STRATEGIC_MERGE_PATCH,
         )
+        tracked.run = run
 
 
 @dataclass
