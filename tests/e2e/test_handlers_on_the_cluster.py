@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from shared.constants import EVENT_POD_FAILING, EVENT_POD_RESCHEDULED, STATE_ANNOTATION
 from shared.kube import Kube
 from tests.e2e.conftest import Loop, pod_template, wait_for
+from tests.e2e.knative_manifests import kubeconfig_for, service_account_token
 from tests.e2e.test_rescheduling import failing_pod, only
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 
@@ -118,3 +120,89 @@ def test_mutate_admission_patches_a_pod_of_a_workload_with_exclusions(
     assert "/metadata/annotations" in paths  # the pod had no annotations map at all
     assert any(p.startswith("/spec/affinity/nodeAffinity/required") for p in paths)
     assert only(api, "ReplicaSet", namespace)["metadata"]["name"] == "web"
+
+
+def crash_looping_replicaset(
+    api: Kube, namespace: str, bad: str, annotations: dict[str, str]
+) -> None:
+    api.create(
+        "ReplicaSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "web", "annotations": annotations},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": pod_template({"app": "web"}, bad),
+            },
+        },
+    )
+
+
+def test_rbac_refusal_is_answered_500_so_the_event_is_dead_lettered_not_lost(
+    cluster: Any,
+    namespace: str,
+    api: Kube,
+    loop: Loop,
+    faults: Callable[..., None],
+    function_client: ClientFactory,
+    tmp_path: Path,
+) -> None:
+    bad = cluster.nodes[1]
+    faults("imagepull", bad)
+    crash_looping_replicaset(api, namespace, bad, {"scheduling-retries": "2"})
+    pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
+    event = loop.failing_event(pod)
+    assert event is not None
+    # A ServiceAccount with no rights at all: the API server answers 403 for real.
+    api.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        body={"metadata": {"name": "powerless"}},
+        write=True,
+    )
+    token = service_account_token(cluster.api_client(), "powerless", namespace)
+    kubeconfig = kubeconfig_for(cluster.server, cluster.ca_file, token, tmp_path / "kc")
+    client = function_client("update-annotations", KUBECONFIG=str(kubeconfig))
+    headers, body = cloudevent(EVENT_POD_FAILING, event.data, subject=event.subject)
+
+    response = client.post("/", headers=headers, data=body)
+    assert response.status_code == 500
+    assert "403" in response.get_json()["error"]
+    assert (
+        api.get("Pod", namespace, pod["metadata"]["name"])["metadata"]["uid"]
+        == pod["metadata"]["uid"]
+    )
+
+
+def test_a_corrupt_state_annotation_is_never_overwritten(
+    cluster: Any,
+    namespace: str,
+    api: Kube,
+    loop: Loop,
+    faults: Callable[..., None],
+    function_client: ClientFactory,
+) -> None:
+    bad = cluster.nodes[2]
+    faults("imagepull", bad)
+    corrupt = '{"version": 1, "moves": "many"'
+    crash_looping_replicaset(
+        api, namespace, bad, {"scheduling-retries": "2", STATE_ANNOTATION: corrupt}
+    )
+    pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
+    event = loop.failing_event(pod)
+    assert event is not None
+    client = function_client("update-annotations", KUBECONFIG=str(cluster.kubeconfig))
+    headers, body = cloudevent(EVENT_POD_FAILING, event.data, subject=event.subject)
+
+    response = client.post("/", headers=headers, data=body)
+    assert response.status_code == 500
+    assert "refusing to act" in response.get_json()["error"]
+    rs = api.get("ReplicaSet", namespace, "web")
+    assert rs["metadata"]["annotations"][STATE_ANNOTATION] == corrupt
+    assert (
+        api.get("Pod", namespace, pod["metadata"]["name"])["metadata"]["uid"]
+        == pod["metadata"]["uid"]
+    )
