@@ -51,3 +51,9 @@ replay: venv
 
 # Images and per-function deploys to a Knative cluster (needs a container engine).
 include hack/deploy.mk
+
+# The demo (docs/demo.md): a local cluster with faulty nodes, the whole pipeline, and three
+# workloads moved off the bad nodes, narrated live; ends with a summary and a timeline PNG.
+# DEMO_ARGS passes options, e.g. DEMO_ARGS="--existing" for the cluster in $KUBECONFIG.
+demo: venv cluster-bins adapter-bin
+	$(PY) -m stack.demo $(DEMO_ARGS)
