@@ -1,0 +1,130 @@
+"""`make demo` end to end: its own cluster and pipeline, its verdict, its summary, its chart.
+
+The demo runs as its users run it (``python -m stack.demo`` in a subprocess, its own control
+plane and pipeline, nothing shared with the session's cluster), and the test then checks what
+it claims against what it wrote: summary.json (built from the API server's state and the
+Broker's archive) and the PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One demo run: its exit code, output, summary.json, chart and archive."""
+    base = tmp_path_factory.mktemp("demo")
+    run_dir, png = base / "run", base / "chart" / "timeline.png"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "stack.demo", "--run-dir", str(run_dir), "--png", str(png)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    summary_file = run_dir / "summary.json"
+    return {
+        "code": result.returncode,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "seconds": time.monotonic() - started,
+        "summary": json.loads(summary_file.read_text()) if summary_file.exists() else None,
+        "png": png,
+        "archive": run_dir / "stack" / "archive.jsonl",
+    }
+
+
+def test_the_demo_exits_0_once_every_workload_recovered(demo: dict[str, Any]) -> None:
+    assert demo["code"] == 0, (
+        f"stdout:\n{demo['stdout'][-4000:]}\nstderr:\n{demo['stderr'][-4000:]}"
+    )
+    summary = demo["summary"]
+    assert summary is not None and summary["ok"] is True and summary["problems"] == []
+    assert "every workload recovered on a good node" in demo["stdout"]
+    # With warm binaries the whole demo, cluster start and stop included, stays well inside 3 min.
+    assert demo["seconds"] < 150, f"the demo took {demo['seconds']:.0f}s"
+
+
+def test_every_replica_ends_ready_on_a_good_node_within_its_budget(demo: dict[str, Any]) -> None:
+    summary = demo["summary"]
+    faulty = set(summary["faults"])
+    assert faulty == {"node-1", "node-3", "node-5"}
+    rows = summary["rows"]
+    by_workload: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_workload.setdefault(row["workload"], []).append(row)
+    assert sorted(by_workload) == ["Deployment/web", "Job/report", "StatefulSet/db"]
+    assert len(by_workload["Deployment/web"]) == 3
+    assert sorted(r["pod"] for r in by_workload["StatefulSet/db"]) == ["db-0", "db-1"]
+    assert len(by_workload["Job/report"]) == 1
+
+    for row in rows:
+        assert row["final_node"] not in faulty, row
+        assert row["final_node_faulty"] is False, row
+        assert row["ended"] in ("Ready", "Succeeded"), row
+        assert row["recovered_seconds"] is not None, row
+        # Every node the replica left was a faulty one it failed on; the last one it did not.
+        assert row["failed"] == [True] * (len(row["nodes"]) - 1) + [False], row
+        assert set(row["nodes"][:-1]) <= faulty, row
+        assert row["moves"] == len(row["nodes"]) - 1, row
+        assert row["workload_moves"] <= row["budget"], row
+
+    # The Deployment shares retries x replicas among its pods, and really used some.
+    web = by_workload["Deployment/web"]
+    assert {r["budget"] for r in web} == {9}
+    assert 1 <= web[0]["workload_moves"] == sum(r["moves"] for r in web) <= 9
+    # Each StatefulSet pod fails on the node it prefers and keeps its own count.
+    for row in by_workload["StatefulSet/db"]:
+        assert row["nodes"][0] == "node-5" and row["budget"] == 3
+        assert row["workload_moves"] == row["moves"] >= 1
+    # The Job fails once on its pool's bad node, then completes on a good one of its pool.
+    (job,) = by_workload["Job/report"]
+    assert job["nodes"][0] == "node-3" and job["moves"] == job["workload_moves"] == 1
+    assert job["final_node"] in ("node-2", "node-4") and job["ended"] == "Succeeded"
+
+
+def test_the_output_tells_the_story_as_it_happens(demo: dict[str, Any]) -> None:
+    out = demo["stdout"]
+    for expected in (
+        "failing on node-1: CrashLoopBackOff after 3 restarts",
+        "failing on node-3: OOMKilled",
+        "failing on node-5: ErrImagePull",
+        "[detect-failures]",
+        "[update-annotations]",
+        "the webhook kept it off node-5",
+        "the Job controller's back-off",
+        "summary",
+    ):
+        assert expected in out, f"{expected!r} not in the output:\n{out[-4000:]}"
+    # Not a terminal: no colour codes.
+    assert "\033[" not in out
+    # The pipeline's own account agrees: one rescheduled event per move.
+    events = [json.loads(line) for line in demo["archive"].read_text().splitlines()]
+    moved = [e for e in events if e["type"] == "io.kn-rescheduler.pod.rescheduled"]
+    assert len(moved) == sum(r["moves"] for r in demo["summary"]["rows"])
+
+
+def test_the_timeline_chart_is_a_png(demo: dict[str, Any]) -> None:
+    png: Path = demo["png"]
+    data = png.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert 10_000 < len(data) < 200_000
+    pixels = matplotlib.image.imread(png)
+    height, width = pixels.shape[:2]
+    assert width >= 800 and height >= 300
