@@ -436,10 +436,13 @@ def play(
         feed.poll()
         bad = timeline.bad_nodes()
         for w in workloads:
-            h = healthy[w.ref] = health(kube, w, bad, job_must_complete=job_must_complete)
-            if h.ok and w.ref not in announced:
-                announced.add(w.ref)
-                console.say(f"{w.ref} healthy: {h.detail}", "healthy")
+            healthy[w.ref] = health(kube, w, bad, job_must_complete=job_must_complete)
+        news = [w.ref for w in workloads if healthy[w.ref].ok and w.ref not in announced]
+        if news:
+            feed.poll()  # what made it healthy comes first in the story
+        for ref in news:
+            announced.add(ref)
+            console.say(f"{ref} healthy: {healthy[ref].detail}", "healthy")
         if all(h.ok for h in healthy.values()):
             break
         if time.monotonic() > deadline:
