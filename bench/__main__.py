@@ -1,0 +1,139 @@
+"""``python -m bench [--quick] [--only NAME ...] [--out DIR]``: run the benchmarks.
+
+Measurements, in the order they run (``--only`` takes these names):
+
+- ``recovery``: time to recovery, moves per recovery and API cost, per system (vanilla, the
+  descheduler, kn-rescheduler), plus API cost of healthy pod updates;
+- ``detect``: detect-failures throughput, in-process (one core) and over HTTP;
+- ``webhook``: mutate-admission latency in-process and over TLS; pod-creation latency with and
+  without the webhook registered;
+- ``cold-start``: process start to first answered event, per function;
+- ``scale``: many nodes and pods, 2% of the nodes turning faulty at once.
+
+The first four share one cluster of ``Scales.nodes`` nodes; ``scale`` starts its own. The
+results go to ``DIR/<date>.json`` (``bench/results`` for a full run; a quick run writes to a
+temporary directory unless ``--out`` is given), the plots beside it, and a full run rewrites
+``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import coldstart, detect, recovery, report, scale, webhook
+from bench.common import (
+    FULL,
+    JSON,
+    QUICK,
+    RESULTS_DIR,
+    ROOT,
+    Scales,
+    machine,
+    scales_dict,
+    write_json,
+)
+from localcluster.cluster import Cluster
+
+NAMES = ("recovery", "detect", "webhook", "cold-start", "scale")
+
+
+def _log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Run:
+    """One benchmark run: its scales, work directory and the shared cluster (started lazily)."""
+
+    def __init__(self, scales: Scales, workdir: Path, out: Path, quick: bool) -> None:
+        self.scales = scales
+        self.workdir = workdir
+        self.out = out
+        self.quick = quick
+        self._cluster: Cluster | None = None
+
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            _log(f"starting a {self.scales.nodes}-node cluster")
+            self._cluster = Cluster(
+                self.workdir / "cluster", nodes=self.scales.nodes, quiet=True, keep_workdir=True
+            ).start()
+        return self._cluster
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.stop()
+            self._cluster = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    parser.add_argument("--only", action="append", choices=NAMES, help="run only this (repeatable)")
+    parser.add_argument("--out", type=Path, help="where results and plots go")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args(argv)
+    scales = QUICK if args.quick else FULL
+    names = [n for n in NAMES if not args.only or n in args.only]
+    out: Path = args.out or (
+        Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-quick-")) if args.quick else RESULTS_DIR
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-"))
+    started = time.monotonic()
+    stamp = datetime.datetime.now(datetime.UTC)
+    results: JSON = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "machine": machine(),
+        "scales": scales_dict(scales),
+        "measurements": {},
+        "errors": {},
+    }
+    run = Run(scales, workdir, out, args.quick)
+    steps: dict[str, Callable[[], Any]] = {
+        "recovery": lambda: recovery.measure(
+            run.cluster(), scales, workdir / "recovery", save_events=not args.quick, log=_log
+        ),
+        "detect": lambda: detect.measure(scales, workdir / "detect", log=_log),
+        "webhook": lambda: webhook.measure(run.cluster(), scales, workdir / "webhook", log=_log),
+        "cold-start": lambda: coldstart.measure(run.cluster(), scales, workdir / "cold", log=_log),
+        "scale": lambda: scale.measure(scales, workdir / "scale", log=_log, before=run.close),
+    }
+    try:
+        for name in names:
+            t = time.monotonic()
+            _log(f"== {name}")
+            try:
+                results["measurements"][name] = steps[name]()
+            except Exception as exc:
+                traceback.print_exc()
+                results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            results.setdefault("durations_s", {})[name] = round(time.monotonic() - t, 1)
+    finally:
+        run.close()
+    results["runtime_s"] = round(time.monotonic() - started, 1)
+    name = stamp.strftime("%Y-%m-%d") + ("-quick" if args.quick else "")
+    path = out / f"{name}.json"
+    write_json(path, results)
+    if "recovery" in results["measurements"]:
+        recovery.plot_cdf(results["measurements"]["recovery"], out / f"{name}-recovery-cdf.png")
+    if not args.quick and not args.only:
+        report.write(results, path, ROOT / "bench" / "RESULTS.md")
+    _log(f"results: {path} ({results['runtime_s']} s)")
+    if args.keep:
+        _log(f"work directory kept: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
