@@ -1,0 +1,284 @@
+"""``bench/RESULTS.md`` from one results file: the headline numbers, the peers side by side.
+
+``python -m bench.report bench/results/<date>.json`` rewrites it from a saved run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import JSON, ROOT
+
+TARGET_RECOVERY_FROM_THRESHOLD_S = 5.0
+TARGET_DETECT_EVENTS_PER_S = 10_000.0
+TARGET_DETECT_VS_FLOOR = 2.0
+TARGET_WEBHOOK_P99_MS = 10.0
+
+
+def _f(value: Any, digits: int = 1, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        text = f"{value:,.{digits}f}"
+    else:
+        text = f"{value:,}" if isinstance(value, int) else str(value)
+    return text + unit
+
+
+def _met(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**met**" if ok else "**not met**")
+
+
+def render(results: JSON, results_path: Path) -> str:
+    m = results["measurements"]
+    mach = results["machine"]
+    sc = results["scales"]
+    rel = results_path.relative_to(ROOT) if results_path.is_relative_to(ROOT) else results_path
+    lines = [
+        "# Benchmarks: kn-rescheduler and its peers",
+        "",
+        f"One `make bench` run, {results['date']}, every number below from that run "
+        f"(raw: [`{rel.name}`](results/{rel.name})); the systems ran one after the other on the "
+        "same local control plane. Harness: `bench/` (`python -m bench`); how each number is "
+        "made is in the docstring of its module.",
+        "",
+        f"Machine: {mach['cores']} cores ({mach['cpu_model']}), {mach['memory_gib']} GiB, "
+        f"shared with other engineers' test runs (load average at start "
+        f"{', '.join(f'{x:.1f}' for x in mach['load_average_at_start'])}); Python "
+        f"{mach['python']}, Go {mach['go']}, Kubernetes {mach['kubernetes']} (etcd, "
+        "kube-apiserver, kube-controller-manager, kube-scheduler built from their modules; kwok "
+        "nodes; the project's fake kubelet). "
+        f"`make bench` took {results['runtime_s'] / 60:.1f} min.",
+        "",
+    ]
+    targets: list[tuple[str, str, str]] = []
+    rec = m.get("recovery")
+    if rec:
+        systems = rec["systems"]
+        kn = systems.get("kn-rescheduler", {})
+        lines += [
+            "## 1-3. Time to recovery, moves, API cost",
+            "",
+            f"{sc['nodes']} nodes, {sc['faulty']} crash-looping every pod bound to them; "
+            f"{sc['deployments']} Deployments x {sc['replicas']} replicas, each preferring one "
+            'faulty node, `scheduling-retries: "3"`. Recovery: from a replica\'s first failure '
+            "to a replacement Ready on a healthy node; each system got "
+            f"{sc['recovery_bound']:.0f} s from the creation of the workloads. "
+            f"Descheduler {rec['descheduler_version']} (the brief's v0.34.0 is not served by the "
+            "Go module proxy here), `RemovePodsHavingTooManyRestarts` (threshold 3, "
+            "CrashLoopBackOff) + `RemoveFailedPods`, DefaultEvictor defaults (nodeFit off).",
+            "",
+            "| system | recovered (≤5 min) | p50 from failure | p95 from failure | p95 from "
+            "threshold | moves / recovery | wasted moves | own API requests / move | all API "
+            "requests / s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, r in systems.items():
+            lines.append(
+                f"| {name} | {r['recovered']}/{r['affected']} "
+                f"({_f((r['recovered_within_5min_share'] or 0) * 100, 0)}%) | "
+                f"{_f(r['recovery_from_failure']['p50'], 1, ' s')} | "
+                f"{_f(r['recovery_from_failure']['p95'], 1, ' s')} | "
+                f"{_f(r['recovery_from_threshold']['p95'], 1, ' s')} | "
+                f"{_f(r['moves_per_recovery'], 2)} | {r['wasted_moves']} of {r['moves_total']} | "
+                f"{_f(r['api']['system_requests_per_move'], 1)} | "
+                f"{_f(r['api']['all_requests_per_s'], 1)} |"
+            )
+        lines += [
+            "",
+            "![CDF of the time to recovery](results/" + rel.stem + "-recovery-cdf.png)",
+            "",
+        ]
+        h = rec.get("healthy_updates") or {}
+        if h:
+            lines += [
+                f"Healthy pod updates with the pipeline running: {h['updates']} annotation "
+                f"patches of {sc['healthy_pods']} opted-in Ready pods, "
+                f"{h['update_events_routed']} update events routed to detect-failures, "
+                f"{h['replies_routed']} replies; API requests by the pipeline: "
+                f"**{_f(h['pipeline_requests_per_1000_updates'], 1)} per 1,000 updates**; all "
+                "API requests beyond the driver's own (controllers, leases, kwok included): "
+                f"{_f(h['all_requests_beyond_driver_per_1000_updates'], 0)} per 1,000.",
+                "",
+            ]
+            targets.append(
+                (
+                    "zero API requests per healthy pod event",
+                    _met(h["pipeline_requests"] == 0),
+                    f"{_f(h['pipeline_requests'], 0)} requests for {h['updates']} updates",
+                )
+            )
+        if kn:
+            p95 = kn["recovery_from_threshold"]["p95"]
+            targets.append(
+                (
+                    "time to recovery p95 within 5 s of the restart threshold",
+                    _met(p95 is not None and p95 <= TARGET_RECOVERY_FROM_THRESHOLD_S),
+                    f"p95 {_f(p95, 1, ' s')} "
+                    f"(p50 {_f(kn['recovery_from_threshold']['p50'], 1, ' s')})",
+                )
+            )
+            targets.append(
+                (
+                    "exactly one move per recovery when healthy nodes exist",
+                    _met(kn["moves_per_recovery"] == 1.0),
+                    f"{_f(kn['moves_per_recovery'], 2)} moves per recovery, "
+                    f"{kn['wasted_moves']} of {kn['moves_total']} moves "
+                    "landed on another faulty node",
+                )
+            )
+    det = m.get("detect")
+    if det:
+        ip, ht = det["in_process"], det["http"]
+        lines += [
+            "## 4. detect-failures throughput",
+            "",
+            f"Corpus: {det['corpus']['distinct_events']} real ApiServerSource pod events "
+            f"(`{det['corpus']['file']}`), {_f(ip['failing_share'] * 100, 1)}% failing, "
+            f"{ip['mean_body_bytes']:,} bytes on average, cycled to {ip['events']:,} events.",
+            "",
+            "| path | events/s | vs. JSON floor |",
+            "| --- | --- | --- |",
+            f"| `json.loads` of the body only (floor), one core | "
+            f"{_f(ip['json_floor']['events_per_s'], 0)} | 1.00 |",
+            f"| `events.parse` + `detect`, in-process, one core | "
+            f"{_f(ip['parse_and_detect']['events_per_s'], 0)} | "
+            f"{_f(ip['cost_vs_floor'], 2)}x the time |",
+            "| `detect` on a parsed event, one core | "
+            f"{_f(ip['detect_only']['events_per_s'], 0)} | |",
+            f"| HTTP, gunicorn (image command, log level INFO), {ht['concurrency']} keep-alive "
+            f"clients on loopback | {_f(ht['events_per_s'], 0)} (p50 "
+            f"{_f(ht['latency_ms']['p50'], 1)} ms, p99 {_f(ht['latency_ms']['p99'], 1)} ms) | |",
+            f"| same, per CPU-second of the server process | "
+            f"{_f(ht['events_per_server_cpu_s'], 0)} | |",
+        ]
+        if det.get("http_quiet"):
+            hq = det["http_quiet"]
+            lines.append(
+                "| HTTP, log level WARNING (no per-event log line) | "
+                f"{_f(hq['events_per_s'], 0)} (p99 {_f(hq['latency_ms']['p99'], 1)} ms); "
+                f"{_f(hq['events_per_server_cpu_s'], 0)} per server CPU-second | |"
+            )
+        lines.append("")
+        rate = ip["parse_and_detect"]["events_per_s"]
+        targets.append(
+            (
+                "detect-failures ≥ 10,000 pod events/s per core in-process",
+                _met(rate >= TARGET_DETECT_EVENTS_PER_S),
+                f"{_f(rate, 0)} events/s",
+            )
+        )
+        targets.append(
+            (
+                "detect-failures ≤ 2x the JSON-parse floor",
+                _met((ip["cost_vs_floor"] or 99) <= TARGET_DETECT_VS_FLOOR),
+                f"{_f(ip['cost_vs_floor'], 2)}x",
+            )
+        )
+    wh = m.get("webhook")
+    if wh:
+        pc = wh["pod_creation"]
+        lines += [
+            "## 5. Webhook",
+            "",
+            "| path | p50 | p99 |",
+            "| --- | --- | --- |",
+            f"| `Admitter.review` in-process, owner lookups against the API server | "
+            f"{_f(wh['in_process']['latency_ms']['p50'], 2, ' ms')} | "
+            f"{_f(wh['in_process']['latency_ms']['p99'], 2, ' ms')} |",
+            "| mutate-admission over TLS (gunicorn) | "
+            f"{_f(wh['tls']['latency_ms']['p50'], 2, ' ms')} | "
+            f"{_f(wh['tls']['latency_ms']['p99'], 2, ' ms')} |",
+            f"| pod create through the API server, no webhook ({pc['rate_per_s']:.0f}/s) | "
+            f"{_f(pc['without_webhook_ms']['p50'], 2, ' ms')} | "
+            f"{_f(pc['without_webhook_ms']['p99'], 2, ' ms')} |",
+            f"| pod create through the API server, webhook registered | "
+            f"{_f(pc['with_webhook_ms']['p50'], 2, ' ms')} | "
+            f"{_f(pc['with_webhook_ms']['p99'], 2, ' ms')} |",
+            f"| ratio with / without | {_f(pc['p50_ratio'], 2)}x | {_f(pc['p99_ratio'], 2)}x |",
+            "",
+        ]
+        p99 = wh["in_process"]["latency_ms"]["p99"]
+        targets.append(
+            (
+                "webhook p99 < 10 ms with lookups",
+                _met(p99 is not None and p99 < TARGET_WEBHOOK_P99_MS),
+                f"in-process p99 {_f(p99, 2, ' ms')}; over TLS p99 "
+                f"{_f(wh['tls']['latency_ms']['p99'], 2, ' ms')}",
+            )
+        )
+    scl = m.get("scale")
+    if scl:
+        lines += ["## 6. Scale", ""]
+        ro = scl["rollout"]
+        lines.append(
+            f"{scl['nodes']:,} kwok nodes, {scl['pods']:,} pods "
+            f"({scl['deployments']:,} Deployments x {scl['replicas_per_deployment']}), "
+            "the whole pipeline running. Rollout: "
+            f"{ro['ready']:,}/{ro['expected']:,} Ready in {ro['seconds']:.0f} s; function CPU "
+            f"during it: {_cpu(ro['function_cpu_s'])}."
+        )
+        r = scl.get("recovery") or {}
+        if "affected_replicas" in r:
+            lines += [
+                "",
+                f"Then {scl['faulty_nodes']} nodes ({sc['scale_faulty_share'] * 100:.0f}%) turned "
+                f"faulty at once ({r['pods_restarted_by_fault']} pods on them restarted by the "
+                f"harness, see `bench/scale.py`): {r['recovered']}/{r['affected_replicas']} "
+                f"affected replicas recovered, **all on healthy nodes after "
+                f"{_f(r['time_to_all_healthy_s'], 1, ' s')}**; p95 from failure "
+                f"{_f(r['recovery_from_failure']['p95'], 1, ' s')}, from threshold "
+                f"{_f(r['recovery_from_threshold']['p95'], 1, ' s')}; {r['moves']} moves "
+                f"({r['wasted_moves']} wasted); function CPU: {_cpu(r['function_cpu_s'])}.",
+            ]
+        elif r:
+            lines += ["", f"Recovery phase: {r.get('skipped')}."]
+        lines.append("")
+    cold = m.get("cold-start")
+    if cold:
+        lines += [
+            "## 7. Cold start (process start to first answered event)",
+            "",
+            "| function | median |",
+            "| --- | --- |",
+        ]
+        for name, c in cold.items():
+            lines.append(f"| {name} | {_f(c['median_s'], 2, ' s')} |")
+        lines.append("")
+    if targets:
+        lines += ["## Targets", "", "| target | result | measured |", "| --- | --- | --- |"]
+        lines += [f"| {t} | {ok} | {how} |" for t, ok, how in targets]
+        lines.append("")
+    if results.get("errors"):
+        lines += ["## Errors in this run", ""]
+        lines += [f"- {k}: {v}" for k, v in results["errors"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cpu(values: dict[str, float]) -> str:
+    total = sum(values.values())
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in values.items())
+    return f"{total:.1f} CPU-s ({parts})"
+
+
+def write(results: JSON, results_path: Path, target: Path, notes: str = "") -> None:
+    text = render(results, results_path)
+    notes_file = ROOT / "bench" / "NOTES.md"
+    if notes_file.exists():
+        text += "\n" + notes_file.read_text()
+    target.write_text(text + notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    path = Path(args[0]).resolve()
+    write(json.loads(path.read_text()), path, ROOT / "bench" / "RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
