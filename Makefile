@@ -49,6 +49,14 @@ down:
 replay: venv
 	$(PY) -m tools.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
 
+# Benchmarks against the peers (vanilla, the descheduler) on the local control plane (issue 6):
+# bench/results/<date>.json, plots, bench/RESULTS.md. bench-quick: tiny sizes, for CI.
+bench: venv cluster-bins adapter-bin
+	$(PY) -m bench
+
+bench-quick: venv cluster-bins adapter-bin
+	$(PY) -m bench --quick $(if $(OUT),--out $(OUT))
+
 # Images and per-function deploys to a Knative cluster (needs a container engine).
 include hack/deploy.mk
 

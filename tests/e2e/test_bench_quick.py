@@ -1,0 +1,120 @@
+"""The benchmark harness still works: ``python -m bench --quick`` end to end (as make bench-quick).
+
+Asserts that every measurement produced numbers (present, finite, positive where they must be),
+never that they are fast: CI machines are shared and the quick sizes are tiny.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.common import finite_numbers
+
+# The first test also runs the suite (module fixture): room for a first descheduler build.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench-quick")
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,  # includes building the descheduler once on a fresh machine
+        check=False,
+    )
+    files = sorted(out.glob("*-quick.json"))
+    assert files, f"no results file; exit {run.returncode}\n{run.stderr[-4000:]}"
+    data: dict[str, Any] = json.loads(files[0].read_text())
+    data["_dir"] = str(out)
+    data["_stderr"] = run.stderr[-4000:]
+    data["_returncode"] = run.returncode
+    return data
+
+
+def test_the_quick_suite_runs_every_measurement_without_errors(results: dict[str, Any]) -> None:
+    assert results["errors"] == {}, results["_stderr"]
+    assert results["_returncode"] == 0, results["_stderr"]
+    assert set(results["measurements"]) == {"recovery", "detect", "webhook", "cold-start", "scale"}
+    assert all(math.isfinite(v) for v in finite_numbers(results["measurements"]))
+    machine = results["machine"]
+    assert positive(machine["cores"]) and positive(machine["memory_gib"])
+    assert machine["python"] and machine["kubernetes"]
+
+
+def test_recovery_has_numbers_for_every_system(results: dict[str, Any]) -> None:
+    rec = results["measurements"]["recovery"]
+    systems = rec["systems"]
+    assert set(systems) == {"vanilla", "descheduler-10s", "kn-rescheduler"}
+    for run in systems.values():
+        assert run["affected"] > 0
+        assert positive(run["api"]["all_requests_per_s"])
+    assert systems["vanilla"]["moves_total"] == 0
+    kn = systems["kn-rescheduler"]
+    assert kn["recovered"] > 0 and kn["moves_total"] > 0
+    assert positive(kn["recovery_from_failure"]["p50"])
+    assert positive(kn["recovery_from_failure"]["p95"])
+    assert positive(kn["moves_per_recovery"])
+    assert positive(kn["api"]["system_requests_per_move"])
+    healthy = rec["healthy_updates"]
+    assert healthy["update_events_routed"] > 0
+    assert healthy["pipeline_requests"] >= 0
+    plots = list(Path(results["_dir"]).glob("*-recovery-cdf.png"))
+    assert plots and plots[0].stat().st_size > 0
+
+
+def test_detect_throughput_has_rates_and_latencies(results: dict[str, Any]) -> None:
+    det = results["measurements"]["detect"]
+    for tier in ("json_floor", "parse_and_detect", "detect_only"):
+        assert positive(det["in_process"][tier]["events_per_s"])
+    assert positive(det["in_process"]["cost_vs_floor"])
+    for run in (det["http"], det["http_quiet"]):
+        assert positive(run["events_per_s"])
+        assert positive(run["latency_ms"]["p50"]) and positive(run["latency_ms"]["p99"])
+        assert set(run["statuses"]) <= {"200", "202"}
+
+
+def test_webhook_latencies_and_creation_ratio(results: dict[str, Any]) -> None:
+    wh = results["measurements"]["webhook"]
+    for path in ("in_process", "tls"):
+        assert wh[path]["patched"] == wh[path]["reviews"] > 0
+        assert positive(wh[path]["latency_ms"]["p99"])
+    created = wh["pod_creation"]
+    assert created["stamped"]["without"] == 0 and created["stamped"]["with"] > 0
+    assert positive(created["p50_ratio"]) and positive(created["p99_ratio"])
+
+
+def test_cold_start_per_function(results: dict[str, Any]) -> None:
+    cold = results["measurements"]["cold-start"]
+    assert set(cold) == {
+        "detect-failures",
+        "update-annotations",
+        "mutate-admission",
+        "sweep-failures",
+    }
+    assert all(positive(c["median_s"]) for c in cold.values())
+
+
+def test_scale_rolls_out_and_recovers(results: dict[str, Any]) -> None:
+    scale = results["measurements"]["scale"]
+    assert scale["rollout"]["complete"]
+    recovery = scale["recovery"]
+    assert recovery["affected_replicas"] > 0
+    assert recovery["recovered"] > 0
+    assert positive(recovery["time_to_all_healthy_s"])
+    assert positive(sum(recovery["function_cpu_s"].values()))
