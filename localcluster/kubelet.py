@@ -49,6 +49,8 @@ from shared.constants import SIM_FAULT_LABEL
 # The pod annotation recording the fate decided at binding (same key as the node label).
 FAULT_ANNOTATION: Final = SIM_FAULT_LABEL
 _RETRY_DELAY: Final = 0.5
+# The timer token of a pending final deletion (real tokens count up from 0).
+_FINALIZE: Final = -1
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Timing:
     evict_after: float = 2.0
     # Healthy pods of a Job complete after running this long.
     job_runtime: float = 2.0
+    # A pod being deleted (no finalizers left) is removed for good after this long, as a
+    # kubelet does once its containers stopped.
+    delete_after: float = 0.3
 
 
 @dataclass
@@ -110,6 +115,8 @@ class _Shard:
         self.events: list[tuple[str, JSON]] = []
         self.timers: list[tuple[float, int, str, int]] = []
         self.pods: dict[str, _Tracked] = {}
+        # Pods whose deletion this kubelet will finish: uid -> (namespace, name).
+        self.deleting: dict[str, tuple[str, str]] = {}
         self.thread = threading.Thread(target=self._loop, name=f"fake-kubelet-{index}", daemon=True)
 
     # -- called from the watch thread ------------------------------------------------------
@@ -135,6 +142,8 @@ class _Shard:
             try:
                 if event is not None:
                     self._on_event(*event)
+                elif timer is not None and timer[3] == _FINALIZE:
+                    self._finalize(timer[2])
                 elif timer is not None:
                     self._on_timer(timer[2], timer[3])
             except Exception:
@@ -162,11 +171,13 @@ class _Shard:
         node = pod.get("spec", {}).get("nodeName", "")
         if node not in self.k.nodes:
             return
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._finalize_later(uid, meta)
         tracked = self.pods.get(uid)
         if tracked is not None:
             tracked.pod = pod
             if meta.get("deletionTimestamp"):
-                tracked.done = True  # kwok finalises the deletion
+                tracked.done = True  # _finalize removes it
             return
         tracked = _Tracked(pod=pod, bound_rv=str(meta.get("resourceVersion", "")))
         self.pods[uid] = tracked
@@ -177,6 +188,41 @@ class _Shard:
             self._adopt(uid, tracked)
         else:
             self._schedule(uid, tracked, 0.0)
+
+    def _finalize_later(self, uid: str, meta: JSON) -> None:
+        if uid in self.deleting:
+            return
+        self.deleting[uid] = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self.cond:
+            deadline = time.monotonic() + self.k.timing.delete_after
+            heapq.heappush(self.timers, (deadline, next(self.k.seq), uid, _FINALIZE))
+            self.cond.notify()
+
+    def _finalize(self, uid: str) -> None:
+        """Remove a terminating pod for good, that incarnation only: the uid precondition keeps
+        a StatefulSet's new pod of the same name safe (deleting by name would not)."""
+        namespace, name = self.deleting.pop(uid, ("", ""))
+        if not name:
+            return
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": uid},
+        }
+        try:
+            self.k.rest.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body)
+        except ApiError as e:
+            if e.status not in (404, 409):
+                self.k.log.warning(
+                    "pod %s/%s: final delete failed: %s; retrying", namespace, name, e
+                )
+                self.deleting[uid] = (namespace, name)
+                with self.cond:
+                    heapq.heappush(
+                        self.timers,
+                        (time.monotonic() + _RETRY_DELAY, next(self.k.seq), uid, _FINALIZE),
+                    )
 
     def _forget(self, uid: str) -> None:
         tracked = self.pods.pop(uid, None)

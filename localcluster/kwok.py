@@ -1,16 +1,15 @@
 """kwok's configuration: which Stages it plays.
 
-kwok plays only node stages and the final pod deletion here:
+kwok plays only node stages here:
 
 - ``node-initialize`` (kwok's own ``node/fast`` stage): conditions Ready/MemoryPressure/... and
   phase Running for a new node, keeping the capacity, addresses and nodeInfo we registered;
 - ``node-heartbeat-with-lease`` (kwok's own): refreshes node conditions; kwok renews each node's
   Lease in ``kube-node-lease``, so the node lifecycle controller keeps the nodes Ready;
-- ``pod-delete``: a pod with a deletionTimestamp and no finalizers is deleted for good after a
-  short delay, as a kubelet does once the containers stopped.
-
-Pod status is written by the fake kubelet (:mod:`localcluster.kubelet`), never by kwok, so the
-two can never race on a pod.
+Pods are left entirely to the fake kubelet (:mod:`localcluster.kubelet`): it writes their
+status and finishes their deletion. kwok's own pod-delete stage deletes by name, without a uid
+precondition, and sometimes twice, so it could delete a StatefulSet's brand-new pod of the
+same name; the fake kubelet deletes with the uid as precondition.
 """
 
 from __future__ import annotations
@@ -85,33 +84,27 @@ spec:
       {{ end }}
 """
 
-_POD_DELETE: Final = """\
+# kwok falls back to its default pod stages when it is given none; this one never matches, so
+# kwok leaves pods alone.
+_POD_NOTHING: Final = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
-  name: pod-delete
+  name: pod-left-to-the-fake-kubelet
 spec:
   resourceRef:
     apiGroup: v1
     kind: Pod
   selector:
     matchExpressions:
-    - key: '.metadata.deletionTimestamp'
+    - key: '.metadata.annotations["sim.kn-rescheduler.io/kwok-never"]'
       operator: 'Exists'
-    - key: '.metadata.finalizers'
-      operator: 'DoesNotExist'
-  delay:
-    durationMilliseconds: {delete_ms}
   next:
     delete: true
 """
 
 
-def config_yaml(delete_delay_ms: int = 300) -> str:
+def config_yaml() -> str:
     """The ``--config`` file: the Stages above as one YAML stream."""
-    docs = [
-        _NODE_INITIALIZE,
-        _NODE_HEARTBEAT,
-        _POD_DELETE.replace("{delete_ms}", str(delete_delay_ms)),
-    ]
+    docs = [_NODE_INITIALIZE, _NODE_HEARTBEAT, _POD_NOTHING]
     return "---\n".join(docs)
