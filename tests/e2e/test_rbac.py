@@ -75,12 +75,10 @@ ALLOWED = [
     apps(UPDATE, "patch", "statefulsets"),
     batch(UPDATE, "get", "jobs"),
     batch(UPDATE, "patch", "jobs"),
-    apps(UPDATE, "get", "deployments"),
     batch(UPDATE, "get", "cronjobs"),
     # mutate-admission: reads the owner chain, nothing else.
     apps(WEBHOOK, "get", "replicasets"),
     apps(WEBHOOK, "get", "statefulsets"),
-    apps(WEBHOOK, "get", "deployments"),
     batch(WEBHOOK, "get", "jobs"),
     batch(WEBHOOK, "get", "cronjobs"),
     # sweep-failures: paged lists of every pod.
@@ -107,6 +105,8 @@ DENIED = [
     pods(UPDATE, "update"),
     pods(UPDATE, "patch", subresource="status"),
     pods(UPDATE, "create", subresource="exec"),
+    apps(UPDATE, "get", "deployments"),
+    apps(WEBHOOK, "get", "deployments"),
     apps(UPDATE, "delete", "deployments"),
     apps(UPDATE, "patch", "deployments"),
     apps(UPDATE, "delete", "replicasets"),
