@@ -114,6 +114,9 @@ class System:
     def idle(self) -> None:
         pass
 
+    def stats(self) -> JSON:
+        return {}
+
 
 class Vanilla(System):
     def __init__(self) -> None:
@@ -155,6 +158,12 @@ class KnRescheduler(System):
         if self.stack is not None:
             self.stack.wait_idle(30)
 
+    def stats(self) -> JSON:
+        """The router's counters (deliveries, retries, dead letters) for this run."""
+        if self.stack is None or self.stack.router is None:
+            return {}
+        return dict(self.stack.router.stats())
+
 
 def run_system(
     cluster: Cluster,
@@ -187,6 +196,7 @@ def run_system(
         elapsed = time.monotonic() - t0
         system.idle()
         after = scrape(cluster)
+        extra = system.stats()
         window = time.monotonic() - t_start
     finally:
         if not keep_running:
@@ -208,6 +218,12 @@ def run_system(
         "recovered_within_5min_share": ratio(result["within_5min"], result["affected"]),
         "recovery_from_failure": summary(result["recovery_from_failure_s"]),
         "recovery_from_threshold": summary(result["recovery_from_threshold_s"]),
+        # Only the replicas moved once (the first replacement landed on a healthy node).
+        "recovery_from_threshold_one_move": summary(result["recovery_from_threshold_one_move_s"]),
+        "moves_histogram": {
+            str(k): result["moves_per_recovered"].count(k)
+            for k in sorted(set(result["moves_per_recovered"]))
+        },
         "recovery_from_failure_raw_s": [round(v, 3) for v in result["recovery_from_failure_s"]],
         "first_failure_after_create": summary(result["first_failure_after_create_s"]),
         "moves_total": moves,
@@ -223,6 +239,8 @@ def run_system(
             "by_flow_schema": {k[3:]: v for k, v in requests.items() if k.startswith("fs:")},
         },
     }
+    if extra:
+        out["router"] = extra
     return out
 
 
@@ -366,6 +384,7 @@ def plot_cdf(result: JSON, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=90)
     bound = 0.0
+    peer_styles = iter(["--", ":", "-.", (0, (5, 1, 1, 1))])
     for name, run in result["systems"].items():
         affected = max(run["affected"], 1)
         values = sorted(run["recovery_from_failure_raw_s"])
@@ -377,11 +396,18 @@ def plot_cdf(result: JSON, path: Path) -> None:
             ys += [ys[-1], i / affected]
         xs.append(max(run["elapsed_s"], values[-1] if values else 0.0))
         ys.append(ys[-1])
-        ax.plot(xs, ys, label=f"{name} ({run['recovered']}/{run['affected']})")
+        ax.plot(
+            xs,
+            ys,
+            linestyle="-" if name == "kn-rescheduler" else next(peer_styles),
+            linewidth=2.2 if name == "kn-rescheduler" else 1.6,
+            label=f"{name} ({run['recovered']}/{run['affected']} in {run['elapsed_s']:.0f} s)",
+        )
     ax.set_xlabel("seconds from a replica's first failure to a Ready replacement on a healthy node")
     ax.set_ylabel("share of replicas recovered")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(0, max(bound, 10.0))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="center right")
     ax.set_title("Time to recovery (CDF)", fontsize=10)

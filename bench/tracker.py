@@ -229,5 +229,10 @@ class Tracker:
             "moves_of_recovered": sum(c.moves for c in recovered),
             "wasted_moves": sum(c.wasted for c in affected),
             "moves_per_recovered": [c.moves for c in recovered],
+            "recovery_from_threshold_one_move_s": [
+                c.recovered - c.threshold
+                for c in recovered
+                if c.recovered and c.threshold and c.moves == 1
+            ],
             "bound_s": bound,
         }
