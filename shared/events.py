@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote
 
 import flask
 from cloudevents import exceptions as ce_exceptions
@@ -91,6 +92,46 @@ class Reply:
 
 def parse(headers: Mapping[str, str], body: bytes) -> Event:
     """A CloudEvent from an HTTP request, binary or structured mode, data as JSON."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    if "ce-specversion" in lowered:
+        return _parse_binary(lowered, body)
+    return _parse_with_sdk(lowered, body)
+
+
+def _parse_binary(headers: Mapping[str, str], body: bytes) -> Event:
+    """Binary mode, read straight off the headers (the CloudEvents HTTP binding: every
+    attribute a ``ce-`` header, percent-encoded; ``content-type`` is ``datacontenttype``).
+
+    This is every event a Broker or ApiServerSource sends, on the hottest path of the project
+    (every pod update in the cluster): the SDK's generic unmarshalling cost more than twice
+    the JSON parse itself, this costs the JSON parse and a dict.
+    """
+    if headers["ce-specversion"] != "1.0":
+        raise BadEvent(f"unsupported CloudEvents specversion {headers['ce-specversion']!r}")
+    attributes = {
+        key[3:]: unquote(value) if "%" in value else value
+        for key, value in headers.items()
+        if key.startswith("ce-")
+    }
+    content_type = headers.get("content-type")
+    if content_type:
+        attributes["datacontenttype"] = content_type
+    for required in ("id", "source", "type"):
+        if not attributes.get(required):
+            raise BadEvent(f"CloudEvent without {required}")
+    data: Any = None
+    if body:
+        if content_type and "json" not in content_type:
+            raise BadEvent(f"CloudEvent data must be JSON, not {content_type}")
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise BadEvent(f"CloudEvent data is not JSON: {exc}") from exc
+    return Event(attributes["id"], attributes["source"], attributes["type"], attributes, data)
+
+
+def _parse_with_sdk(headers: Mapping[str, str], body: bytes) -> Event:
+    """Structured mode (and anything else): the SDK's full unmarshalling."""
     try:
         ce = from_http(dict(headers), body)
     except (ce_exceptions.GenericException, ValueError, TypeError) as exc:
