@@ -159,6 +159,29 @@ def _command_output(argv: Sequence[str]) -> str:
         return ""
 
 
+def code_version() -> JSON:
+    """The commit the harness and the functions ran from, and any local changes to them."""
+    commit = _command_output(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    dirty = _command_output(
+        [
+            "git",
+            "-C",
+            str(ROOT),
+            "status",
+            "--porcelain",
+            "--",
+            "shared",
+            "functions",
+            "stack",
+            "pipeline",
+            "localcluster",
+            "bench",
+            "knative",
+        ]
+    )
+    return {"commit": commit, "local_changes": dirty.splitlines()}
+
+
 def machine() -> JSON:
     cpu_model = ""
     try:

@@ -43,7 +43,7 @@ def render(results: JSON, results_path: Path) -> str:
         f"One `make bench` run, {results['date']}, every number below from that run "
         f"(raw: [`{rel.name}`](results/{rel.name})); the systems ran one after the other on the "
         "same local control plane. Harness: `bench/` (`python -m bench`); how each number is "
-        "made is in the docstring of its module.",
+        "made is in the docstring of its module." + _code(results),
         "",
         f"Machine: {mach['cores']} cores ({mach['cpu_model']}), {mach['memory_gib']} GiB, "
         f"shared with other engineers' test runs (load average at start "
@@ -267,6 +267,16 @@ def render(results: JSON, results_path: Path) -> str:
         lines += [f"- {k}: {v}" for k, v in results["errors"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _code(results: JSON) -> str:
+    code = results.get("code") or {}
+    if not code.get("commit"):
+        return ""
+    text = f" Code: commit `{code['commit'][:12]}`"
+    if code.get("local_changes"):
+        text += f" with local changes to {len(code['local_changes'])} file(s)"
+    return text + "."
 
 
 def _cpu(values: dict[str, float]) -> str:
