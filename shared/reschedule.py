@@ -171,6 +171,9 @@ class Rescheduler:
             reset = parse_reset_after(
                 holder.annotations.get(RESET_AFTER_ANNOTATION), self.cfg.reset_after
             )
+            if reset.fallback_reason and attempt == 1:
+                # Not a reason to do nothing (the user opted in); said once, in the trace.
+                trace.note(f"{holder.ref.describe()}: {reset.fallback_reason}")
             policy = Policy(
                 retries=retries,
                 owner_kind=owner_kind,
