@@ -21,6 +21,25 @@ from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 pytestmark = pytest.mark.e2e
 
 
+def replicaset_preferring(
+    api: Kube, namespace: str, bad: str, annotations: dict[str, str]
+) -> None:
+    api.create(
+        "ReplicaSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "web", "annotations": annotations},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": pod_template({"app": "web"}, bad),
+            },
+        },
+    )
+
+
 def test_update_annotations_answers_200_with_the_rescheduled_event(
     cluster: Any,
     namespace: str,
@@ -31,20 +50,7 @@ def test_update_annotations_answers_200_with_the_rescheduled_event(
 ) -> None:
     bad = cluster.nodes[0]
     faults("crashloop", bad)
-    api.create(
-        "ReplicaSet",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {"name": "web", "annotations": {"scheduling-retries": "2"}},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": pod_template({"app": "web"}, bad),
-            },
-        },
-    )
+    replicaset_preferring(api, namespace, bad, {"scheduling-retries": "2"})
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(pod)
     assert event is not None
@@ -122,25 +128,6 @@ def test_mutate_admission_patches_a_pod_of_a_workload_with_exclusions(
     assert only(api, "ReplicaSet", namespace)["metadata"]["name"] == "web"
 
 
-def crash_looping_replicaset(
-    api: Kube, namespace: str, bad: str, annotations: dict[str, str]
-) -> None:
-    api.create(
-        "ReplicaSet",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {"name": "web", "annotations": annotations},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": pod_template({"app": "web"}, bad),
-            },
-        },
-    )
-
-
 def test_rbac_refusal_is_answered_500_so_the_event_is_dead_lettered_not_lost(
     cluster: Any,
     namespace: str,
@@ -152,7 +139,7 @@ def test_rbac_refusal_is_answered_500_so_the_event_is_dead_lettered_not_lost(
 ) -> None:
     bad = cluster.nodes[1]
     faults("imagepull", bad)
-    crash_looping_replicaset(api, namespace, bad, {"scheduling-retries": "2"})
+    replicaset_preferring(api, namespace, bad, {"scheduling-retries": "2"})
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(pod)
     assert event is not None
@@ -188,7 +175,7 @@ def test_a_corrupt_state_annotation_is_never_overwritten(
     bad = cluster.nodes[2]
     faults("imagepull", bad)
     corrupt = '{"version": 1, "moves": "many"'
-    crash_looping_replicaset(
+    replicaset_preferring(
         api, namespace, bad, {"scheduling-retries": "2", STATE_ANNOTATION: corrupt}
     )
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
