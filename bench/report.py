@@ -76,7 +76,7 @@ def render(results: JSON, results_path: Path) -> str:
             "requests / s |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for name, r in systems.items():
+        for name, r in sorted(systems.items(), key=lambda item: _system_order(item[0])):
             lines.append(
                 f"| {name} | {r['recovered']}/{r['affected']} "
                 f"({_f((r['recovered_within_5min_share'] or 0) * 100, 0)}%) | "
@@ -267,6 +267,17 @@ def render(results: JSON, results_path: Path) -> str:
         lines += [f"- {k}: {v}" for k, v in results["errors"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _system_order(name: str) -> tuple[int, int]:
+    """vanilla, the descheduler from its slowest cadence to its fastest, kn-rescheduler."""
+    if name == "vanilla":
+        return (0, 0)
+    if name.startswith("descheduler-"):
+        interval = name.removeprefix("descheduler-")
+        seconds = int(interval[:-1]) * (60 if interval.endswith("m") else 1)
+        return (1, -seconds)
+    return (2, 0)
 
 
 def _code(results: JSON) -> str:
