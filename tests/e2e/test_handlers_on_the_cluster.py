@@ -21,9 +21,7 @@ from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 pytestmark = pytest.mark.e2e
 
 
-def replicaset_preferring(
-    api: Kube, namespace: str, bad: str, annotations: dict[str, str]
-) -> None:
+def replicaset_preferring(api: Kube, namespace: str, bad: str, annotations: dict[str, str]) -> None:
     api.create(
         "ReplicaSet",
         namespace,
