@@ -60,6 +60,11 @@ class Failure:
     init_container: bool = False
     restart_count: int = 0
     why: str = ""
+    # How long the failing container ran before this failure (its last run), in whole seconds;
+    # 0 when it never started, None when nothing on the pod says (an unschedulable pod).
+    # `plan` compares it with reset-after: not the pod's age, which counts time spent
+    # crash-looping or Pending as time run.
+    ran_for_seconds: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for CloudEvent data."""
@@ -76,6 +81,7 @@ class Failure:
                 data.get("init_container", False),
                 data.get("restart_count", 0),
             )
+            ran_for = data.get("ran_for_seconds")
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a failure: {err}") from err
         if not (
@@ -87,9 +93,10 @@ class Failure:
             and isinstance(init_container, bool)
             and isinstance(restarts, int)
             and not isinstance(restarts, bool)
+            and (ran_for is None or (type(ran_for) is int and ran_for >= 0))
         ):
             raise ValueError("not a failure: a field has the wrong type")
-        return cls(kind, reason, message, node, container, init_container, restarts, why)
+        return cls(kind, reason, message, node, container, init_container, restarts, why, ran_for)
 
 
 def controller_of(pod: Pod) -> OwnerReference | None:

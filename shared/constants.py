@@ -21,8 +21,14 @@ EXCLUDED_NODES_ANNOTATION: Final = PREFIX + "excluded-nodes"
 # Per-workload override of how long a pod must have run before its failure no longer says
 # anything about the nodes it was kept off (a Go-style duration such as "30m" or "2h").
 RESET_AFTER_ANNOTATION: Final = PREFIX + "reset-after"
-# Written by the webhook on pods it patched, so later functions know the pod is opted in.
-POLICY_STAMP_ANNOTATION: Final = POLICY_ANNOTATION
+# Written by the webhook on pods it patched, so later functions know the pod is opted in. A key
+# of ours, not the user's: a pod orphaned from its ReplicaSet (`kubectl delete rs
+# --cascade=orphan`) keeps the stamp, and must not read it as a bare pod's own policy. A bare
+# pod's policy is only ever its own `scheduling-retries`.
+POLICY_STAMP_ANNOTATION: Final = PREFIX + "scheduling-retries"
+# Per-workload override of how long a pod may stay bound to a node without starting before the
+# sweep calls it stuck (a Go-style duration); the webhook copies it onto the pod.
+STUCK_AFTER_ANNOTATION: Final = PREFIX + "stuck-after"
 # Label on a pod that makes the webhook leave it alone (also the webhook's objectSelector).
 OPT_OUT_LABEL: Final = PREFIX + "ignore"
 
@@ -45,6 +51,8 @@ REASON_RESCHEDULED: Final = "Rescheduled"
 REASON_EXCLUSIONS_CLEARED: Final = "ExclusionsCleared"
 REASON_RETRIES_EXHAUSTED: Final = "RetriesExhausted"
 REASON_INVALID_POLICY: Final = "InvalidPolicy"
+# The move was decided but a PodDisruptionBudget refuses the eviction for now; retried later.
+REASON_MOVE_DEFERRED: Final = "MoveDeferred"
 
 # The component name on Kubernetes Events and the field manager on writes.
 COMPONENT: Final = "kn-rescheduler"

@@ -76,6 +76,7 @@ class FailingPod:
             "container": f.container,
             "initContainer": f.init_container,
             "restartCount": f.restart_count,
+            "ranForSeconds": f.ran_for_seconds,
             "why": f.why,
             "startTime": self.start_time,
             "excludedNodes": list(self.excluded_nodes),
@@ -102,6 +103,7 @@ class FailingPod:
                 "container": data.get("container"),
                 "init_container": bool(data.get("initContainer", False)),
                 "restart_count": data.get("restartCount") or 0,
+                "ran_for_seconds": data.get("ranForSeconds"),
                 "why": data.get("why") or "",
             }
         )
