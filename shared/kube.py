@@ -4,9 +4,12 @@ Everything else builds request bodies (pure code) and hands them here. Keeping t
 one place means one set of timeouts, one error vocabulary and one dry-run switch:
 
 - API errors map to a handful of exceptions of ours (NotFound, Conflict, AlreadyExists,
-  Forbidden, Invalid, Transient), so handlers decide on meaning, not on HTTP codes;
+  Forbidden, Invalid, Transient, and DisruptionBudgetRefused), so handlers decide on meaning,
+  not on HTTP codes;
 - only Transient failures (429, 5xx, timeouts, refused connections) are retried here, with a
-  short bounded backoff; the handler's caller (Knative's redelivery) owns longer waits;
+  short bounded backoff; the handler's caller (Knative's redelivery) owns longer waits. A
+  PodDisruptionBudget's refusal is a 429 too, but not retried here: a budget changes when pods
+  become Ready, in minutes, not in the milliseconds a retry waits;
 - with ``dry_run`` every write carries ``dryRun=All``: the API server validates and admits it
   (webhooks included) but persists nothing;
 - every call is recorded in the current ``recording()`` context, which the replay tool prints
@@ -40,6 +43,10 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
+# The StatusCause type the Eviction API puts on a 429 caused by a PodDisruptionBudget
+# (policyv1.DisruptionBudgetCause).
+DISRUPTION_BUDGET_CAUSE: Final = "DisruptionBudget"
+
 # kind -> (API path prefix, plural). Only the kinds the project reads or writes.
 RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     "Pod": ("/api/v1", "pods"),
@@ -54,12 +61,16 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
 
 
 class KubeError(Exception):
-    """An API call failed; ``status`` is the HTTP status (0 when no answer came)."""
+    """An API call failed; ``status`` is the HTTP status (0 when no answer came), ``reason``
+    the Status reason and ``causes`` the messages of the Status's details.causes."""
 
-    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+    def __init__(
+        self, message: str, status: int = 0, reason: str = "", causes: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.causes = causes
 
 
 class NotFound(KubeError):
@@ -84,6 +95,16 @@ class Invalid(KubeError):
 
 class Transient(KubeError):
     """Worth another try later: 429, 5xx, timeouts, connection failures."""
+
+
+class DisruptionBudgetRefused(Transient):
+    """The Eviction API said no because of a PodDisruptionBudget: "not now", not an error.
+
+    The API server answers 429 with a ``DisruptionBudget`` cause (pkg/registry/core/pod/
+    storage/eviction.go) when the budget allows no disruption, or when the disruption
+    controller has not yet observed the budget's latest generation. ``causes`` holds its
+    sentence, e.g. "The disruption budget web needs 1 healthy pods and has 1 currently".
+    """
 
 
 @dataclass(frozen=True)
@@ -138,13 +159,22 @@ def recording() -> Iterator[list[Call]]:
 def _error_for(status: int, body: bytes | str | None, what: str) -> KubeError:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
     reason, message = "", text[:300]
+    causes: list[dict[str, Any]] = []
     try:
         parsed = json.loads(text)
         reason = str(parsed.get("reason", ""))
         message = str(parsed.get("message", message))
+        found = (parsed.get("details") or {}).get("causes") or []
+        causes = [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
     except (ValueError, AttributeError):
         pass
     full = f"{what}: {status} {reason}: {message}".strip()
+    # A StatusCause's type travels as "reason" in JSON (metav1.StatusCause).
+    budget = [c for c in causes if c.get("reason") == DISRUPTION_BUDGET_CAUSE]
+    if status == 429 and budget:
+        said = tuple(str(c["message"]) for c in budget if c.get("message"))
+        detail = f" ({'; '.join(said)})" if said else ""
+        return DisruptionBudgetRefused(full + detail, status, reason, said)
     if status == 404:
         return NotFound(full, status, reason)
     if status == 409:
@@ -260,7 +290,8 @@ class Kube:
                 raise _error_for(status, data, what)
             except KubeError as exc:
                 error = type(exc).__name__
-                if not isinstance(exc, Transient) or attempt >= self.attempts:
+                retry = isinstance(exc, Transient) and not isinstance(exc, DisruptionBudgetRefused)
+                if not retry or attempt >= self.attempts:
                     raise
                 delay = self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random())
                 log.warning("transient API error, retrying in %.2fs: %s", delay, exc)
@@ -373,7 +404,9 @@ class Kube:
         return self.request("DELETE", path_for(kind, namespace, name), body=options, write=True)
 
     def evict(self, namespace: str, name: str, *, uid: str | None = None) -> JSON:
-        """The Eviction API: honours PodDisruptionBudgets (429 while a budget forbids it)."""
+        """The Eviction API: honours PodDisruptionBudgets (DisruptionBudgetRefused while a
+        budget forbids it). With ``dry_run`` the API server checks the budget (without
+        spending it) and RBAC, and deletes nothing."""
         body: JSON = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
