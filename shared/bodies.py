@@ -44,6 +44,20 @@ def state_patch(resource_version: str, state_json: str) -> dict[str, Any]:
     }
 
 
+def event_name(involved: Ref, reason: str, key: str) -> str:
+    """The one name an Event about (object, reason, key) has: ``<object>.<hash>``.
+
+    Deterministic, so the same Event recorded again finds the first (409 AlreadyExists) and
+    counts on it instead of piling up a new Event per delivery. The object's uid is in the
+    hash: a namesake (a StatefulSet deleted and created again) starts its own Events.
+    """
+    who = f"{involved.kind}/{involved.namespace}/{involved.name}/{involved.uid}"
+    digest = hashlib.sha256(f"{who}\n{reason}\n{key}".encode()).hexdigest()[:16]
+    # A DNS subdomain: every dot-separated label must start and end alphanumeric.
+    prefix = involved.name[: _MAX_NAME - len(digest) - 1].rstrip(".-")
+    return f"{prefix}.{digest}" if prefix else digest
+
+
 def event_body(
     involved: Ref,
     reason: str,
@@ -52,13 +66,19 @@ def event_body(
     *,
     warning: bool = False,
     instance: str | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
-    """A core/v1 Event about a workload, as ``kubectl describe`` shows it."""
+    """A core/v1 Event about a workload (or a pod), as ``kubectl describe`` shows it.
+
+    Named by ``event_name`` from ``key`` (the message unless given): one Event per (object,
+    reason, key), whose ``count`` and ``lastTimestamp`` say how often and how lately.
+    """
     stamp = format_kube_time(now)
+    name = event_name(involved, reason, message if key is None else key)
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{involved.name}.", "namespace": involved.namespace},
+        "metadata": {"name": name, "namespace": involved.namespace},
         "involvedObject": {
             "apiVersion": involved.api_version or _API_VERSIONS.get(involved.kind, "v1"),
             "kind": involved.kind,
@@ -76,6 +96,18 @@ def event_body(
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
         "count": 1,
+    }
+
+
+def event_repeat(resource_version: str, count: int, message: str, now: datetime) -> dict[str, Any]:
+    """A merge patch that counts one more occurrence on an existing Event (what the
+    kubelet's event correlator does): compare-and-swap on the resourceVersion read, so two
+    instances counting at once do not lose one."""
+    return {
+        "metadata": {"resourceVersion": resource_version},
+        "count": count,
+        "message": message[:1024],
+        "lastTimestamp": format_kube_time(now),
     }
 
 
@@ -101,21 +133,43 @@ def replacement_name(snapshot: Mapping[str, Any]) -> str:
     return f"{origin[: _MAX_NAME - 6]}-{digest}"
 
 
+# Fields of a live pod's spec a create must not carry:
+# - ephemeralContainers: `kubectl debug` adds them through the pods/ephemeralcontainers
+#   subresource; ValidatePodCreate refuses any ("cannot be set on create").
+# - nodeName: bound by the scheduler last time; unbound now so the scheduler chooses again.
+# - priority, preemptionPolicy: the Priority admission plugin computes them from
+#   priorityClassName on create and refuses a pod whose values differ (after a default
+#   PriorityClass appeared, say), so they are left for it to fill in again.
+# - overhead: the RuntimeClass admission plugin sets it from the RuntimeClass and refuses a pod
+#   whose overhead does not match the class as it is now.
+_NOT_ON_CREATE: Final = (
+    "ephemeralContainers",
+    "nodeName",
+    "priority",
+    "preemptionPolicy",
+    "overhead",
+)
+
+
 def replacement_pod(snapshot: Mapping[str, Any], state_json: str) -> dict[str, Any]:
     """A bare pod to create in place of a failing one: the same spec, unbound, carrying the
     state. The webhook stamps the exclusions (read from that state) on its way in, so our
-    previous stamp and the affinity terms it produced are taken off here first."""
+    previous stamp and the affinity terms it produced are taken off here first, as is all
+    the API server itself added to the spec on the first create and would refuse (or add a
+    second time) on this one."""
     meta = snapshot.get("metadata") or {}
     spec = copy.deepcopy(dict(snapshot.get("spec") or {}))
     annotations = dict(meta.get("annotations") or {})
+    labels = dict(meta.get("labels") or {})
     stamped = _stamped_nodes(annotations.get(EXCLUDED_NODES_ANNOTATION))
     for key in (EXCLUDED_NODES_ANNOTATION, KSE_SCHEDULED_HOSTS_ANNOTATION):
         annotations.pop(key, None)
     annotations[STATE_ANNOTATION] = state_json
     annotations.setdefault(ORIGIN_ANNOTATION, str(meta.get("name", "")))
-    # Bound by the scheduler last time; unbound now so the scheduler chooses again.
-    spec.pop("nodeName", None)
+    for field in _NOT_ON_CREATE:
+        spec.pop(field, None)
     _drop_exclusions(spec, stamped)
+    _drop_merged_label_keys(spec, labels)
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -126,9 +180,51 @@ def replacement_pod(snapshot: Mapping[str, Any], state_json: str) -> dict[str, A
         },
         "spec": spec,
     }
-    if meta.get("labels"):
-        body["metadata"]["labels"] = dict(meta["labels"])
+    if labels:
+        body["metadata"]["labels"] = labels
     return body
+
+
+def _drop_merged_label_keys(spec: dict[str, Any], labels: Mapping[str, str]) -> None:
+    """Undo what the API server merged into label selectors on the first create.
+
+    For a pod (anti-)affinity term or a topology spread constraint with ``matchLabelKeys``
+    (``mismatchLabelKeys``), the pod strategy appends ``key In [the pod's value]`` (``NotIn``)
+    to its labelSelector at create time (mutatePodAffinity, mutateTopologySpreadConstraints in
+    pkg/registry/core/pod/strategy.go). Sent again, it would be appended a second time, and
+    validation refuses a key that is both in matchLabelKeys and in the selector. Validation
+    also guarantees a user's own selector never names a matchLabelKeys key, so every
+    requirement on such a key is the server's; for mismatchLabelKeys (which a user may also
+    select on) only the last ``NotIn`` with the one value appended is taken off.
+    """
+    affinity = spec.get("affinity") or {}
+    terms: list[dict[str, Any]] = []
+    for kind in ("podAffinity", "podAntiAffinity"):
+        section = affinity.get(kind) or {}
+        terms.extend(section.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+        for weighted in section.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+            if isinstance(weighted.get("podAffinityTerm"), dict):
+                terms.append(weighted["podAffinityTerm"])
+    terms.extend(spec.get("topologySpreadConstraints") or [])
+    for term in terms:
+        selector = term.get("labelSelector")
+        if not isinstance(selector, dict) or not selector.get("matchExpressions"):
+            continue
+        match_keys = set(term.get("matchLabelKeys") or [])
+        expressions = [e for e in selector["matchExpressions"] if e.get("key") not in match_keys]
+        for key in reversed(term.get("mismatchLabelKeys") or []):
+            if key not in labels:
+                continue
+            for i in range(len(expressions) - 1, -1, -1):
+                e = expressions[i]
+                if e.get("key") == key and e.get("operator") == "NotIn":
+                    if len(e.get("values") or []) == 1:
+                        del expressions[i]
+                    break
+        if expressions:
+            selector["matchExpressions"] = expressions
+        else:
+            selector.pop("matchExpressions")
 
 
 def _stamped_nodes(raw: str | None) -> set[str]:

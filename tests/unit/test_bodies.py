@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -11,6 +13,8 @@ from shared.admission import OwnerFacts, mutate
 from shared.bodies import (
     ORIGIN_ANNOTATION,
     event_body,
+    event_name,
+    event_repeat,
     replacement_name,
     replacement_pod,
     state_patch,
@@ -49,7 +53,61 @@ def test_an_event_names_the_workload_and_is_capped_at_one_kibibyte() -> None:
     assert body["type"] == "Warning"
     assert len(body["message"]) == 1024
     assert body["firstTimestamp"] == "2026-03-14T09:26:53Z"
-    assert body["metadata"] == {"generateName": "web-7d9c8b6f4.", "namespace": "shop"}
+    assert body["metadata"] == {
+        "name": event_name(ref, "Rescheduled", "x" * 5000),
+        "namespace": "shop",
+    }
+    assert body["metadata"]["name"].startswith("web-7d9c8b6f4.")
+
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+WEB = Ref("ReplicaSet", "shop", "web-7d9c8b6f4", "uid-1")
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        # The same warning delivered again: the same Event, counted.
+        ((WEB, "InvalidPolicy", "not a number"), (WEB, "InvalidPolicy", "not a number"), True),
+        ((WEB, "InvalidPolicy", "not a number"), (WEB, "InvalidPolicy", "too large"), False),
+        ((WEB, "InvalidPolicy", "x"), (WEB, "RetriesExhausted", "x"), False),
+        # A namesake (deleted and created again) starts its own Events.
+        (
+            (WEB, "InvalidPolicy", "x"),
+            (Ref("ReplicaSet", "shop", WEB.name, "uid-2"), "InvalidPolicy", "x"),
+            False,
+        ),
+        (
+            (WEB, "InvalidPolicy", "x"),
+            (Ref("ReplicaSet", "prod", WEB.name, "uid-1"), "InvalidPolicy", "x"),
+            False,
+        ),
+    ],
+)
+def test_an_event_is_named_after_its_object_reason_and_key(
+    first: tuple[Ref, str, str], second: tuple[Ref, str, str], same: bool
+) -> None:
+    assert (event_name(*first) == event_name(*second)) is same
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["web-7d9c8b6f4", "a" * 253, "a" * 236 + "-b.c-" + "d" * 12, "db-0", "x"],
+)
+def test_an_event_name_is_a_valid_object_name_whatever_the_object_is_called(name: str) -> None:
+    event = event_name(Ref("Pod", "shop", name, "u"), "MoveDeferred", "")
+    assert len(event) <= 253
+    assert DNS_SUBDOMAIN.match(event), event
+
+
+def test_counting_an_event_again_is_a_compare_and_swap_that_keeps_the_first_timestamp() -> None:
+    patch = event_repeat("812", 4, "y" * 2000, NOW)
+    assert patch == {
+        "metadata": {"resourceVersion": "812"},
+        "count": 4,
+        "message": "y" * 1024,
+        "lastTimestamp": "2026-03-14T09:26:53Z",
+    }
 
 
 def test_a_replacement_is_unbound_carries_the_state_and_keeps_labels() -> None:
@@ -146,3 +204,153 @@ def test_a_failing_pod_event_round_trips() -> None:
 def test_malformed_failing_pod_data_is_refused_with_a_reason(data: object) -> None:
     with pytest.raises(ValueError, match=r"."):
         FailingPod.from_data(data)
+
+
+# What `kubectl debug -it solo --image=busybox:1.36 --target=app` leaves in the pod's spec (a
+# strategic merge patch on the pods/ephemeralcontainers subresource, defaults filled in).
+DEBUGGER = {
+    "name": "debugger-8xk2p",
+    "image": "busybox:1.36",
+    "imagePullPolicy": "IfNotPresent",
+    "resources": {},
+    "stdin": True,
+    "tty": True,
+    "terminationMessagePath": "/dev/termination-log",
+    "terminationMessagePolicy": "File",
+    "targetContainerName": "app",
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "live_value"),
+    [
+        # ValidatePodCreate: "cannot be set on create" (the subresource is the only way in).
+        ("ephemeralContainers", [DEBUGGER]),
+        # Bound by the scheduler last time; unbound so that it chooses again.
+        ("nodeName", "node-b"),
+        # The Priority admission plugin computes both from priorityClassName and refuses a
+        # pod whose values differ from what the class says now.
+        ("priority", 1000),
+        ("preemptionPolicy", "Never"),
+        # The RuntimeClass admission plugin sets it and refuses one that does not match.
+        ("overhead", {"cpu": "250m", "memory": "120Mi"}),
+    ],
+)
+def test_a_replacement_carries_nothing_the_api_server_refuses_on_create(
+    field: str, live_value: object
+) -> None:
+    bare = pods.pod("solo", owner=None, labels={"app": "solo"})
+    bare["spec"][field] = live_value
+    body = replacement_pod(snapshot_of(bare), "{}")
+    assert field not in body["spec"]
+
+
+def test_a_replacement_keeps_the_rest_of_the_spec_as_the_pod_had_it() -> None:
+    bare = pods.pod("solo", owner=None, labels={"app": "solo"})
+    bare["spec"]["ephemeralContainers"] = [DEBUGGER]
+    bare["spec"]["runtimeClassName"] = "kata"
+    bare["spec"]["priorityClassName"] = "batch-low"
+    body = replacement_pod(snapshot_of(bare), "{}")
+    dropped = ("ephemeralContainers", "nodeName", "priority", "preemptionPolicy")
+    kept = {k: v for k, v in bare["spec"].items() if k not in dropped}
+    assert body["spec"] == kept
+    assert bare["spec"]["ephemeralContainers"] == [DEBUGGER]  # the snapshot is not touched
+
+
+APP_IN_SOLO = {"key": "app", "operator": "In", "values": ["solo"]}
+TEAM_NOT_IN_SHOP = {"key": "team", "operator": "NotIn", "values": ["shop"]}
+TEAM_NOT_IN_OPS = {"key": "team", "operator": "NotIn", "values": ["ops"]}
+ZONE_IN_A = {"key": "zone", "operator": "In", "values": ["a"]}
+
+
+def anti_affinity(term: dict) -> dict:
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+def preferred_affinity(term: dict) -> dict:
+    return {
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 50, "podAffinityTerm": term}
+            ]
+        }
+    }
+
+
+def term(selector: dict, **keys: list[str]) -> dict:
+    return {"topologyKey": "kubernetes.io/hostname", "labelSelector": selector, **keys}
+
+
+@pytest.mark.parametrize(
+    ("where", "live", "expected_selector"),
+    [
+        # The server appended `app In [solo]` for matchLabelKeys: [app]; the user's own
+        # matchLabels stay.
+        (
+            "anti",
+            term(
+                {"matchLabels": {"tier": "web"}, "matchExpressions": [APP_IN_SOLO]},
+                matchLabelKeys=["app"],
+            ),
+            {"matchLabels": {"tier": "web"}},
+        ),
+        (
+            "preferred",
+            term({"matchExpressions": [ZONE_IN_A, APP_IN_SOLO]}, matchLabelKeys=["app"]),
+            {"matchExpressions": [ZONE_IN_A]},
+        ),
+        # mismatchLabelKeys: a user may select on that key too; only the appended one goes.
+        (
+            "anti",
+            term(
+                {"matchExpressions": [TEAM_NOT_IN_OPS, TEAM_NOT_IN_SHOP]},
+                mismatchLabelKeys=["team"],
+            ),
+            {"matchExpressions": [TEAM_NOT_IN_OPS]},
+        ),
+        (
+            "spread",
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchExpressions": [ZONE_IN_A, APP_IN_SOLO]},
+                "matchLabelKeys": ["app"],
+            },
+            {"matchExpressions": [ZONE_IN_A]},
+        ),
+        # Without label keys nothing is the server's.
+        (
+            "anti",
+            term({"matchExpressions": [ZONE_IN_A, APP_IN_SOLO]}),
+            {"matchExpressions": [ZONE_IN_A, APP_IN_SOLO]},
+        ),
+    ],
+)
+def test_a_replacement_gives_back_the_selectors_the_pod_was_created_with(
+    where: str, live: dict, expected_selector: dict
+) -> None:
+    """On create the API server merges matchLabelKeys (mismatchLabelKeys) into the selector;
+    sent back merged, it would merge them twice and refuse the key as duplicated."""
+    bare = pods.pod("solo", owner=None, labels={"app": "solo", "team": "shop"})
+    live = copy.deepcopy(live)
+    if where == "spread":
+        bare["spec"]["topologySpreadConstraints"] = [live]
+    else:
+        affinity = anti_affinity(live) if where == "anti" else preferred_affinity(live)
+        bare["spec"]["affinity"] = affinity
+    body = replacement_pod(snapshot_of(bare), "{}")
+    if where == "spread":
+        got = body["spec"]["topologySpreadConstraints"][0]
+    elif where == "anti":
+        got = body["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ][0]
+    else:
+        got = body["spec"]["affinity"]["podAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ][0]["podAffinityTerm"]
+    assert got["labelSelector"] == expected_selector
+    assert {k: v for k, v in got.items() if k != "labelSelector"} == {
+        k: v for k, v in live.items() if k != "labelSelector"
+    }
