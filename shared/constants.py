@@ -62,3 +62,10 @@ DEFAULT_NAMESPACE: Final = "kn-rescheduler"
 
 # The simulated kubelet fault label of the local control plane (tests and demo only).
 SIM_FAULT_LABEL: Final = "sim.kn-rescheduler.io/fault"
+
+# A bare pod's move needs its replacement created, and update-annotations may not create pods
+# in that namespace (bare-pod replacement is opt-in per namespace, granted by a RoleBinding).
+REASON_REPLACEMENT_NOT_ALLOWED: Final = "ReplacementNotAllowed"
+# The API server refuses the replacement of a bare pod for another reason (a quota, a
+# LimitRange, an admission policy, validation); the move is not charged and is tried again.
+REASON_REPLACEMENT_REFUSED: Final = "ReplacementRefused"

@@ -4,17 +4,33 @@ The order of work is what keeps it safe under at-least-once, unordered, concurre
 
 1. Read the pod as it is now. Gone, replaced by a namesake, or being deleted: nothing to do.
 2. Resolve its owner chain (policy, and the object that holds the state).
-3. ``plan`` against the holder's state and write the new state with the holder's
-   resourceVersion as precondition; on 409 re-read and re-plan (many instances acting on one
-   workload at once lose no update).
-4. Only then remove the pod (delete with a uid precondition, or evict). So no pod is ever
-   moved without a record, and a redelivered event finds its uid in the state (``plan``
-   answers "already handled") and finishes a removal that failed half-way.
+3. ``plan`` against the holder's state. Before a move is charged, ask the API server whether
+   the removal would go through: a server-side dry run (``dryRun=All``) of a bare pod's
+   replacement and of the eviction (with ``use_eviction``). A removal it would refuse (a
+   PodDisruptionBudget, RBAC, a quota, validation) spends nothing.
+4. Write the new state with the holder's resourceVersion as precondition; on 409 re-read and
+   re-plan (many instances acting on one workload at once lose no update).
+5. Only then remove the pod (delete with a uid precondition, or evict). So no pod is ever
+   removed without a record, and a redelivered event finds its uid in the state (``plan``
+   answers "already handled") and finishes a removal that failed half-way, without counting it
+   again.
+6. Only once this delivery really removed the pod: the ``Rescheduled`` (or
+   ``ExclusionsCleared``) Event and the reply. An Event never claims a move that did not
+   happen.
+
+A removal refused for now (a PodDisruptionBudget: the dry run and the real eviction both answer
+429; a bare pod's replacement refused) is not a failure to redeliver at once: the answer is 202
+with a deduplicated Event on the pod saying why, and the sweep sends the still-failing pod
+again a few minutes later.
 
 A bare pod has no controller to recreate it: its replacement is created first (same spec,
 unbound, carrying the state, under a name derived from the old pod's uid), then the old pod
 is deleted. A redelivery after a failure in between finds the replacement (409 AlreadyExists:
 done) and deletes the old pod; a pod a person deleted is never brought back.
+
+Events are deduplicated: one Event per (object, reason, key) under a deterministic name, whose
+``count`` and ``lastTimestamp`` grow when it happens again. They are best effort: a failure to
+record one (RBAC included) is logged and never undoes or blocks a move.
 """
 
 from __future__ import annotations
@@ -26,15 +42,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Final
 
 from shared import bodies, events, kube, metrics
-from shared.classify import Failure, classify, unschedulable_due_to_exclusions
+from shared.classify import Failure, FailureKind, classify, unschedulable_due_to_exclusions
 from shared.config import Config
 from shared.constants import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_RESCHEDULED,
+    REASON_EXCLUSIONS_CLEARED,
     REASON_INVALID_POLICY,
+    REASON_MOVE_DEFERRED,
+    REASON_REPLACEMENT_NOT_ALLOWED,
+    REASON_REPLACEMENT_REFUSED,
+    REASON_RESCHEDULED,
     RESET_AFTER_ANNOTATION,
     STATE_ANNOTATION,
 )
@@ -45,6 +67,12 @@ from shared.policy import InvalidPolicy, OwnerKind, Policy, parse_reset_after, p
 from shared.state import Action, FailureFacts, Plan, StateError, dump_state, load_state, plan
 
 log = logging.getLogger(__name__)
+
+# What the messages tell people to do; the RBAC manifests define these names.
+SERVICE_ACCOUNT: Final = "kn-rescheduler/update-annotations"
+BARE_POD_CLUSTER_ROLE: Final = "kn-rescheduler-bare-pods"
+# Tries at counting one more occurrence on an Event that others count on at the same time.
+EVENT_REPEAT_ATTEMPTS: Final = 3
 
 
 _trace: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
@@ -69,6 +97,123 @@ class Trace:
     def note(self, message: str, **extra: Any) -> None:
         self.steps.append(message)
         log.info(message, extra=extra)
+
+
+class Step(StrEnum):
+    """The API calls that remove a pod, as far as a refusal is concerned."""
+
+    # Creating a bare pod's replacement.
+    REPLACEMENT = "replacement"
+    # The Eviction API (with use_eviction).
+    EVICTION = "eviction"
+
+
+class Removal(StrEnum):
+    # This delivery removed the pod: the move happened now.
+    REMOVED = "removed"
+    # Someone removed it first (an earlier delivery, a person): nothing more to say.
+    GONE = "gone"
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """A removal the API server refuses for now: said on the pod, answered 202, tried again
+    when the still-failing pod is sent again (the sweep resends failing pods)."""
+
+    step: Step
+    # Reason and sentence of the Warning Event recorded on the pod.
+    reason: str
+    message: str
+
+
+_RETRIED_LATER: Final = (
+    "it is tried again when the failing pod is sent again (the sweep sends every failing pod "
+    "every few minutes)"
+)
+
+
+def deferral_for(
+    step: Step, error: kube.KubeError, namespace: str, pod_name: str, *, charged: bool
+) -> Deferral | None:
+    """Whether an API refusal of a removal means "not now" (and what to tell people), or is
+    an error for the caller to raise (None).
+
+    ``charged`` says whether the move is already counted in the state (a dry run passed, then
+    the real call was refused: a race, or a redelivery finishing a recorded move).
+    """
+    counted = (
+        "the move was counted once and will not be counted again"
+        if charged
+        else "the move was not counted"
+    )
+    pod = f"pod {namespace}/{pod_name}"
+    if step is Step.EVICTION and isinstance(error, kube.DisruptionBudgetRefused):
+        said = "; ".join(error.causes) or "no disruption allowed now"
+        return Deferral(
+            step,
+            REASON_MOVE_DEFERRED,
+            f"a PodDisruptionBudget does not allow evicting {pod} now ({said}); {counted}, "
+            f"and {_RETRIED_LATER}. A PodDisruptionBudget protects failing pods too unless "
+            "it sets unhealthyPodEvictionPolicy: AlwaysAllow.",
+        )
+    if step is not Step.REPLACEMENT:
+        return None
+    if isinstance(error, kube.Forbidden) and "cannot create resource" in str(error):
+        return Deferral(
+            step,
+            REASON_REPLACEMENT_NOT_ALLOWED,
+            f"{pod} has no controller: moving it means creating a replacement, and "
+            f"{SERVICE_ACCOUNT} may not create pods in namespace {namespace}. Bare-pod "
+            f"replacement is opt-in per namespace: a RoleBinding in {namespace} binding the "
+            f"ClusterRole {BARE_POD_CLUSTER_ROLE} to the ServiceAccount {SERVICE_ACCOUNT} "
+            f"enables it. {counted[0].upper()}{counted[1:]}, and {_RETRIED_LATER}.",
+        )
+    if isinstance(error, (kube.Forbidden, kube.Invalid)):
+        # A quota or LimitRange (403), an admission policy, validation (422).
+        return Deferral(
+            step,
+            REASON_REPLACEMENT_REFUSED,
+            f"the API server refused the replacement of {pod} ({error}); {counted}, "
+            f"and {_RETRIED_LATER}.",
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What to say once a pod is really gone: the Event and the reply's action."""
+
+    action: Action
+    event_reason: str
+    message: str
+
+
+def moved(decided: Plan, failure: Failure, pod_name: str) -> Moved:
+    """The Event for a removal this delivery completed.
+
+    For a move planned now, the plan's own. For a move an earlier delivery recorded whose
+    removal did not happen then (a PodDisruptionBudget, a crash between the state write and
+    the delete), the plan only says "already handled": the Event is composed here.
+    """
+    if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE) and decided.event_reason:
+        return Moved(decided.action, decided.event_reason, decided.message)
+    if failure.kind is FailureKind.EXCLUSIONS_UNSCHEDULABLE:
+        return Moved(
+            Action.CLEAR_AND_MOVE,
+            REASON_EXCLUSIONS_CLEARED,
+            f"pod {pod_name} could not be scheduled while avoiding excluded nodes; its "
+            "exclusions were cleared earlier and it was deleted now so the scheduler may use "
+            f"every node (moves stay {decided.moves}/{decided.budget})",
+        )
+    # The plan's own wording (the demo's timeline reads it back from the Events).
+    excluded = ", ".join(decided.excluded_nodes) or "none"
+    return Moved(
+        Action.MOVE,
+        REASON_RESCHEDULED,
+        f"moved pod {pod_name} off node {failure.node} after {failure.reason} "
+        f"(move {decided.moves} of {decided.budget}); recorded earlier, removed now; "
+        f"excluded nodes now: {excluded}",
+    )
 
 
 class Rescheduler:
@@ -129,10 +274,30 @@ class Rescheduler:
         failure = self._current_failure(live, failing, resolution.holder, trace)
         if failure is None:
             return None
-        done = self._record(live, failure, resolution, retries, trace)
-        if done.delete_pod:
-            self._remove(live, done, resolution.owner_kind == BARE, trace)
-        return self._reply(failing, done, resolution)
+        bare = resolution.owner_kind == BARE
+        done = self._record(live, failure, resolution, retries, bare, trace)
+        if isinstance(done, Deferral):
+            self._defer(live, done, trace)
+            return None
+        if not done.delete_pod:
+            return self._reply(failing, done.action, done, resolution)
+        removal = self._remove(live, done, bare, trace)
+        if isinstance(removal, Deferral):
+            self._defer(live, removal, trace)
+            return None
+        if removal is Removal.GONE:
+            return None
+        said = moved(done, failure, name)
+        holder = resolution.holder
+        # Keyed by the pod's uid: a redelivery that removes nothing more records nothing more.
+        self._event(
+            holder.ref,
+            said.event_reason,
+            said.message,
+            key=failing.uid,
+            repeat=False,
+        )
+        return self._reply(failing, said.action, done, resolution)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -158,14 +323,17 @@ class Rescheduler:
         failure: Failure,
         resolution: Resolution,
         retries: int,
+        bare: bool,
         trace: Trace,
-    ) -> Plan:
-        """Plan and write the state, compare-and-swap on resourceVersion."""
+    ) -> Plan | Deferral:
+        """Plan, check that the removal would go through, and write the state,
+        compare-and-swap on resourceVersion."""
         holder = resolution.holder
         assert holder is not None
         owner_kind = OwnerKind(resolution.owner_kind)
         facts = FailureFacts.from_pod(live, failure, owner_kind)
         attempt = 0
+        checked = False
         while True:
             attempt += 1
             reset = parse_reset_after(
@@ -194,6 +362,13 @@ class Rescheduler:
             if decided.new_state is None:
                 trace.note(f"plan: {decided.action} ({decided.reason}): {decided.message}")
                 return decided
+            if decided.delete_pod and not checked:
+                # Once is enough: a re-plan after a conflict removes the same pod the same way.
+                refused = self._preflight(live, decided, bare, trace)
+                if refused is not None:
+                    trace.plan = None
+                    return refused
+                checked = True
             body = bodies.state_patch(holder.resource_version, dump_state(decided.new_state))
             try:
                 self.api.merge_patch(holder.ref.kind, holder.ref.namespace, holder.ref.name, body)
@@ -212,7 +387,9 @@ class Rescheduler:
                 attempts=attempt,
             )
             metrics.DECISIONS.labels(action=str(decided.action)).inc()
-            if decided.event_reason:
+            if decided.event_reason and not decided.delete_pod:
+                # RetriesExhausted: nothing to remove, so nothing to wait for. A move's Event
+                # waits until the pod is really gone.
                 self._event(
                     holder.ref,
                     decided.event_reason,
@@ -232,20 +409,67 @@ class Rescheduler:
             replicas=replicas if isinstance(replicas, int) else holder.replicas,
         )
 
-    def _remove(self, live: Pod, decided: Plan, bare: bool, trace: Trace) -> None:
+    def _preflight(self, live: Pod, decided: Plan, bare: bool, trace: Trace) -> Deferral | None:
+        """Server-side dry runs of the calls the removal will make, before the move is
+        charged: admission (our webhook included, sideEffects None), RBAC, quotas,
+        validation and PodDisruptionBudgets all answer, and nothing is persisted or spent.
+
+        A plain delete is not checked: the cluster-wide right to delete pods is part of the
+        install, and its refusal (a deployment problem) is a 500 a person must see anyway.
+        """
+        meta = live.get("metadata", {})
+        ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+        dry = self.api.with_options(dry_run=True)
+        if bare:
+            body = self._replacement(live, decided)
+            try:
+                dry.create("Pod", ns, body)
+            except kube.AlreadyExists:
+                pass  # a replacement made earlier: the real create will find it, which is done
+            except (kube.Forbidden, kube.Invalid) as exc:
+                refused = deferral_for(Step.REPLACEMENT, exc, ns, name, charged=False)
+                if refused is None:
+                    raise
+                trace.note(f"dry run: the replacement of {ns}/{name} would be refused: {exc}")
+                return refused
+        if self.cfg.use_eviction:
+            try:
+                dry.evict(ns, name, uid=uid)
+            except (kube.NotFound, kube.Conflict):
+                pass  # gone or replaced meanwhile: the real eviction says so and does nothing
+            except kube.DisruptionBudgetRefused as exc:
+                trace.note(f"dry run: evicting {ns}/{name} would be refused: {exc}")
+                return deferral_for(Step.EVICTION, exc, ns, name, charged=False)
+        return None
+
+    def _replacement(self, live: Pod, decided: Plan) -> dict[str, Any]:
+        meta = live.get("metadata", {})
+        snapshot = {"metadata": dict(meta), "spec": live.get("spec", {})}
+        state_json = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
+        if decided.new_state is not None:
+            state_json = dump_state(decided.new_state)
+        return bodies.replacement_pod(snapshot, state_json or "")
+
+    def _remove(self, live: Pod, decided: Plan, bare: bool, trace: Trace) -> Removal | Deferral:
+        """Remove the pod whose move is recorded. A refusal here comes after the state write
+        (a race with a PodDisruptionBudget or RBAC since the dry run, or a redelivery
+        finishing an earlier move): the uid is in ``handled``, so the next delivery finishes
+        the removal without counting the move again."""
         meta = live.get("metadata", {})
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         if bare:
-            snapshot = {"metadata": dict(meta), "spec": live.get("spec", {})}
-            state_json = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
-            if decided.new_state is not None:
-                state_json = dump_state(decided.new_state)
-            body = bodies.replacement_pod(snapshot, state_json or "")
+            body = self._replacement(live, decided)
             try:
                 self.api.create("Pod", ns, body)
                 trace.note(f"created replacement pod {ns}/{body['metadata']['name']}")
             except kube.AlreadyExists:
                 trace.note(f"replacement pod {ns}/{body['metadata']['name']} already exists")
+            except (kube.Forbidden, kube.Invalid) as exc:
+                refused = deferral_for(Step.REPLACEMENT, exc, ns, name, charged=True)
+                if refused is None:
+                    raise
+                trace.note(f"the replacement of {ns}/{name} was refused: {exc}")
+                return refused
         try:
             if self.cfg.use_eviction:
                 self.api.evict(ns, name, uid=uid)
@@ -255,16 +479,30 @@ class Rescheduler:
                 trace.note(f"deleted pod {ns}/{name} (uid {uid})")
         except kube.NotFound:
             trace.note(f"pod {ns}/{name} already gone")
+            return Removal.GONE
         except kube.Conflict:
             # The uid precondition failed: this incarnation is gone, a namesake took its place.
             trace.note(f"pod {ns}/{name} was already replaced")
+            return Removal.GONE
+        except kube.DisruptionBudgetRefused as exc:
+            trace.note(f"evicting {ns}/{name} was refused after the move was recorded: {exc}")
+            return deferral_for(Step.EVICTION, exc, ns, name, charged=True) or Removal.GONE
+        return Removal.REMOVED
+
+    def _defer(self, live: Pod, deferral: Deferral, trace: Trace) -> None:
+        meta = live.get("metadata", {})
+        pod = Ref("Pod", meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""))
+        trace.note(f"{deferral.reason}: {deferral.message}")
+        metrics.DECISIONS.labels(action="deferred").inc()
+        # One Event per pod and reason, its message kept current (a budget's numbers change).
+        self._event(pod, deferral.reason, deferral.message, warning=True, key="")
 
     def _reply(
-        self, failing: FailingPod, decided: Plan, resolution: Resolution
+        self, failing: FailingPod, action: Action, decided: Plan, resolution: Resolution
     ) -> events.Reply | None:
-        if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE):
+        if action in (Action.MOVE, Action.CLEAR_AND_MOVE):
             kind = EVENT_POD_RESCHEDULED
-        elif decided.action is Action.EXHAUSTED:
+        elif action is Action.EXHAUSTED:
             kind = EVENT_POD_EXHAUSTED
         else:
             return None
@@ -279,12 +517,12 @@ class Rescheduler:
                 "uid": failing.uid,
                 "node": failing.failure.node,
                 "reason": failing.failure.reason,
-                "action": str(decided.action),
+                "action": str(action),
                 "workload": {"kind": holder.ref.kind, "name": holder.ref.name},
                 "moves": decided.moves,
                 "budget": decided.budget,
                 "excludedNodes": list(decided.excluded_nodes),
-                "exclusionsCleared": decided.exclusions_cleared,
+                "exclusionsCleared": decided.exclusions_cleared or action is Action.CLEAR_AND_MOVE,
                 "message": decided.message,
             },
         )
@@ -295,13 +533,53 @@ class Rescheduler:
         if where is not None:
             self._event(where, REASON_INVALID_POLICY, bad.reason, warning=True)
 
-    def _event(self, ref: Ref, reason: str, message: str, *, warning: bool = False) -> None:
-        """Best effort: an Event is for people; failing to write one must not undo a move."""
-        body = bodies.event_body(ref, reason, message, self.clock(), warning=warning)
+    def _event(
+        self,
+        ref: Ref,
+        reason: str,
+        message: str,
+        *,
+        warning: bool = False,
+        key: str | None = None,
+        repeat: bool = True,
+    ) -> None:
+        """Record an Event, once per (object, reason, key): the message unless ``key`` says
+        otherwise. Seen again, a ``repeat`` Event counts one more occurrence; one that is not
+        (one per move) is already said and left alone.
+
+        Best effort: an Event is for people; failing to write one (RBAC included: counting
+        needs get and patch on events) is logged and must not undo or block a move.
+        """
+        now = self.clock()
+        body = bodies.event_body(ref, reason, message, now, warning=warning, key=key)
+        name = body["metadata"]["name"]
         try:
             self.api.create("Event", ref.namespace, body)
+            return
+        except kube.AlreadyExists:
+            if not repeat:
+                return
         except kube.KubeError as exc:
             log.warning("could not record Event %s on %s: %s", reason, ref.describe(), exc)
+            return
+        for _ in range(EVENT_REPEAT_ATTEMPTS):
+            try:
+                seen = self.api.get("Event", ref.namespace, name)
+                count = seen.get("count")
+                patch = bodies.event_repeat(
+                    str((seen.get("metadata") or {}).get("resourceVersion", "")),
+                    (count if isinstance(count, int) and count > 0 else 1) + 1,
+                    message,
+                    now,
+                )
+                self.api.merge_patch("Event", ref.namespace, name, patch)
+                return
+            except kube.Conflict:
+                continue  # counted by someone else meanwhile: read again
+            except kube.KubeError as exc:
+                log.warning("could not count Event %s again on %s: %s", reason, ref.describe(), exc)
+                return
+        log.info("gave up counting Event %s on %s: too busy", reason, ref.describe())
 
 
 def _handled_uids(raw: str | None) -> tuple[str, ...]:
