@@ -11,15 +11,57 @@ nothing. The state is written before the pod is deleted; if the delete is lost, 
 event finds the uid handled and `Plan.delete_pod` tells the handler to finish the job.
 
 A state we cannot read is an error, never an empty state: resetting would hand a crash-looping
-workload a fresh budget on every corruption.
+workload a fresh budget on every corruption. That includes a node name Kubernetes would refuse
+(a hand edit, or a tenant's own bare-pod state): it would become a `metadata.name NotIn`
+requirement that makes every new pod invalid at creation, which the webhook's `failurePolicy:
+Ignore` does not cover. The webhook reads states with `load_state_lenient`, which skips such
+names and keeps the rest, and `shared.admission` checks every name again before it patches.
+
+Format, version 2 (version 1, written by the previous release, is still read: its per-pod
+entries have no timestamp and take the state's own `updatedAt`, which is at least as recent as
+any change to them, so they are never pruned earlier than they should be; a version we do not
+know is refused, since acting on it could undo a newer release's bookkeeping)::
+
+    {"version": 2, "moves": 3, "excludedNodes": ["node-a"], "handled": ["<pod uid>", ...],
+     "exhaustedRecorded": false, "updatedAt": "2026-03-14T09:26:53Z",
+     "pods": {"db-0": {"moves": 2, "excludedNodes": ["node-c"], "updatedAt": "..."}}}
+
+Per-pod entries (StatefulSets only) leave out an empty `excludedNodes` and a false
+`exhaustedRecorded`, so a thousand pods fit easily.
+
+Size. The API server refuses an object whose annotations add up to more than 256 KiB, and a
+state that grew past it would make every later write fail for ever. So every state `plan`
+writes is pruned first:
+
+- per-pod entries of pods the StatefulSet no longer has (name not `<set>-<ordinal>` with the
+  ordinal in `[spec.ordinals.start, start + replicas)`, e.g. after a scale-down), except the
+  failing pod's own entry;
+- per-pod entries not updated for longer than reset-after, and the workload's excluded nodes
+  when the state was not updated for longer than reset-after: after that long the nodes say
+  nothing about today's cluster. An entry that recorded an exhausted budget keeps its count
+  (only its excluded nodes go): its pod may still be failing in place, and nothing refreshes
+  the entry while it does, so dropping it would hand that pod a fresh budget;
+- each scope keeps its `MAX_EXCLUDED_NODES` most recent excluded nodes.
+
+An entry touched within reset-after is never pruned, so no pod failing within reset-after of
+its last move gets a fresh budget. If the state is still larger than `MAX_STATE_BYTES` (64 KiB,
+a quarter of the limit, leaving room for everyone else's annotations), the last resort is
+deterministic: first the excluded nodes of the least recently updated per-pod entries go
+(ties by pod name; never the failing pod's): a pod that forgets where it failed may land
+there again and cost one more move, still within its budget. Move counts are never dropped to
+make room: if the counts alone do not fit, `plan` records no new move and leaves the pod where
+it is, saying so (`state-too-large`), rather than let a workload exceed its budget. Only
+clearing exclusions that made a pod unschedulable is written anyway: we caused that problem,
+and clearing only shrinks the state.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
@@ -40,8 +82,37 @@ from shared.policy import (
     parse_kube_time,
 )
 
-STATE_VERSION: Final = 1
+# The version `dump_state` writes, and every version `load_state` reads.
+STATE_VERSION: Final = 2
+READABLE_VERSIONS: Final = frozenset({1, 2})
 DEFAULT_HANDLED_LIMIT: Final = 64
+# Excluded nodes kept per scope (the workload, or one StatefulSet pod), most recent last. Each is
+# a required NotIn on every new pod of the scope; a pod that failed on 32 different nodes has a
+# problem no other node fixes, and 32 names of at most 253 bytes keep a scope under 8.5 KiB.
+MAX_EXCLUDED_NODES: Final = 32
+# Our own cap on the serialized state: a quarter of the API server's 256 KiB for all the
+# annotations of an object (see the module docstring for what happens past it).
+MAX_STATE_BYTES: Final = 64 * 1024
+
+# Kubernetes node names are DNS-1123 subdomains (ValidateNodeName is NameIsDNSSubdomain), and a
+# node field selector validates its values with exactly that rule.
+MAX_NODE_NAME_LENGTH: Final = 253
+_DNS1123_SUBDOMAIN: Final = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+# How the StatefulSet controller reads a pod's ordinal (statefulPodRegex in its utils).
+_STATEFUL_POD: Final = re.compile(r"(.*)-([0-9]+)")
+_MAX_INT32: Final = 2**31 - 1
+_LONG_AGO: Final = datetime.min.replace(tzinfo=UTC)
+
+
+def is_valid_node_name(name: object) -> bool:
+    """Whether the API server accepts `name` as a node name (and so in a NotIn requirement)."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NODE_NAME_LENGTH
+        and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
+    )
 
 
 class StateError(ValueError):
@@ -55,6 +126,8 @@ class PodEntry:
     moves: int = 0
     excluded_nodes: tuple[str, ...] = ()
     exhausted_recorded: bool = False
+    # When `plan` last changed the entry; None when unknown (never pruned for its age then).
+    updated_at: datetime | None = None
 
 
 def _freeze(entries: Mapping[str, PodEntry]) -> Mapping[str, PodEntry]:
@@ -63,7 +136,6 @@ def _freeze(entries: Mapping[str, PodEntry]) -> Mapping[str, PodEntry]:
 
 @dataclass(frozen=True)
 class WorkloadState:
-    version: int = STATE_VERSION
     # Every move of the workload; for a StatefulSet the budget is per pod (per_pod) and this is
     # only the total.
     moves: int = 0
@@ -86,8 +158,57 @@ class WorkloadState:
         return self.per_pod.get(pod_name, PodEntry())
 
 
+@dataclass(frozen=True)
+class StatefulSetRange:
+    """The pods a StatefulSet wants now: `<name>-<ordinal>` for ordinals in
+    `[start, start + replicas)` (`start` is `spec.ordinals.start`, 0 when unset)."""
+
+    name: str
+    replicas: int
+    start: int = 0
+
+    def ordinal_of(self, pod_name: str) -> int | None:
+        """The pod's ordinal if the name is one of this set's pod names, else None."""
+        match = _STATEFUL_POD.fullmatch(pod_name)
+        if match is None or match.group(1) != self.name:
+            return None
+        # The controller parses the ordinal as a 32-bit int; a bigger one is no ordinal at all.
+        digits = match.group(2)
+        if len(digits) > 10 or int(digits) > _MAX_INT32:
+            return None
+        return int(digits)
+
+    def wants(self, pod_name: str) -> bool:
+        ordinal = self.ordinal_of(pod_name)
+        return ordinal is not None and self.start <= ordinal < self.start + self.replicas
+
+
+@dataclass(frozen=True)
+class LenientState:
+    """A state read for the webhook: node names Kubernetes would refuse are left out."""
+
+    state: WorkloadState
+    skipped_nodes: tuple[str, ...] = ()
+
+
 def load_state(annotation_value: str | None) -> WorkloadState:
-    """Read the state annotation; missing or empty means a workload never touched."""
+    """Read the state annotation; missing or empty means a workload never touched.
+
+    Raises StateError for anything we cannot read exactly, invalid node names included.
+    """
+    return _load(annotation_value, None)
+
+
+def load_state_lenient(annotation_value: str | None) -> LenientState:
+    """Read the state like `load_state`, but skip (and report) node names Kubernetes would
+    refuse instead of raising: the webhook must keep the valid exclusions and never patch an
+    invalid one into a pod. Any other damage still raises StateError."""
+    skipped: list[str] = []
+    state = _load(annotation_value, skipped)
+    return LenientState(state, tuple(skipped))
+
+
+def _load(annotation_value: str | None, skipped: list[str] | None) -> WorkloadState:
     if not annotation_value:
         return WorkloadState()
     try:
@@ -99,34 +220,35 @@ def load_state(annotation_value: str | None) -> WorkloadState:
     version = data.get("version")
     if type(version) is not int:
         raise StateError("state annotation has no integer version")
-    if version != STATE_VERSION:
+    if version not in READABLE_VERSIONS:
         # Written by a newer (or older, incompatible) release: acting on it could undo its
         # bookkeeping, so refuse until the functions are upgraded too.
-        raise StateError(f"state version {version} is not supported (this release reads 1)")
+        readable = ", ".join(str(v) for v in sorted(READABLE_VERSIONS))
+        raise StateError(
+            f"state version {version} is not supported (this release reads {readable})"
+        )
     _only_keys(data, _TOP_KEYS, "state")
+    updated_at = _time(data, "updatedAt", "state field updatedAt")
     per_pod_raw = data.get("pods", {})
     if not isinstance(per_pod_raw, dict):
         raise StateError("state field pods must be an object")
+    pod_keys = _POD_KEYS_V1 if version == 1 else _POD_KEYS
     per_pod = {}
     for name, raw in per_pod_raw.items():
         if not isinstance(raw, dict):
             raise StateError(f"state entry for pod {name} must be an object")
-        _only_keys(raw, _POD_KEYS, f"state entry for pod {name}")
+        what = f"state entry for pod {name}"
+        _only_keys(raw, pod_keys, what)
         per_pod[name] = PodEntry(
             moves=_count(raw, "moves"),
-            excluded_nodes=_names(raw, "excludedNodes"),
+            excluded_nodes=_nodes(raw, "excludedNodes", skipped),
             exhausted_recorded=_flag(raw, "exhaustedRecorded"),
+            # Version 1 kept no time per entry: the state's last write bounds it from above.
+            updated_at=updated_at if version == 1 else _time(raw, "updatedAt", what),
         )
-    updated_raw = data.get("updatedAt")
-    updated_at = None
-    if updated_raw is not None:
-        updated_at = parse_kube_time(updated_raw) if isinstance(updated_raw, str) else None
-        if updated_at is None:
-            raise StateError(f"state field updatedAt is not a timestamp: {updated_raw!r}")
     return WorkloadState(
-        version=version,
         moves=_count(data, "moves"),
-        excluded_nodes=_names(data, "excludedNodes"),
+        excluded_nodes=_nodes(data, "excludedNodes", skipped),
         per_pod=per_pod,
         handled=_names(data, "handled"),
         exhausted_recorded=_flag(data, "exhaustedRecorded"),
@@ -135,32 +257,40 @@ def load_state(annotation_value: str | None) -> WorkloadState:
 
 
 def dump_state(state: WorkloadState) -> str:
-    """Compact JSON with sorted keys: the same state always gives the same annotation."""
+    """Compact JSON with sorted keys: the same state always gives the same annotation.
+
+    Always the current version, whatever version the state was read from.
+    """
     data: dict[str, Any] = {
-        "version": state.version,
+        "version": STATE_VERSION,
         "moves": state.moves,
         "excludedNodes": list(state.excluded_nodes),
         "handled": list(state.handled),
         "exhaustedRecorded": state.exhausted_recorded,
     }
     if state.per_pod:
-        data["pods"] = {
-            name: {
-                "moves": entry.moves,
-                "excludedNodes": list(entry.excluded_nodes),
-                "exhaustedRecorded": entry.exhausted_recorded,
-            }
-            for name, entry in state.per_pod.items()
-        }
+        data["pods"] = {name: _entry_data(entry) for name, entry in state.per_pod.items()}
     if state.updated_at is not None:
         data["updatedAt"] = format_kube_time(state.updated_at)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
+def _entry_data(entry: PodEntry) -> dict[str, Any]:
+    data: dict[str, Any] = {"moves": entry.moves}
+    if entry.excluded_nodes:
+        data["excludedNodes"] = list(entry.excluded_nodes)
+    if entry.exhausted_recorded:
+        data["exhaustedRecorded"] = True
+    if entry.updated_at is not None:
+        data["updatedAt"] = format_kube_time(entry.updated_at)
+    return data
+
+
 _TOP_KEYS: Final = frozenset(
     {"version", "moves", "excludedNodes", "pods", "handled", "exhaustedRecorded", "updatedAt"}
 )
-_POD_KEYS: Final = frozenset({"moves", "excludedNodes", "exhaustedRecorded"})
+_POD_KEYS_V1: Final = frozenset({"moves", "excludedNodes", "exhaustedRecorded"})
+_POD_KEYS: Final = _POD_KEYS_V1 | {"updatedAt"}
 
 
 def _only_keys(data: dict[str, Any], known: frozenset[str], what: str) -> None:
@@ -185,11 +315,44 @@ def _names(data: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _nodes(data: dict[str, Any], key: str, skipped: list[str] | None) -> tuple[str, ...]:
+    names = data.get(key, [])
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise StateError(f"state field {key} must be a list of node names, got {names!r}")
+    invalid = [name for name in names if not is_valid_node_name(name)]
+    if invalid and skipped is None:
+        raise StateError(
+            f"state field {key} lists name(s) that are not valid node names "
+            f"(lowercase DNS-1123 subdomains of at most {MAX_NODE_NAME_LENGTH} characters): "
+            f"{_quoted(invalid)}"
+        )
+    if skipped is not None:
+        skipped.extend(invalid)
+    return tuple(name for name in names if is_valid_node_name(name))
+
+
+def _quoted(names: list[str], limit: int = 5, width: int = 64) -> str:
+    """A bounded rendering of untrusted names, for messages and logs."""
+    shown = [repr(name if len(name) <= width else name[:width] + "...") for name in names[:limit]]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(shown) + more
+
+
 def _flag(data: dict[str, Any], key: str) -> bool:
     value = data.get(key, False)
     if not isinstance(value, bool):
         raise StateError(f"state field {key} must be true or false, got {value!r}")
     return value
+
+
+def _time(data: dict[str, Any], key: str, what: str) -> datetime | None:
+    raw = data.get(key)
+    if raw is None:
+        return None
+    parsed = parse_kube_time(raw) if isinstance(raw, str) else None
+    if parsed is None:
+        raise StateError(f"{what} is not a timestamp: {raw!r}")
+    return parsed
 
 
 def exclusions_for(
@@ -207,6 +370,122 @@ def exclusions_for(
     return state.excluded_nodes
 
 
+# Pruning (see the module docstring for the rules and why).
+
+
+@dataclass(frozen=True)
+class Pruned:
+    state: WorkloadState
+    # What was dropped, in words, for the plan's message and logs; empty when nothing was.
+    notes: tuple[str, ...] = ()
+
+
+def prune(
+    state: WorkloadState,
+    now: datetime,
+    reset_after: timedelta,
+    *,
+    keep_pod: str | None = None,
+    statefulset: StatefulSetRange | None = None,
+) -> Pruned:
+    """Drop what no longer says anything: entries of pods the StatefulSet no longer has
+    (`statefulset` given), entries and exclusions older than `reset_after`, and exclusions past
+    `MAX_EXCLUDED_NODES` per scope. `keep_pod`'s entry is never dropped for its name."""
+    notes: list[str] = []
+    entries: dict[str, PodEntry] = {}
+    gone: list[str] = []
+    aged = forgotten = trimmed = 0
+    for name, stored in state.per_pod.items():
+        if statefulset is not None and name != keep_pod and not statefulset.wants(name):
+            gone.append(name)
+            continue
+        nodes = stored.excluded_nodes
+        if stored.updated_at is not None and now - stored.updated_at > reset_after:
+            if not stored.exhausted_recorded:
+                aged += 1
+                continue
+            if nodes:
+                forgotten += 1
+                nodes = ()
+        if len(nodes) > MAX_EXCLUDED_NODES:
+            trimmed += 1
+            nodes = nodes[-MAX_EXCLUDED_NODES:]
+        entries[name] = (
+            stored if nodes == stored.excluded_nodes else replace(stored, excluded_nodes=nodes)
+        )
+    if gone:
+        notes.append(
+            f"dropped {len(gone)} entr{'y' if len(gone) == 1 else 'ies'} of pods "
+            f"{statefulset.name if statefulset else ''} no longer has ({_quoted(gone, width=253)})"
+        )
+    if aged:
+        notes.append(
+            f"dropped {aged} pod entr{'y' if aged == 1 else 'ies'} not updated for more than "
+            f"{format_duration(reset_after)}"
+        )
+    if forgotten:
+        notes.append(
+            f"forgot the excluded nodes of {forgotten} exhausted pod entr"
+            f"{'y' if forgotten == 1 else 'ies'} not updated for more than "
+            f"{format_duration(reset_after)} (their counts stay)"
+        )
+    if trimmed:
+        notes.append(
+            f"kept the {MAX_EXCLUDED_NODES} most recent excluded nodes of {trimmed} pod entr"
+            f"{'y' if trimmed == 1 else 'ies'}"
+        )
+    excluded = state.excluded_nodes
+    if excluded and state.updated_at is not None and now - state.updated_at > reset_after:
+        notes.append(
+            f"dropped {len(excluded)} excluded node(s) recorded more than "
+            f"{format_duration(reset_after)} ago"
+        )
+        excluded = ()
+    if len(excluded) > MAX_EXCLUDED_NODES:
+        notes.append(f"kept the {MAX_EXCLUDED_NODES} most recent of {len(excluded)} excluded nodes")
+        excluded = excluded[-MAX_EXCLUDED_NODES:]
+    pruned = replace(state, excluded_nodes=excluded, per_pod=entries)
+    if pruned == state:
+        return Pruned(state)
+    return Pruned(pruned, tuple(notes))
+
+
+def _fit(state: WorkloadState, keep_pod: str | None) -> tuple[WorkloadState, str | None, bool]:
+    """The last resort of the size cap: drop the excluded nodes of the least recently updated
+    per-pod entries (never `keep_pod`'s, never a count) until the state fits in
+    `MAX_STATE_BYTES`. Returns the state, a note about what went, and whether it fits."""
+    size = len(dump_state(state).encode())
+    if size <= MAX_STATE_BYTES:
+        return state, None, True
+    candidates = sorted(
+        (entry.updated_at or _LONG_AGO, name)
+        for name, entry in state.per_pod.items()
+        if name != keep_pod and entry.excluded_nodes
+    )
+    entries = dict(state.per_pod)
+    cleared = 0
+    for _, name in candidates:
+        if size <= MAX_STATE_BYTES:
+            break
+        entry = entries[name]
+        lighter = replace(entry, excluded_nodes=())
+        size -= len(_entry_json(entry)) - len(_entry_json(lighter))
+        entries[name] = lighter
+        cleared += 1
+    fitted = replace(state, per_pod=entries)
+    note = (
+        f"forgot the excluded nodes of the {cleared} least recently updated pod entr"
+        f"{'y' if cleared == 1 else 'ies'} to stay under {MAX_STATE_BYTES // 1024} KiB"
+        if cleared
+        else None
+    )
+    return fitted, note, len(dump_state(fitted).encode()) <= MAX_STATE_BYTES
+
+
+def _entry_json(entry: PodEntry) -> bytes:
+    return json.dumps(_entry_data(entry), sort_keys=True, separators=(",", ":")).encode()
+
+
 @dataclass(frozen=True)
 class FailureFacts:
     """What `plan` needs to know about the failing pod, taken from the pod and its failure."""
@@ -217,8 +496,10 @@ class FailureFacts:
     # The node to exclude; None when the pod never reached one (unschedulable).
     node: str | None
     reason: str
-    # When the pod started (status.startTime); None if the kubelet never reported it.
-    started_at: datetime | None = None
+    # How long the failing container ran in its last run before this failure
+    # (`Failure.ran_for_seconds`): zero when it never started, None when unknown. Not the pod's
+    # age, which counts time spent crash-looping or Pending as time run.
+    ran_for: timedelta | None = None
     unschedulable: bool = False
 
     def __post_init__(self) -> None:
@@ -227,13 +508,14 @@ class FailureFacts:
     @classmethod
     def from_pod(cls, pod: Pod, failure: Failure, owner_kind: OwnerKind | str) -> FailureFacts:
         meta = pod.get("metadata", {})
+        seconds = failure.ran_for_seconds
         return cls(
             pod_name=meta.get("name", ""),
             pod_uid=meta.get("uid", ""),
             owner_kind=OwnerKind(owner_kind),
             node=failure.node,
             reason=failure.reason,
-            started_at=parse_kube_time(pod.get("status", {}).get("startTime")),
+            ran_for=None if seconds is None else timedelta(seconds=seconds),
             unschedulable=failure.kind is FailureKind.EXCLUSIONS_UNSCHEDULABLE,
         )
 
@@ -269,6 +551,8 @@ class Plan:
     # The exclusions the workload's next pod (or this pod name) will get.
     excluded_nodes: tuple[str, ...] = ()
     exclusions_cleared: bool = False
+    # What pruning dropped from the state to write (see the module docstring), in words.
+    pruned: tuple[str, ...] = ()
 
 
 def plan(
@@ -278,8 +562,13 @@ def plan(
     now: datetime,
     *,
     handled_limit: int = DEFAULT_HANDLED_LIMIT,
+    statefulset: StatefulSetRange | None = None,
 ) -> Plan:
-    """Decide what to do about one failing pod, given the workload's state and policy."""
+    """Decide what to do about one failing pod, given the workload's state and policy.
+
+    `statefulset` is the range of pods a StatefulSet wants now (from its spec); entries of
+    other pod names are pruned. Without it nothing is pruned for its name.
+    """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     if failure.owner_kind is not policy.owner_kind:
@@ -290,45 +579,62 @@ def plan(
         )
     now = now.replace(microsecond=0)
     per_pod = policy.scope is BudgetScope.PER_POD
-    entry = state.entry(failure.pod_name)
-    moves = entry.moves if per_pod else state.moves
-    excluded = entry.excluded_nodes if per_pod else state.excluded_nodes
     budget = policy.budget
     pod = f"pod {failure.pod_name}"
 
-    def nothing(reason: str, message: str, *, delete_pod: bool = False) -> Plan:
+    if failure.pod_uid and failure.pod_uid in state.handled:
+        stored = state.entry(failure.pod_name) if per_pod else None
+        return Plan(
+            Action.NOTHING,
+            None,
+            "already-handled",
+            None,
+            f"{pod} (uid {failure.pod_uid}) was already moved; nothing more to record",
+            delete_pod=True,
+            moves=stored.moves if stored else state.moves,
+            budget=budget,
+            excluded_nodes=stored.excluded_nodes if stored else state.excluded_nodes,
+        )
+
+    # Decide on the pruned state, so the decision does not depend on whether another pod's
+    # plan happened to prune it first.
+    pruned = prune(
+        state,
+        now,
+        policy.reset_after,
+        keep_pod=failure.pod_name if per_pod else None,
+        statefulset=statefulset if per_pod else None,
+    )
+    current = pruned.state
+    entry = current.entry(failure.pod_name)
+    moves = entry.moves if per_pod else current.moves
+    excluded = entry.excluded_nodes if per_pod else current.excluded_nodes
+
+    def nothing(reason: str, message: str) -> Plan:
         return Plan(
             Action.NOTHING,
             None,
             reason,
             None,
             message,
-            delete_pod=delete_pod,
             moves=moves,
             budget=budget,
             excluded_nodes=excluded,
         )
 
-    if failure.pod_uid and failure.pod_uid in state.handled:
-        return nothing(
-            "already-handled",
-            f"{pod} (uid {failure.pod_uid}) was already moved; nothing more to record",
-            delete_pod=True,
-        )
-
     def with_scope(
         new_moves: int, new_excluded: tuple[str, ...], exhausted: bool, remember: bool
     ) -> WorkloadState:
-        handled = state.handled
+        handled = current.handled
         if remember and failure.pod_uid:
             handled = (*handled, failure.pod_uid)[-max(handled_limit, 1) :]
-        total = state.moves + (new_moves - moves)
+        total = current.moves + (new_moves - moves)
         if per_pod:
-            entries = dict(state.per_pod)
-            entries[failure.pod_name] = PodEntry(new_moves, new_excluded, exhausted)
-            return replace(state, moves=total, per_pod=entries, handled=handled, updated_at=now)
+            entries = dict(current.per_pod)
+            entries[failure.pod_name] = PodEntry(new_moves, new_excluded, exhausted, now)
+            return replace(current, moves=total, per_pod=entries, handled=handled, updated_at=now)
         return replace(
-            state,
+            current,
             moves=new_moves,
             excluded_nodes=new_excluded,
             exhausted_recorded=exhausted,
@@ -336,24 +642,43 @@ def plan(
             updated_at=now,
         )
 
+    def decided(result: Plan) -> Plan:
+        """Fit the state to write under the size cap; refuse to record a move if it cannot."""
+        assert result.new_state is not None
+        fitted, note, fits = _fit(result.new_state, failure.pod_name if per_pod else None)
+        notes = (*pruned.notes, note) if note else pruned.notes
+        if not fits and result.action is not Action.CLEAR_AND_MOVE:
+            return nothing(
+                "state-too-large",
+                f"{pod} failed on {failure.node} ({failure.reason}) but the workload's state "
+                f"would exceed {MAX_STATE_BYTES // 1024} KiB even after pruning, and move "
+                "counts are never dropped to make room: leaving the pod in place",
+            )
+        message = result.message
+        if notes:
+            message = f"{message} (state pruned: {'; '.join(notes)})"
+        return replace(result, new_state=fitted, message=message, pruned=notes)
+
     # Our own exclusions keep this pod from being scheduled at all. Clear them even when the
     # budget is spent or the policy was turned off since: we caused the problem.
     if failure.unschedulable:
-        was_exhausted = entry.exhausted_recorded if per_pod else state.exhausted_recorded
+        was_exhausted = entry.exhausted_recorded if per_pod else current.exhausted_recorded
         new_state = with_scope(moves, (), was_exhausted, remember=True)
         cleared = f"cleared {len(excluded)} excluded node(s)" if excluded else "no exclusions left"
-        return Plan(
-            Action.CLEAR_AND_MOVE,
-            new_state,
-            "exclusions-made-unschedulable",
-            REASON_EXCLUSIONS_CLEARED,
-            f"{pod} could not be scheduled while avoiding excluded nodes; {cleared} and "
-            f"deleted it so the scheduler may use every node (moves stay {moves}/{budget})",
-            delete_pod=True,
-            moves=moves,
-            budget=budget,
-            excluded_nodes=(),
-            exclusions_cleared=True,
+        return decided(
+            Plan(
+                Action.CLEAR_AND_MOVE,
+                new_state,
+                "exclusions-made-unschedulable",
+                REASON_EXCLUSIONS_CLEARED,
+                f"{pod} could not be scheduled while avoiding excluded nodes; {cleared} and "
+                f"deleted it so the scheduler may use every node (moves stay {moves}/{budget})",
+                delete_pod=True,
+                moves=moves,
+                budget=budget,
+                excluded_nodes=(),
+                exclusions_cleared=True,
+            )
         )
 
     if policy.disabled:
@@ -362,49 +687,57 @@ def plan(
         return nothing("no-node", f"{pod} failed without a node to move it off")
 
     if moves >= budget:
-        already = entry.exhausted_recorded if per_pod else state.exhausted_recorded
+        already = entry.exhausted_recorded if per_pod else current.exhausted_recorded
         if already:
             return nothing(
                 "exhausted-already-recorded",
                 f"{pod} failed on {failure.node} ({failure.reason}) but all {budget} moves "
                 "are spent; leaving it in place",
             )
-        return Plan(
-            Action.EXHAUSTED,
-            with_scope(moves, excluded, exhausted=True, remember=False),
-            "budget-exhausted",
-            REASON_RETRIES_EXHAUSTED,
-            f"{pod} failed on {failure.node} ({failure.reason}) after all {budget} moves "
-            "allowed by scheduling-retries were used; leaving it in place",
-            moves=moves,
-            budget=budget,
-            excluded_nodes=excluded,
+        return decided(
+            Plan(
+                Action.EXHAUSTED,
+                with_scope(moves, excluded, exhausted=True, remember=False),
+                "budget-exhausted",
+                REASON_RETRIES_EXHAUSTED,
+                f"{pod} failed on {failure.node} ({failure.reason}) after all {budget} moves "
+                "allowed by scheduling-retries were used; leaving it in place",
+                moves=moves,
+                budget=budget,
+                excluded_nodes=excluded,
+            )
         )
 
-    running_for = now - failure.started_at if failure.started_at is not None else None
-    reset = running_for is not None and running_for > policy.reset_after
-    if running_for is not None and reset:
-        # The pod ran fine for a long time: the nodes excluded before it was placed say
+    ran_for = failure.ran_for
+    # Unknown means "do not reset": keeping the node excluded is the conservative reading.
+    reset = ran_for is not None and ran_for > policy.reset_after
+    if ran_for is not None and reset:
+        # The container ran fine for a long time: the nodes excluded before it was placed say
         # nothing about today's cluster, so let the default scheduler choose freely.
         new_excluded: tuple[str, ...] = ()
         detail = (
-            f"it had run {format_duration(running_for)} (more than "
+            f"its container had run {format_duration(ran_for)} (more than "
             f"{format_duration(policy.reset_after)}), so the exclusions were cleared"
         )
     else:
-        new_excluded = excluded if failure.node in excluded else (*excluded, failure.node)
+        # Most recent last: a node failing again moves to the end, and the bound keeps the
+        # most recent ones.
+        kept = tuple(node for node in excluded if node != failure.node)
+        new_excluded = (*kept, failure.node)[-MAX_EXCLUDED_NODES:]
         detail = f"excluded nodes now: {', '.join(new_excluded)}"
     new_moves = moves + 1
-    return Plan(
-        Action.MOVE,
-        with_scope(new_moves, new_excluded, exhausted=False, remember=True),
-        "ran-past-reset-after" if reset else "node-failure",
-        REASON_RESCHEDULED,
-        f"moved {pod} off node {failure.node} after {failure.reason} "
-        f"(move {new_moves} of {budget}); {detail}",
-        delete_pod=True,
-        moves=new_moves,
-        budget=budget,
-        excluded_nodes=new_excluded,
-        exclusions_cleared=reset,
+    return decided(
+        Plan(
+            Action.MOVE,
+            with_scope(new_moves, new_excluded, exhausted=False, remember=True),
+            "ran-past-reset-after" if reset else "node-failure",
+            REASON_RESCHEDULED,
+            f"moved {pod} off node {failure.node} after {failure.reason} "
+            f"(move {new_moves} of {budget}); {detail}",
+            delete_pod=True,
+            moves=new_moves,
+            budget=budget,
+            excluded_nodes=new_excluded,
+            exclusions_cleared=reset,
+        )
     )

@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import NamedTuple
 
 import pytest
 
-from shared.classify import classify
+from shared.classify import Failure, FailureKind, classify
 from shared.config import Config
+from shared.kubetypes import Pod
 from shared.policy import OwnerKind, Policy
 from shared.state import (
+    MAX_EXCLUDED_NODES,
+    MAX_STATE_BYTES,
     Action,
     FailureFacts,
     Plan,
     PodEntry,
     StateError,
+    StatefulSetRange,
     WorkloadState,
     dump_state,
     exclusions_for,
+    is_valid_node_name,
     load_state,
+    load_state_lenient,
     plan,
 )
 
@@ -48,7 +55,7 @@ def failed(
         owner_kind=kind,
         node=None if unschedulable else node,
         reason="Unschedulable" if unschedulable else reason,
-        started_at=None if ran_for is None else NOW - ran_for,
+        ran_for=ran_for,
         unschedulable=unschedulable,
     )
 
@@ -163,7 +170,17 @@ PLAN = {
         "Rescheduled",
         True,
     ),
-    "a pod whose start time is unknown keeps the exclusions": Case(
+    "a container that never started keeps the exclusions": Case(
+        WorkloadState(moves=1, excluded_nodes=("node-x",)),
+        failed(ran_for=timedelta(0)),
+        THREE,
+        Action.MOVE,
+        2,
+        ("node-x", "node-a"),
+        "Rescheduled",
+        True,
+    ),
+    "a failure whose run time is unknown keeps the exclusions": Case(
         WorkloadState(moves=1, excluded_nodes=("node-x",)),
         failed(ran_for=None),
         THREE,
@@ -347,8 +364,8 @@ def test_statefulset_pods_keep_their_own_exclusions_and_budgets() -> None:
     ]:
         state = apply(state, plan(state, failed(uid, node, name, STS), policy, NOW))
     assert state.per_pod == {
-        "db-0": PodEntry(moves=2, excluded_nodes=("node-a", "node-c")),
-        "db-1": PodEntry(moves=1, excluded_nodes=("node-b",)),
+        "db-0": PodEntry(moves=2, excluded_nodes=("node-a", "node-c"), updated_at=NOW),
+        "db-1": PodEntry(moves=1, excluded_nodes=("node-b",), updated_at=NOW),
     }
     assert state.moves == 3
     assert state.excluded_nodes == ()
@@ -376,7 +393,7 @@ def test_clearing_a_statefulset_pods_exclusions_leaves_its_siblings_alone() -> N
     result = plan(state, facts, Policy(3, STS), NOW)
     assert result.action is Action.CLEAR_AND_MOVE
     assert result.new_state is not None
-    assert result.new_state.per_pod["db-0"] == PodEntry(1, ())
+    assert result.new_state.per_pod["db-0"] == PodEntry(1, (), updated_at=NOW)
     assert result.new_state.per_pod["db-1"] == PodEntry(1, ("node-b",))
     assert result.new_state.moves == 2
 
@@ -423,6 +440,8 @@ def test_failure_facts_come_from_a_real_pod_and_its_failure() -> None:
     pod = pods.pod(containers=[crash_looping(restarts=4)])
     failure = classify(pod, Config())
     assert failure is not None
+    # The last run in the pod's lastState lasted 3 s.
+    failure = replace(failure, ran_for_seconds=3)
     facts = FailureFacts.from_pod(pod, failure, "ReplicaSet")
     assert facts == FailureFacts(
         pod_name="web-7d9c8b6f4-x2x9z",
@@ -430,7 +449,7 @@ def test_failure_facts_come_from_a_real_pod_and_its_failure() -> None:
         owner_kind=RS,
         node="node-b",
         reason="CrashLoopBackOff",
-        started_at=NOW - timedelta(minutes=5),
+        ran_for=timedelta(seconds=3),
         unschedulable=False,
     )
 
@@ -442,7 +461,306 @@ def test_failure_facts_of_an_unschedulable_pod() -> None:
     facts = FailureFacts.from_pod(pod, failure, RS)
     assert facts.unschedulable
     assert facts.node is None
-    assert facts.started_at is None
+    assert facts.ran_for is None
+
+
+# How long the container ran decides whether the exclusions are cleared (not the pod's age).
+
+
+class RunTime(NamedTuple):
+    pod: Pod
+    failure: Failure
+    cleared: bool
+
+
+def _failure(reason: str, ran_for_seconds: int, restarts: int = 0) -> Failure:
+    return Failure(
+        kind=FailureKind.NODE_FIXABLE,
+        reason=reason,
+        message="",
+        node="node-b",
+        container="app",
+        restart_count=restarts,
+        ran_for_seconds=ran_for_seconds,
+    )
+
+
+def _oom_killed_after(ran: timedelta) -> Pod:
+    status = crash_looping(restarts=1, last_reason="OOMKilled", exit_code=137)
+    status["lastState"] = {"terminated": pods.last_terminated("OOMKilled", 137, ran_for=ran)}  # type: ignore[typeddict-item]
+    return pods.pod(containers=[status], started=NOW - ran - timedelta(minutes=1))
+
+
+RUN_TIMES = {
+    "a pod crash-looping for 45 minutes whose container ran 3 s keeps the exclusions": RunTime(
+        pods.pod(containers=[crash_looping(restarts=9)], started=NOW - timedelta(minutes=45)),
+        _failure("CrashLoopBackOff", 3, restarts=9),
+        cleared=False,
+    ),
+    "a pod Pending on its node for 45 minutes that never started keeps the exclusions": RunTime(
+        pods.pending_on_node(timedelta(minutes=45)),
+        _failure("StuckPending", 0),
+        cleared=False,
+    ),
+    "a container that ran 2 h and was then OOM-killed clears the exclusions": RunTime(
+        _oom_killed_after(timedelta(hours=2)),
+        _failure("OOMKilled", 7200, restarts=1),
+        cleared=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", RUN_TIMES.values(), ids=RUN_TIMES.keys())
+def test_reset_after_is_measured_on_the_failing_containers_last_run(case: RunTime) -> None:
+    facts = FailureFacts.from_pod(case.pod, case.failure, RS)
+    state = WorkloadState(moves=1, excluded_nodes=("node-x",), updated_at=NOW)
+    result = plan(state, facts, THREE, NOW)
+    assert result.action is Action.MOVE
+    assert result.moves == 2
+    assert result.exclusions_cleared is case.cleared
+    assert result.excluded_nodes == (() if case.cleared else ("node-x", "node-b"))
+
+
+# Pruning: the state stays bounded without handing a failing pod a fresh budget.
+
+DB = StatefulSetRange("db", replicas=3)
+
+
+def entries(count: int, *, age: timedelta, nodes: int = 0, moves: int = 1) -> dict[str, PodEntry]:
+    return {
+        f"db-{i}": PodEntry(
+            moves,
+            tuple(f"node-{i}-{n}" for n in range(nodes)),
+            updated_at=NOW - age,
+        )
+        for i in range(count)
+    }
+
+
+def sts_state(per_pod: dict[str, PodEntry]) -> WorkloadState:
+    return WorkloadState(
+        moves=sum(e.moves for e in per_pod.values()), per_pod=per_pod, updated_at=NOW
+    )
+
+
+def test_a_scale_down_prunes_the_entries_of_ordinals_at_or_above_replicas() -> None:
+    state = sts_state(entries(5, age=timedelta(minutes=5), nodes=1))
+    result = plan(
+        state, failed("u9", "node-z", "db-1", STS), Policy(3, STS, 3), NOW, statefulset=DB
+    )
+    assert result.new_state is not None
+    assert sorted(result.new_state.per_pod) == ["db-0", "db-1", "db-2"]
+    assert result.new_state.per_pod["db-0"] == state.per_pod["db-0"]
+    # The total stays the count of every move ever made.
+    assert result.new_state.moves == 6
+    assert "dropped 2 entries of pods db no longer has ('db-3', 'db-4')" in result.message
+    assert result.pruned
+
+
+def test_spec_ordinals_start_shifts_the_range_of_pods_kept() -> None:
+    state = sts_state(entries(10, age=timedelta(minutes=5)))
+    shifted = StatefulSetRange("db", replicas=3, start=5)
+    result = plan(
+        state, failed("u9", "node-z", "db-6", STS), Policy(3, STS, 3), NOW, statefulset=shifted
+    )
+    assert result.new_state is not None
+    assert sorted(result.new_state.per_pod) == ["db-5", "db-6", "db-7"]
+
+
+def test_the_failing_pods_own_entry_stays_even_outside_the_range() -> None:
+    # A pod failing while the set scales down: its move is recorded like any other.
+    state = sts_state(entries(5, age=timedelta(minutes=5)))
+    result = plan(
+        state, failed("u9", "node-z", "db-4", STS), Policy(3, STS, 3), NOW, statefulset=DB
+    )
+    assert result.new_state is not None
+    assert sorted(result.new_state.per_pod) == ["db-0", "db-1", "db-2", "db-4"]
+    assert result.new_state.per_pod["db-4"].moves == 2
+
+
+def test_without_the_sets_range_no_entry_is_pruned_for_its_name() -> None:
+    state = sts_state(entries(5, age=timedelta(minutes=5)))
+    result = plan(state, failed("u9", "node-z", "db-1", STS), Policy(3, STS, 3), NOW)
+    assert result.new_state is not None
+    assert len(result.new_state.per_pod) == 5
+
+
+@pytest.mark.parametrize(
+    ("name", "member"),
+    [
+        ("db-0", True),
+        ("db-2", True),
+        ("db-3", False),
+        ("web-0", False),
+        ("db", False),
+        ("db-x", False),
+        ("db-1-0", False),
+        ("db-99999999999", False),
+    ],
+)
+def test_statefulset_pod_names_are_read_as_the_controller_reads_them(
+    name: str, member: bool
+) -> None:
+    assert DB.wants(name) is member
+
+
+def test_an_entry_older_than_reset_after_is_pruned_while_a_recent_one_stays() -> None:
+    state = sts_state(
+        {
+            "db-0": PodEntry(2, ("node-a",), updated_at=NOW - timedelta(minutes=31)),
+            "db-1": PodEntry(1, ("node-b",), updated_at=NOW - timedelta(minutes=29)),
+        }
+    )
+    result = plan(
+        state, failed("u9", "node-c", "db-2", STS), Policy(3, STS, 3), NOW, statefulset=DB
+    )
+    assert result.new_state is not None
+    assert sorted(result.new_state.per_pod) == ["db-1", "db-2"]
+    assert result.new_state.per_pod["db-1"] == state.per_pod["db-1"]
+    assert "dropped 1 pod entry not updated for more than 30m0s" in result.message
+
+
+def test_an_exhausted_entry_keeps_its_count_however_old() -> None:
+    # The pod may be failing in place still; nothing refreshes its entry while it does.
+    spent = PodEntry(3, ("node-a",), exhausted_recorded=True, updated_at=NOW - timedelta(days=2))
+    state = sts_state({"db-0": spent})
+    policy = Policy(3, STS, 3)
+    other = plan(state, failed("u8", "node-c", "db-1", STS), policy, NOW, statefulset=DB)
+    assert other.new_state is not None
+    assert other.new_state.per_pod["db-0"] == replace(spent, excluded_nodes=())
+    again = plan(other.new_state, failed("u9", "node-d", "db-0", STS), policy, NOW, statefulset=DB)
+    assert again.action is Action.NOTHING
+    assert again.reason == "exhausted-already-recorded"
+
+
+def test_a_pod_failing_again_within_reset_after_never_gets_a_fresh_budget() -> None:
+    # Four failures 20 minutes apart: the first is long past reset-after by the last, but each
+    # move refreshed the entry, so the budget of three holds.
+    state, policy = WorkloadState(), Policy(3, STS, 3)
+    actions = []
+    for i in range(4):
+        now = NOW + timedelta(minutes=20 * i)
+        facts = failed(f"u{i}", f"node-{i}", "db-0", STS)
+        result = plan(state, facts, policy, now, statefulset=DB)
+        actions.append(result.action)
+        state = apply(state, result)
+    assert actions == [Action.MOVE, Action.MOVE, Action.MOVE, Action.EXHAUSTED]
+
+
+def test_workload_exclusions_older_than_reset_after_are_dropped_but_the_count_stays() -> None:
+    old = WorkloadState(moves=1, excluded_nodes=("node-x",), updated_at=NOW - timedelta(hours=2))
+    result = plan(old, failed(), THREE, NOW)
+    assert (result.moves, result.excluded_nodes) == (2, ("node-a",))
+    recent = replace(old, updated_at=NOW - timedelta(minutes=10))
+    assert plan(recent, failed(), THREE, NOW).excluded_nodes == ("node-x", "node-a")
+
+
+def test_excluded_nodes_are_bounded_per_scope_keeping_the_most_recent() -> None:
+    many = tuple(f"node-{i:04d}" for i in range(1000))
+    state = WorkloadState(moves=1, excluded_nodes=many, updated_at=NOW)
+    result = plan(state, failed(node="node-new"), Policy(100, RS, 20), NOW)
+    assert result.excluded_nodes == (*many[-(MAX_EXCLUDED_NODES - 1) :], "node-new")
+    assert result.new_state is not None
+    assert result.new_state.excluded_nodes == result.excluded_nodes
+
+
+def test_a_node_failing_again_becomes_the_most_recent() -> None:
+    state = WorkloadState(moves=2, excluded_nodes=("node-a", "node-b"), updated_at=NOW)
+    assert plan(state, failed(node="node-a"), THREE, NOW).excluded_nodes == ("node-b", "node-a")
+
+
+def _big_states() -> dict[str, tuple[WorkloadState, FailureFacts, Policy, StatefulSetRange | None]]:
+    sts, recent = Policy(3, STS, 3), timedelta(minutes=5)
+    return {
+        "10,000 entries after a scale-down to 3": (
+            sts_state(entries(10_000, age=recent, nodes=3)),
+            failed("u9", "node-z", "db-1", STS),
+            sts,
+            DB,
+        ),
+        "10,000 entries of a big set, not updated for 2 h": (
+            sts_state(entries(10_000, age=timedelta(hours=2), nodes=3)),
+            failed("u9", "node-z", "db-1", STS),
+            Policy(3, STS, 10_000),
+            StatefulSetRange("db", 10_000),
+        ),
+        "1,000 recent entries with 32 excluded nodes each": (
+            sts_state(entries(1_000, age=recent, nodes=32)),
+            failed("u9", "node-z", "db-1", STS),
+            Policy(100, STS, 1_000),
+            StatefulSetRange("db", 1_000),
+        ),
+        "1,000 excluded nodes of a ReplicaSet": (
+            WorkloadState(
+                moves=1_000,
+                excluded_nodes=tuple(
+                    f"ip-10-0-{i // 250}-{i % 250}.ec2.internal" for i in range(1000)
+                ),
+                handled=tuple(pods.uid(f"p{i}") for i in range(64)),
+                updated_at=NOW,
+            ),
+            failed(),
+            Policy(100, RS, 20),
+            None,
+        ),
+    }
+
+
+BIG = _big_states()
+
+
+@pytest.mark.parametrize("case", BIG.values(), ids=BIG.keys())
+def test_a_huge_state_is_under_the_cap_after_one_plan(
+    case: tuple[WorkloadState, FailureFacts, Policy, StatefulSetRange | None],
+) -> None:
+    state, facts, policy, members = case
+    assert len(dump_state(state)) > 30 * 1024
+    result = plan(state, facts, policy, NOW, statefulset=members)
+    assert result.action is Action.MOVE
+    assert result.new_state is not None
+    text = dump_state(result.new_state)
+    assert len(text.encode()) <= MAX_STATE_BYTES
+    assert load_state(text) == result.new_state
+    # No count was dropped for room: every kept entry has its moves, the total is unchanged.
+    for name, entry in result.new_state.per_pod.items():
+        before = state.per_pod.get(name)
+        if before is not None and name != facts.pod_name:
+            assert entry.moves == before.moves
+    assert result.new_state.moves == state.moves + 1
+    assert len(result.new_state.excluded_nodes) <= MAX_EXCLUDED_NODES
+
+
+def test_the_cap_drops_the_exclusions_of_the_least_recently_updated_entries_first() -> None:
+    per_pod = {
+        f"db-{i}": PodEntry(
+            1, tuple(f"node-{i}-{n}" for n in range(32)), updated_at=NOW - timedelta(seconds=i)
+        )
+        for i in range(400)
+    }
+    result = plan(
+        sts_state(per_pod), failed("u9", "node-z", "db-399", STS), Policy(3, STS, 400), NOW
+    )
+    assert result.new_state is not None
+    kept = result.new_state.per_pod
+    # db-399 is the oldest entry but the failing pod: its exclusions stay.
+    assert kept["db-399"].excluded_nodes[-1] == "node-z"
+    forgot = [i for i in range(399) if not kept[f"db-{i}"].excluded_nodes]
+    assert forgot == list(range(399 - len(forgot), 399))
+    assert all(kept[f"db-{i}"].moves == 1 for i in range(399))
+    assert "least recently updated" in result.message
+
+
+def test_counts_that_cannot_fit_refuse_the_move_instead_of_dropping_one() -> None:
+    huge = sts_state(entries(10_000, age=timedelta(minutes=5)))
+    policy, members = Policy(3, STS, 10_000), StatefulSetRange("db", 10_000)
+    result = plan(huge, failed("u9", "node-z", "db-7", STS), policy, NOW, statefulset=members)
+    assert result.action is Action.NOTHING
+    assert result.reason == "state-too-large"
+    assert result.new_state is None
+    assert not result.delete_pod
+    # Clearing exclusions that made a pod unschedulable is still written: we caused that.
+    clear = failed("u10", name="db-7", kind=STS, unschedulable=True)
+    assert plan(huge, clear, policy, NOW, statefulset=members).action is Action.CLEAR_AND_MOVE
 
 
 # Storage.
@@ -471,18 +789,62 @@ def test_the_dump_is_compact_deterministic_and_sorted() -> None:
     state = WorkloadState(
         moves=1,
         excluded_nodes=("node-a",),
-        per_pod={"db-1": PodEntry(1), "db-0": PodEntry(1)},
+        per_pod={"db-1": PodEntry(1, updated_at=NOW), "db-0": PodEntry(1, ("node-b",), True)},
         handled=("u1",),
         updated_at=NOW,
     )
     text = dump_state(state)
     assert text == (
         '{"excludedNodes":["node-a"],"exhaustedRecorded":false,"handled":["u1"],"moves":1,'
-        '"pods":{"db-0":{"excludedNodes":[],"exhaustedRecorded":false,"moves":1},'
-        '"db-1":{"excludedNodes":[],"exhaustedRecorded":false,"moves":1}},'
-        '"updatedAt":"2026-03-14T09:26:53Z","version":1}'
+        '"pods":{"db-0":{"excludedNodes":["node-b"],"exhaustedRecorded":true,"moves":1},'
+        '"db-1":{"moves":1,"updatedAt":"2026-03-14T09:26:53Z"}},'
+        '"updatedAt":"2026-03-14T09:26:53Z","version":2}'
     )
-    assert json.loads(text)["version"] == 1
+
+
+# What the previous release wrote (version 1): per-pod entries without a timestamp.
+V1_STATE = (
+    '{"excludedNodes":[],"exhaustedRecorded":false,"handled":["u1","u2"],"moves":3,'
+    '"pods":{"db-0":{"excludedNodes":["node-a"],"exhaustedRecorded":false,"moves":2},'
+    '"db-1":{"excludedNodes":[],"exhaustedRecorded":true,"moves":1}},'
+    '"updatedAt":"2026-03-14T09:00:00Z","version":1}'
+)
+
+
+def test_a_version_1_state_is_read_and_written_as_version_2() -> None:
+    written_at = pods.NOW.replace(minute=0, second=0)
+    state = load_state(V1_STATE)
+    # An entry's last change is no later than the state's last write: the conservative time.
+    assert state.per_pod == {
+        "db-0": PodEntry(2, ("node-a",), updated_at=written_at),
+        "db-1": PodEntry(1, (), exhausted_recorded=True, updated_at=written_at),
+    }
+    assert (state.moves, state.handled, state.updated_at) == (3, ("u1", "u2"), written_at)
+    text = dump_state(state)
+    assert json.loads(text)["version"] == 2
+    assert json.loads(text)["pods"]["db-0"] == {
+        "excludedNodes": ["node-a"],
+        "moves": 2,
+        "updatedAt": "2026-03-14T09:00:00Z",
+    }
+    assert load_state(text) == state
+
+
+def test_a_version_1_state_without_a_timestamp_is_never_pruned_for_age() -> None:
+    old = '{"version":1,"moves":1,"pods":{"db-0":{"moves":1,"excludedNodes":["node-a"]}}}'
+    state = load_state(old)
+    assert state.per_pod["db-0"].updated_at is None
+    result = plan(
+        state, failed("u9", "node-b", "db-1", STS), Policy(3, STS), NOW + timedelta(days=9)
+    )
+    assert result.new_state is not None
+    assert result.new_state.per_pod["db-0"] == PodEntry(1, ("node-a",))
+
+
+def test_a_planned_v1_state_is_written_as_version_2() -> None:
+    result = plan(load_state(V1_STATE), failed("u9", "node-c", "db-0", STS), Policy(3, STS), NOW)
+    assert result.new_state is not None
+    assert json.loads(dump_state(result.new_state))["version"] == 2
 
 
 def test_a_planned_state_round_trips() -> None:
@@ -511,7 +873,18 @@ CORRUPT = {
     "not JSON": "{moves: 1",
     "a JSON list": "[1, 2]",
     "no version": '{"moves": 1}',
-    "a future version": '{"version": 2, "moves": 1}',
+    "a future version": '{"version": 3, "moves": 1}',
+    "a version 1 entry with a version 2 field": (
+        '{"version": 1, "pods": {"db-0": {"moves": 1, "updatedAt": "2026-03-14T09:00:00Z"}}}'
+    ),
+    "a per-pod entry with an unreadable timestamp": (
+        '{"version": 2, "pods": {"db-0": {"moves": 1, "updatedAt": "soon"}}}'
+    ),
+    "an invalid node name": '{"version": 2, "excludedNodes": ["node-1", "Bad_Name!"]}',
+    "an invalid node name of a pod": (
+        '{"version": 2, "pods": {"db-0": {"moves": 1, "excludedNodes": ["node_1"]}}}'
+    ),
+    "a node name of 254 characters": '{"version": 2, "excludedNodes": ["' + "a" * 254 + '"]}',
     "a version that is a string": '{"version": "1"}',
     "a negative count": '{"version": 1, "moves": -1}',
     "a count that is a string": '{"version": 1, "moves": "2"}',
@@ -534,5 +907,52 @@ def test_a_corrupt_state_is_an_error_never_a_fresh_start(text: str) -> None:
 
 
 def test_a_future_version_says_so() -> None:
-    with pytest.raises(StateError, match="version 2 is not supported"):
-        load_state('{"version": 2}')
+    with pytest.raises(StateError, match="version 3 is not supported"):
+        load_state('{"version": 3}')
+
+
+def test_an_invalid_node_name_says_which() -> None:
+    with pytest.raises(StateError, match="'Bad_Name!'"):
+        load_state('{"version": 2, "excludedNodes": ["node-1", "Bad_Name!"]}')
+
+
+def test_a_lenient_read_skips_invalid_node_names_and_keeps_the_valid_ones() -> None:
+    text = json.dumps(
+        {
+            "version": 2,
+            "excludedNodes": ["Bad_Name!", "node-1", ""],
+            "pods": {"db-0": {"moves": 1, "excludedNodes": ["node-2", "NODE-3"]}},
+        }
+    )
+    loaded = load_state_lenient(text)
+    assert loaded.state.excluded_nodes == ("node-1",)
+    assert loaded.state.per_pod["db-0"].excluded_nodes == ("node-2",)
+    assert loaded.skipped_nodes == ("NODE-3", "Bad_Name!", "")
+
+
+def test_a_lenient_read_still_refuses_a_damaged_state() -> None:
+    with pytest.raises(StateError):
+        load_state_lenient('{"version": 2, "excludedNodes": [1]}')
+
+
+NODE_NAMES = {
+    "node-1": True,
+    "ip-10-0-0-12.eu-west-1.compute.internal": True,
+    "worker7": True,
+    "a" * 253: True,
+    "a" * 254: False,
+    "Bad_Name!": False,
+    "Node-1": False,
+    "-node": False,
+    "node-": False,
+    "node..1": False,
+    ".node": False,
+    "node 1": False,
+    "n\u00f6de": False,
+    "": False,
+}
+
+
+@pytest.mark.parametrize(("name", "valid"), NODE_NAMES.items(), ids=[n[:20] for n in NODE_NAMES])
+def test_node_names_are_dns_1123_subdomains(name: str, valid: bool) -> None:
+    assert is_valid_node_name(name) is valid
