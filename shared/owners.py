@@ -13,6 +13,11 @@ the pod's controller, that has it. The Deployment controller copies a Deployment
 onto its ReplicaSets, so a Deployment's policy is found on the ReplicaSet and the Deployment
 is never read: one GET per pod create in the webhook's hot path. A CronJob's annotations are
 not copied onto its Jobs (only the jobTemplate's are), hence the one extra hop there.
+
+A pod without a controller reads its policy only from its own ``scheduling-retries``, never
+from the webhook's stamp (``kn-rescheduler.io/scheduling-retries``): a pod orphaned from its
+ReplicaSet (``kubectl delete rs --cascade=orphan``) keeps the stamp, and must not become an
+opted-in bare pod that update-annotations would recreate on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from shared.classify import controller_of
 from shared.constants import POLICY_ANNOTATION
 from shared.kube import Kube
 from shared.policy import OwnerKind
+from shared.state import StatefulSetRange
 
 # Kinds whose pods we act on, and the kind that holds their state.
 STATEFUL: Final = OwnerKind.STATEFUL_SET.value
@@ -57,6 +63,17 @@ class Holder:
     resource_version: str
     annotations: Mapping[str, str]
     replicas: int | None = None
+    # A StatefulSet's first ordinal: spec.ordinals.start, 0 when unset. None when unknown (not
+    # a StatefulSet, or not read): then its pod entries are never pruned for their names,
+    # since a wrong start would drop the entries of pods the set still has.
+    start_ordinal: int | None = None
+
+    @property
+    def statefulset(self) -> StatefulSetRange | None:
+        """The pod names a StatefulSet holder wants now, for pruning its per-pod state."""
+        if self.ref.kind != STATEFUL or self.replicas is None or self.start_ordinal is None:
+            return None
+        return StatefulSetRange(self.ref.name, self.replicas, self.start_ordinal)
 
 
 @dataclass(frozen=True)
@@ -85,9 +102,18 @@ def _ref(namespace: str, owner: Mapping[str, Any]) -> Ref:
     )
 
 
-def _holder(kind: str, obj: Mapping[str, Any]) -> Holder:
+def holder_of(kind: str, obj: Mapping[str, Any]) -> Holder:
+    """The Holder view of an object of `kind` as the API returned it (also for re-reads)."""
     meta = obj.get("metadata") or {}
-    replicas = (obj.get("spec") or {}).get("replicas")
+    spec = obj.get("spec") or {}
+    replicas = spec.get("replicas")
+    start: int | None = None
+    if kind == STATEFUL:
+        # spec.ordinals.start (StatefulSetStartOrdinal, GA in 1.31): pods are numbered from
+        # there, and the controller's getStartOrdinal is 0 when spec.ordinals is unset.
+        ordinals = spec.get("ordinals")
+        raw = (ordinals or {}).get("start", 0) if isinstance(ordinals, dict | None) else None
+        start = raw if type(raw) is int and raw >= 0 else None
     return Holder(
         ref=Ref(
             kind=kind,
@@ -97,7 +123,8 @@ def _holder(kind: str, obj: Mapping[str, Any]) -> Holder:
         ),
         resource_version=str(meta.get("resourceVersion", "")),
         annotations=dict(meta.get("annotations") or {}),
-        replicas=int(replicas) if isinstance(replicas, int) else None,
+        replicas=replicas if type(replicas) is int and replicas >= 0 else None,
+        start_ordinal=start,
     )
 
 
@@ -111,7 +138,7 @@ def resolve(kube: Kube, namespace: str, pod: Mapping[str, Any]) -> Resolution:
     owner = controller_of(pod)  # type: ignore[arg-type]
     if owner is None:
         pod_ref = Ref(BARE, namespace, str(meta.get("name", "")), str(meta.get("uid", "")))
-        holder = _holder(BARE, {**pod, "metadata": {**meta, "namespace": namespace}})
+        holder = holder_of(BARE, {**pod, "metadata": {**meta, "namespace": namespace}})
         policy = holder.annotations.get(POLICY_ANNOTATION)
         return Resolution(BARE, holder, policy, pod_ref if policy is not None else None)
 
@@ -122,7 +149,7 @@ def resolve(kube: Kube, namespace: str, pod: Mapping[str, Any]) -> Resolution:
         return Resolution(first.kind, None, None, None, f"controller kind {first.kind} unsupported")
 
     obj = kube.get(first.kind, namespace, first.name)
-    holder = _holder(first.kind, obj)
+    holder = holder_of(first.kind, obj)
     if first.uid and holder.ref.uid and first.uid != holder.ref.uid:
         # Same name, new object: the pod's own controller is gone.
         return Resolution(first.kind, None, None, None, f"{first.describe()} was replaced")

@@ -1,0 +1,111 @@
+"""Owner resolution: where a pod's policy comes from, and what a StatefulSet holder wants."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from shared.kube import Kube
+from shared.owners import Holder, Ref, holder_of, resolve
+from shared.state import StatefulSetRange
+
+from . import pods
+
+# Bare pods are resolved from the pod alone; any API call would fail the test.
+NO_API = cast(Kube, None)
+
+
+def test_an_orphaned_pod_carrying_only_our_stamp_has_no_policy() -> None:
+    # After `kubectl delete rs --cascade=orphan` the garbage collector drops the pod's
+    # ownerReference; the webhook's stamp and exclusions stay on it.
+    orphan = pods.pod(owner=None, stamp="3", excluded=["node-a"])
+    resolution = resolve(NO_API, "shop", orphan)
+    assert resolution.owner_kind == "Pod"
+    assert resolution.policy is None
+    assert resolution.policy_ref is None
+
+
+def test_a_bare_pod_reads_its_policy_from_the_users_own_key() -> None:
+    bare = pods.pod("debug-shell", owner=None, stamp=None, annotations={"scheduling-retries": "2"})
+    resolution = resolve(NO_API, "shop", bare)
+    assert resolution.policy == "2"
+    assert resolution.policy_ref == Ref("Pod", "shop", "debug-shell", pods.uid("debug-shell"))
+
+
+def test_a_bare_pods_own_key_wins_over_a_stamp_it_carries() -> None:
+    bare = pods.pod(owner=None, stamp="9", annotations={"scheduling-retries": "2"})
+    assert resolve(NO_API, "shop", bare).policy == "2"
+
+
+def statefulset(
+    name: str = "db", replicas: int = 3, ordinals: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A StatefulSet as the API server returns it (defaults filled in)."""
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "selector": {"matchLabels": {"app": name}},
+        "serviceName": name,
+        "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"containers": [{"name": "db", "image": "postgres:16"}]},
+        },
+        "podManagementPolicy": "OrderedReady",
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+        "revisionHistoryLimit": 10,
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+    }
+    if ordinals is not None:
+        spec["ordinals"] = ordinals
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": name,
+            "namespace": "shop",
+            "uid": pods.uid(f"StatefulSet/{name}"),
+            "resourceVersion": "48213",
+            "generation": 2,
+            "annotations": {"scheduling-retries": "3"},
+        },
+        "spec": spec,
+        "status": {"replicas": replicas, "readyReplicas": replicas, "observedGeneration": 2},
+    }
+
+
+RANGES = {
+    "a set without spec.ordinals numbers its pods from 0": (
+        statefulset(),
+        StatefulSetRange("db", 3, 0),
+    ),
+    "spec.ordinals.start moves the first ordinal": (
+        statefulset(ordinals={"start": 5}),
+        StatefulSetRange("db", 3, 5),
+    ),
+    "spec.ordinals without start starts at 0": (
+        statefulset(ordinals={}),
+        StatefulSetRange("db", 3, 0),
+    ),
+    "a set scaled to zero wants no pod": (
+        statefulset(replicas=0),
+        StatefulSetRange("db", 0, 0),
+    ),
+    "an unreadable start is unknown, so nothing is pruned by name": (
+        statefulset(ordinals={"start": "5"}),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(("obj", "expected"), RANGES.values(), ids=RANGES.keys())
+def test_a_statefulset_holder_knows_which_pods_the_set_wants(
+    obj: dict[str, Any], expected: StatefulSetRange | None
+) -> None:
+    assert holder_of("StatefulSet", obj).statefulset == expected
+
+
+def test_only_a_statefulset_has_a_range_of_pods() -> None:
+    replicaset = {"metadata": {"name": "web-7d9c8b6f4"}, "spec": {"replicas": 3}}
+    assert holder_of("ReplicaSet", replicaset).statefulset is None
+    # A Holder built without reading spec.ordinals does not guess a start.
+    assert Holder(Ref("StatefulSet", "shop", "db"), "1", {}, replicas=3).statefulset is None
