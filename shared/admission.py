@@ -2,20 +2,28 @@
 
 The webhook copies the owner's policy and recorded exclusions onto the pod (so detect-failures
 can judge the pod without API access) and adds a required node affinity that keeps the
-scheduler off the excluded nodes, merged into whatever affinity the pod already has.
+scheduler off the excluded nodes, merged into whatever affinity the pod already has. It also
+copies the owner's `kn-rescheduler.io/stuck-after`, so the sweep can judge the pod alone.
+
+The stamps are ours (`kn-rescheduler.io/...`), never the user's `scheduling-retries`: an owner
+without a policy gets stale stamps removed, and a policy of 0 (or one we cannot read) is
+stamped but excludes no node, so turning rescheduling off also stops the recorded exclusions.
 
 The API server applies the JSON Patch we return after our webhook answered, and
 `failurePolicy: Ignore` does not cover a patch that fails to apply: a wrong patch rejects the
 pod. So the patch is never written by hand: we change a deep copy and let `jsonpatch` diff the
 two, which also keeps the patch minimal (`add` on `/metadata/annotations` replaces the whole
-map when it exists, so a hand-written one would drop the user's annotations).
+map when it exists, so a hand-written one would drop the user's annotations). For the same
+reason nothing we write may be invalid: every excluded node must be a valid node name (one
+value per NotIn, as the API requires for node field selectors), and our stamps must not take
+the pod's annotations past the API's size limit.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -25,7 +33,9 @@ from shared.constants import (
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
     OPT_OUT_LABEL,
+    POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,
+    STUCK_AFTER_ANNOTATION,
 )
 from shared.kubetypes import (
     Affinity,
@@ -36,9 +46,18 @@ from shared.kubetypes import (
     Pod,
     PodSpec,
 )
+from shared.policy import MAX_RETRIES, parse_retries
+from shared.state import MAX_EXCLUDED_NODES, is_valid_node_name
 
 # The only field a node selector can match on.
 NODE_NAME_FIELD: Final = "metadata.name"
+# The API server refuses an object whose annotation keys and values add up to more than this
+# (apimachinery's TotalAnnotationSizeLimitB), and failurePolicy Ignore does not save the pod.
+ANNOTATIONS_SIZE_LIMIT: Final = 256 * 1024
+# Owner values we copy onto the pod are cut (the policy) or left out (stuck-after) past this
+# length: a valid value is a few characters, and a huge one must not push the pod's
+# annotations past the API's limit. A policy cut this short stays invalid if it was invalid.
+MAX_COPIED_VALUE: Final = 64
 
 
 @dataclass(frozen=True)
@@ -48,10 +67,14 @@ class OwnerFacts:
     # The owner's raw scheduling-retries value, stamped as is (detect-failures parses it and
     # warns about bad values); None when the owner has no policy.
     policy: str | None
-    # The nodes this pod must avoid: `state.exclusions_for(...)` of the owner's state.
+    # The nodes this pod must avoid: `state.exclusions_for(...)` of the owner's state. Only
+    # applied while the policy allows moves (a whole number from 1 to `max_retries`).
     excluded_nodes: tuple[str, ...] = ()
     # Also write kse.com/scheduled-hosts for the original Podrescheduling scheduler plugin.
     kse_compat: bool = False
+    # The owner's kn-rescheduler.io/stuck-after, copied verbatim for the sweep; None if unset.
+    stuck_after: str | None = None
+    max_retries: int = MAX_RETRIES
 
 
 @dataclass(frozen=True)
@@ -82,7 +105,12 @@ def node_exclusion_requirements(nodes: Iterable[str]) -> list[NodeSelectorRequir
 
 
 def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
-    """The patch that stamps the owner's policy and exclusions onto a pod being created."""
+    """The patch that stamps the owner's policy and exclusions onto a pod being created.
+
+    An owner without a policy gets stale stamps (copied from a template or another pod)
+    removed, so the pod does not look opted in. With a policy of 0 (or one we cannot read)
+    the policy is stamped, so detect-failures can tell, but no node is excluded.
+    """
     labels = pod.get("metadata", {}).get("labels") or {}
     if OPT_OUT_LABEL in labels:
         return Mutation(reasons=(f"pod has the {OPT_OUT_LABEL} label",), pod=pod)
@@ -90,27 +118,43 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     reasons: list[str] = []
     meta = changed.setdefault("metadata", {})
     annotations = dict(meta.get("annotations") or {})
-    nodes = tuple(dict.fromkeys(node for node in owner.excluded_nodes if node))
+    nodes = _nodes_to_exclude(owner, reasons)
 
-    if owner.policy is not None and annotations.get(POLICY_STAMP_ANNOTATION) != owner.policy:
-        annotations[POLICY_STAMP_ANNOTATION] = owner.policy
-        reasons.append(f"stamped {POLICY_STAMP_ANNOTATION}={owner.policy}")
+    if owner.policy is None:
+        _remove(annotations, POLICY_STAMP_ANNOTATION, reasons)
+    else:
+        _set(annotations, POLICY_STAMP_ANNOTATION, owner.policy[:MAX_COPIED_VALUE], reasons)
+        if owner.stuck_after is None:
+            _remove(annotations, STUCK_AFTER_ANNOTATION, reasons)
+        elif len(owner.stuck_after) > MAX_COPIED_VALUE:
+            reasons.append(f"owner's {STUCK_AFTER_ANNOTATION} is too long to be a duration")
+            _remove(annotations, STUCK_AFTER_ANNOTATION, reasons)
+        else:
+            _set(annotations, STUCK_AFTER_ANNOTATION, owner.stuck_after, reasons)
 
     stamps = [EXCLUDED_NODES_ANNOTATION]
     if owner.kse_compat:
         stamps.append(KSE_SCHEDULED_HOSTS_ANNOTATION)
     for key in stamps:
         if nodes:
-            value = json.dumps(list(nodes), separators=(",", ":"))
-            if annotations.get(key) != value:
-                annotations[key] = value
-                reasons.append(f"stamped {key}={value}")
-        elif key in annotations:
+            _set(annotations, key, json.dumps(list(nodes), separators=(",", ":")), reasons)
+        else:
             # Copied from a template or an older pod: it no longer matches the owner's state,
             # and a stale list would make an unschedulable pod look like our doing.
-            del annotations[key]
-            reasons.append(f"removed stale {key}")
+            _remove(annotations, key, reasons)
 
+    if (
+        _annotations_size(annotations)
+        > ANNOTATIONS_SIZE_LIMIT
+        >= _annotations_size(meta.get("annotations") or {})
+    ):
+        return Mutation(
+            reasons=(
+                f"our stamps would take the pod's annotations past the API's "
+                f"{ANNOTATIONS_SIZE_LIMIT // 1024} KiB: pod left unchanged",
+            ),
+            pod=pod,
+        )
     if annotations != (meta.get("annotations") or {}):
         meta["annotations"] = annotations
 
@@ -127,6 +171,49 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     if not patch:
         reasons.append("nothing to change")
     return Mutation(patch=patch, reasons=tuple(reasons), pod=changed)
+
+
+def _nodes_to_exclude(owner: OwnerFacts, reasons: list[str]) -> tuple[str, ...]:
+    """The owner's exclusions this pod may carry: none unless the policy allows moves, only
+    names the API server accepts in a node field selector, each once, the most recent
+    `MAX_EXCLUDED_NODES`."""
+    if not owner.excluded_nodes:
+        return ()
+    retries = parse_retries(owner.policy, owner.max_retries)
+    if not isinstance(retries, int) or retries == 0:
+        # 0 turns rescheduling off, and a policy we cannot read is not a policy: either way
+        # the recorded exclusions must not keep pods off nodes any more.
+        why = "no policy" if retries is None else f"{POLICY_ANNOTATION}={owner.policy!r}"
+        reasons.append(f"{why}: the owner's {len(owner.excluded_nodes)} excluded node(s) ignored")
+        return ()
+    invalid = [node for node in owner.excluded_nodes if not is_valid_node_name(node)]
+    if invalid:
+        # Defence in depth: states are checked when read, but one invalid name here would make
+        # the API server refuse the pod, which failurePolicy Ignore does not cover.
+        shown = ", ".join(repr(node[:MAX_COPIED_VALUE]) for node in invalid[:5])
+        reasons.append(f"skipped {len(invalid)} invalid node name(s): {shown}")
+    nodes = tuple(dict.fromkeys(n for n in owner.excluded_nodes if is_valid_node_name(n)))
+    if len(nodes) > MAX_EXCLUDED_NODES:
+        reasons.append(f"kept the {MAX_EXCLUDED_NODES} most recent of {len(nodes)} nodes")
+        nodes = nodes[-MAX_EXCLUDED_NODES:]
+    return nodes
+
+
+def _set(annotations: dict[str, str], key: str, value: str, reasons: list[str]) -> None:
+    if annotations.get(key) != value:
+        annotations[key] = value
+        reasons.append(f"stamped {key}={value}")
+
+
+def _remove(annotations: dict[str, str], key: str, reasons: list[str]) -> None:
+    if key in annotations:
+        del annotations[key]
+        reasons.append(f"removed stale {key}")
+
+
+def _annotations_size(annotations: Mapping[str, str]) -> int:
+    # The API counts bytes of keys and values (Go's len of a string).
+    return sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
 
 
 def _exclude_nodes(spec: PodSpec, nodes: tuple[str, ...]) -> list[str]:

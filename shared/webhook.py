@@ -6,9 +6,12 @@ allows the pod without a patch and logs why (the registration's ``failurePolicy:
 covers failures to reach us, not a patch that fails to apply, so patches come from
 ``shared.admission``, correct by construction).
 
-For an opted-in pod it copies the policy and the excluded nodes from the owner's state onto
-the pod and adds the node affinity that keeps the scheduler off them. A bare pod replaced by
-update-annotations carries the state in its own annotations, so it needs no lookup.
+For an opted-in pod it copies the policy, the owner's stuck-after and the excluded nodes from
+the owner's state onto the pod and adds the node affinity that keeps the scheduler off them
+(none when the policy is 0 or unreadable). A bare pod replaced by update-annotations carries
+the state in its own annotations, so it needs no lookup. Node names in a state that Kubernetes
+would refuse are skipped and logged, never patched in: the API server would refuse the pod.
+A pod that did not opt in only loses stale stamps of ours copied from elsewhere.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from typing import Any
 from shared import kube, metrics
 from shared.admission import Mutation, OwnerFacts, mutate
 from shared.config import Config
-from shared.constants import STATE_ANNOTATION
+from shared.constants import STATE_ANNOTATION, STUCK_AFTER_ANNOTATION
 from shared.kubetypes import Pod
-from shared.owners import resolve
+from shared.owners import Holder, resolve
 from shared.policy import OwnerKind
-from shared.state import StateError, exclusions_for, load_state
+from shared.state import StateError, exclusions_for, load_state_lenient
 
 log = logging.getLogger(__name__)
 
@@ -84,25 +87,47 @@ class Admitter:
         pod: Pod = request.get("object") or {}  # type: ignore[assignment]
         meta = pod.get("metadata", {})
         resolution = resolve(self.api, namespace, pod)
-        if resolution.holder is None or resolution.policy is None:
+        if resolution.holder is None:
             return None
         holder = resolution.holder
+        excluded: tuple[str, ...] = ()
+        if resolution.policy is not None:
+            excluded = self._exclusions(holder, resolution.owner_kind, meta.get("name"))
+        facts = OwnerFacts(
+            policy=resolution.policy,
+            excluded_nodes=excluded,
+            kse_compat=self.cfg.kse_compat,
+            stuck_after=holder.annotations.get(STUCK_AFTER_ANNOTATION),
+            max_retries=self.cfg.max_retries,
+        )
+        # Also for pods that did not opt in: stamps copied from a template or another pod are
+        # removed, so such a pod never looks opted in to detect-failures.
+        mutation = mutate(pod, facts)
+        if resolution.policy is not None or mutation.changed:
+            log.info(
+                "admitted pod",
+                extra={
+                    "pod": f"{namespace}/{meta.get('name') or meta.get('generateName', '')}",
+                    "owner": holder.ref.describe(),
+                    "reasons": list(mutation.reasons),
+                },
+            )
+        return mutation
+
+    def _exclusions(self, holder: Holder, owner_kind: str, pod_name: str | None) -> tuple[str, ...]:
+        """The owner's recorded exclusions for this pod, without names Kubernetes would refuse
+        (a hand-edited state, or a tenant's own bare-pod state): those are skipped and logged,
+        the valid ones kept. An unreadable state gives none."""
         try:
-            state = load_state(holder.annotations.get(STATE_ANNOTATION))
+            loaded = load_state_lenient(holder.annotations.get(STATE_ANNOTATION))
         except StateError as exc:
             log.warning("%s: unreadable state, no exclusions: %s", holder.ref.describe(), exc)
-            state = load_state(None)
-        excluded = exclusions_for(state, OwnerKind(resolution.owner_kind), meta.get("name"))
-        facts = OwnerFacts(
-            policy=resolution.policy, excluded_nodes=excluded, kse_compat=self.cfg.kse_compat
-        )
-        mutation = mutate(pod, facts)
-        log.info(
-            "admitted pod",
-            extra={
-                "pod": f"{namespace}/{meta.get('name') or meta.get('generateName', '')}",
-                "owner": holder.ref.describe(),
-                "reasons": list(mutation.reasons),
-            },
-        )
-        return mutation
+            return ()
+        if loaded.skipped_nodes:
+            log.warning(
+                "%s: state lists %d invalid node name(s), skipped: %s",
+                holder.ref.describe(),
+                len(loaded.skipped_nodes),
+                ", ".join(repr(name[:64]) for name in loaded.skipped_nodes[:5]),
+            )
+        return exclusions_for(loaded.state, OwnerKind(owner_kind), pod_name)

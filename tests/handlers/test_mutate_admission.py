@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
+from typing import Any, cast
 
+import jsonpatch
+
+from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_STAMP_ANNOTATION, STATE_ANNOTATION
 from tests.handlers.conftest import ClientFactory
 from tests.unit import pods
+from tests.unit.apivalidation import api_server_errors
+
+
+def patch_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    assert answer.get("patchType") == "JSONPatch"
+    return cast(list[dict[str, Any]], json.loads(base64.b64decode(answer["patch"])))
 
 
 def review(operation: str = "CREATE", kind: str = "Pod", obj: object = None) -> dict[str, object]:
@@ -42,8 +53,76 @@ def test_a_bare_pod_with_a_policy_is_stamped_without_any_lookup(
     bare = pods.pod(owner=None, node=None, stamp=None, annotations={"scheduling-retries": "2"})
     answer = client.post("/", json=review(obj=bare)).get_json()["response"]
     assert answer["allowed"] is True
-    # The user's own annotation is the policy: nothing to add, no exclusions yet.
-    assert "patch" not in answer
+    # The user's own annotation is the policy; the stamp is ours, next to it. No exclusions yet.
+    assert patch_of(answer) == [
+        {
+            "op": "add",
+            "path": "/metadata/annotations/kn-rescheduler.io~1scheduling-retries",
+            "value": "2",
+        }
+    ]
+
+
+def test_invalid_node_names_in_a_bare_pods_state_are_skipped_and_the_pod_stays_valid(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    # A tenant's own bare pod, with a hand-written state: the API server would refuse a pod
+    # avoiding "Bad_Name!", and failurePolicy Ignore would not save it.
+    client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
+    state = '{"version":2,"moves":1,"excludedNodes":["Bad_Name!","node-1"]}'
+    bare = pods.pod(
+        owner=None,
+        node=None,
+        stamp=None,
+        annotations={"scheduling-retries": "2", STATE_ANNOTATION: state},
+    )
+    answer = client.post("/", json=review(obj=bare)).get_json()["response"]
+    assert answer["allowed"] is True
+    created = jsonpatch.apply_patch(bare, patch_of(answer))
+    assert created["spec"]["affinity"]["nodeAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}
+                    ]
+                }
+            ]
+        }
+    }
+    assert created["metadata"]["annotations"][EXCLUDED_NODES_ANNOTATION] == '["node-1"]'
+    assert api_server_errors(created) == []
+
+
+def test_a_policy_of_zero_stamps_the_pod_but_injects_no_exclusions(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
+    state = '{"version":2,"moves":2,"excludedNodes":["node-a","node-b"]}'
+    bare = pods.pod(
+        owner=None,
+        node=None,
+        stamp=None,
+        excluded=["node-a"],
+        annotations={"scheduling-retries": "0", STATE_ANNOTATION: state},
+    )
+    answer = client.post("/", json=review(obj=bare)).get_json()["response"]
+    created = jsonpatch.apply_patch(bare, patch_of(answer))
+    assert "affinity" not in created["spec"]
+    assert created["metadata"]["annotations"][POLICY_STAMP_ANNOTATION] == "0"
+    assert EXCLUDED_NODES_ANNOTATION not in created["metadata"]["annotations"]
+
+
+def test_a_bare_pod_carrying_only_our_stamp_loses_it(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    # e.g. an orphaned pod's manifest applied again: our stamp is not the user's policy.
+    client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
+    copied = pods.pod(owner=None, node=None, stamp="3", excluded=["node-a"])
+    answer = client.post("/", json=review(obj=copied)).get_json()["response"]
+    created = jsonpatch.apply_patch(copied, patch_of(answer))
+    assert POLICY_STAMP_ANNOTATION not in created["metadata"].get("annotations", {})
+    assert EXCLUDED_NODES_ANNOTATION not in created["metadata"].get("annotations", {})
 
 
 def test_other_operations_and_kinds_are_allowed_untouched(

@@ -11,9 +11,12 @@ import pytest
 
 from shared.admission import Mutation, OwnerFacts, mutate, node_exclusion_requirements
 from shared.kubetypes import Pod
+from shared.state import MAX_EXCLUDED_NODES
 
 from . import pods
+from .apivalidation import api_server_errors
 
+STAMP = "kn-rescheduler.io/scheduling-retries"
 EXCLUDE_AB = OwnerFacts(policy="3", excluded_nodes=("node-a", "node-b"))
 NOT_A = {"key": "metadata.name", "operator": "NotIn", "values": ["node-a"]}
 NOT_B = {"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}
@@ -26,6 +29,7 @@ def checked_mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     original = copy.deepcopy(pod)
     mutation = mutate(pod, owner)
     assert pod == original, "mutate must not change its input"
+    assert api_server_errors(mutation.pod) == [], "the API server would refuse the patched pod"
     patched = jsonpatch.apply_patch(pod, list(mutation.patch))
     assert patched == mutation.pod, "the patch must turn the pod into exactly the changed copy"
     if (pod.get("metadata") or {}).get("annotations") is not None:
@@ -64,13 +68,13 @@ def test_existing_annotations_are_kept_and_ours_added_key_by_key() -> None:
     assert annotations == {
         "prometheus.io/scrape": "true",
         "kubectl.kubernetes.io/restartedAt": "2026-03-14T08:00:00Z",
-        "scheduling-retries": "3",
+        "kn-rescheduler.io/scheduling-retries": "3",
         "kn-rescheduler.io/excluded-nodes": '["node-a","node-b"]',
     }
     paths = {op["path"] for op in mutation.patch if op["op"] == "add"}
     # Keys with "/" are escaped as "~1" in a JSON Pointer.
     assert "/metadata/annotations/kn-rescheduler.io~1excluded-nodes" in paths
-    assert "/metadata/annotations/scheduling-retries" in paths
+    assert "/metadata/annotations/kn-rescheduler.io~1scheduling-retries" in paths
 
 
 def test_a_pod_without_annotations_gets_the_whole_map() -> None:
@@ -81,7 +85,7 @@ def test_a_pod_without_annotations_gets_the_whole_map() -> None:
         "op": "add",
         "path": "/metadata/annotations",
         "value": {
-            "scheduling-retries": "3",
+            "kn-rescheduler.io/scheduling-retries": "3",
             "kn-rescheduler.io/excluded-nodes": '["node-a","node-b"]',
         },
     } in mutation.patch
@@ -180,15 +184,32 @@ def test_no_exclusions_means_no_affinity_change_but_the_policy_is_stamped() -> N
     mutation = checked_mutate(pod, OwnerFacts(policy="3"))
     assert mutation.pod["spec"] == pod["spec"]
     assert mutation.patch == (
-        {"op": "add", "path": "/metadata/annotations", "value": {"scheduling-retries": "3"}},
+        {"op": "add", "path": "/metadata/annotations", "value": {STAMP: "3"}},
+    )
+
+
+def test_the_stamp_is_ours_and_the_users_own_key_is_left_alone() -> None:
+    # A pod template carrying the user's key (e.g. copied from the Deployment's metadata).
+    pod = pods.new_pod(annotations={"scheduling-retries": "9"})
+    mutation = checked_mutate(pod, OwnerFacts(policy="3"))
+    assert mutation.patch == (
+        {
+            "op": "add",
+            "path": "/metadata/annotations/kn-rescheduler.io~1scheduling-retries",
+            "value": "3",
+        },
     )
 
 
 def test_the_owners_policy_replaces_a_different_stamp_from_the_template() -> None:
-    pod = pods.new_pod(annotations={"scheduling-retries": "9"})
+    pod = pods.new_pod(annotations={STAMP: "9"})
     mutation = checked_mutate(pod, OwnerFacts(policy="3"))
     assert mutation.patch == (
-        {"op": "replace", "path": "/metadata/annotations/scheduling-retries", "value": "3"},
+        {
+            "op": "replace",
+            "path": "/metadata/annotations/kn-rescheduler.io~1scheduling-retries",
+            "value": "3",
+        },
     )
 
 
@@ -203,7 +224,7 @@ def test_a_stale_exclusions_stamp_is_removed() -> None:
         annotations={"kn-rescheduler.io/excluded-nodes": '["node-old"]', "team": "shop"}
     )
     mutation = checked_mutate(pod, OwnerFacts(policy="3"))
-    assert mutation.pod["metadata"]["annotations"] == {"team": "shop", "scheduling-retries": "3"}
+    assert mutation.pod["metadata"]["annotations"] == {"team": "shop", STAMP: "3"}
     assert {"op": "remove", "path": "/metadata/annotations/kn-rescheduler.io~1excluded-nodes"} in (
         mutation.patch
     )
@@ -250,3 +271,150 @@ def test_a_statefulset_pod_with_its_name_is_patched_the_same_way() -> None:
 def test_exclusion_requirements_hold_one_node_each(nodes: tuple[str, ...]) -> None:
     requirements = node_exclusion_requirements(nodes)
     assert [r["values"] for r in requirements] == [[n] for n in nodes]
+
+
+def test_the_api_server_mirror_catches_what_the_api_server_refuses() -> None:
+    two_values = {"key": "metadata.name", "operator": "NotIn", "values": ["node-a", "node-b"]}
+    bad_name = {"key": "metadata.name", "operator": "NotIn", "values": ["Bad_Name!"]}
+    assert (
+        len(api_server_errors(pods.new_pod(affinity=required({"matchFields": [two_values]})))) == 1
+    )
+    assert len(api_server_errors(pods.new_pod(affinity=required({"matchFields": [bad_name]})))) == 1
+    assert len(api_server_errors(pods.new_pod(affinity=required()))) == 1
+    assert api_server_errors(pods.new_pod(affinity=required({"matchFields": [NOT_A, NOT_B]}))) == []
+
+
+def test_invalid_node_names_are_skipped_and_the_valid_ones_kept() -> None:
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts("3", ("Bad_Name!", "node-1")))
+    assert terms_of(mutation.pod) == [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}]}
+    ]
+    assert mutation.pod["metadata"]["annotations"]["kn-rescheduler.io/excluded-nodes"] == (
+        '["node-1"]'
+    )
+    assert "skipped 1 invalid node name(s): 'Bad_Name!'" in mutation.reasons
+
+
+HOSTILE_NAMES = (
+    "Bad_Name!",
+    "NODE-1",
+    "node 1",
+    "-node",
+    "node-",
+    "a" * 254,
+    "node\n1",
+    "n\u00f6de",
+    "../node",
+    '"],"values":["x',
+    "",
+)
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=[repr(n[:12]) for n in HOSTILE_NAMES])
+def test_whatever_the_owner_says_the_patched_pod_is_valid(name: str) -> None:
+    for affinity in (None, required({"matchExpressions": [ZONE]}, {"matchFields": [NOT_A]})):
+        pod = pods.new_pod(affinity=affinity)
+        mutation = checked_mutate(pod, OwnerFacts("3", (name, "node-b"), kse_compat=True))
+        fields = [r for term in terms_of(mutation.pod) for r in term.get("matchFields", [])]
+        assert {r["values"][0] for r in fields} <= {"node-a", "node-b"}
+        assert NOT_B in terms_of(mutation.pod)[0]["matchFields"]
+
+
+def test_at_most_the_most_recent_excluded_nodes_are_patched_in() -> None:
+    nodes = tuple(f"node-{i:03d}" for i in range(100))
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts("3", nodes))
+    values = [r["values"][0] for r in terms_of(mutation.pod)[0]["matchFields"]]
+    assert values == list(nodes[-MAX_EXCLUDED_NODES:])
+
+
+# A policy that does not allow moves excludes nothing.
+
+NO_MOVES = {
+    "0 turns rescheduling off": "0",
+    "a value that is not a number": "three",
+    "a value above the maximum": "101",
+    "a negative value": "-1",
+}
+
+
+@pytest.mark.parametrize("policy", NO_MOVES.values(), ids=NO_MOVES.keys())
+def test_a_policy_that_allows_no_moves_is_stamped_but_excludes_no_node(policy: str) -> None:
+    pod = pods.new_pod(
+        annotations={
+            "kn-rescheduler.io/excluded-nodes": '["node-old"]',
+            "kse.com/scheduled-hosts": '["node-old"]',
+        }
+    )
+    mutation = checked_mutate(pod, OwnerFacts(policy, ("node-a", "node-b"), kse_compat=True))
+    assert mutation.pod["metadata"]["annotations"] == {STAMP: policy}
+    assert "affinity" not in mutation.pod["spec"]
+    assert any("excluded node(s) ignored" in reason for reason in mutation.reasons)
+
+
+def test_the_configured_maximum_decides_whether_a_policy_allows_moves() -> None:
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts("50", ("node-a",), max_retries=10))
+    assert "affinity" not in mutation.pod["spec"]
+    assert checked_mutate(pods.new_pod(), OwnerFacts("10", ("node-a",), max_retries=10)).changed
+
+
+def test_a_huge_policy_value_is_cut_and_stays_invalid() -> None:
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts("9" * 100_000, ("node-a",)))
+    assert mutation.pod["metadata"]["annotations"] == {STAMP: "9" * 64}
+    assert "affinity" not in mutation.pod["spec"]
+
+
+def test_stamps_that_would_overflow_the_annotations_leave_the_pod_unchanged() -> None:
+    pod = pods.new_pod(annotations={"big": "x" * (256 * 1024 - 100)})
+    mutation = checked_mutate(pod, OwnerFacts("3", tuple(f"node-{i:03d}" for i in range(32))))
+    assert mutation.patch == ()
+    assert "annotations past" in mutation.reasons[0]
+
+
+# Pods whose owner has no policy never look opted in.
+
+
+def test_our_stale_stamps_are_removed_when_the_owner_has_no_policy() -> None:
+    # e.g. `kubectl get pod -o yaml` of an opted-in pod, applied again as a bare pod.
+    pod = pods.new_pod(
+        owner=None,
+        name="copy",
+        annotations={
+            STAMP: "3",
+            "kn-rescheduler.io/excluded-nodes": '["node-a"]',
+            "kn-rescheduler.io/stuck-after": "20m",
+            "team": "shop",
+        },
+    )
+    mutation = checked_mutate(pod, OwnerFacts(policy=None))
+    assert mutation.pod["metadata"]["annotations"] == {
+        "kn-rescheduler.io/stuck-after": "20m",
+        "team": "shop",
+    }
+
+
+# stuck-after travels from the owner to the pod, for the sweep.
+
+
+def test_the_owners_stuck_after_is_copied_verbatim() -> None:
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts("3", stuck_after="45m"))
+    assert mutation.pod["metadata"]["annotations"] == {
+        STAMP: "3",
+        "kn-rescheduler.io/stuck-after": "45m",
+    }
+    # Verbatim, even when the sweep will not be able to read it (it warns then).
+    odd = checked_mutate(pods.new_pod(), OwnerFacts("3", stuck_after="half an hour"))
+    assert odd.pod["metadata"]["annotations"]["kn-rescheduler.io/stuck-after"] == "half an hour"
+
+
+def test_a_stale_stuck_after_is_replaced_or_removed() -> None:
+    pod = pods.new_pod(annotations={"kn-rescheduler.io/stuck-after": "5m"})
+    replaced = checked_mutate(pod, OwnerFacts("3", stuck_after="1h"))
+    assert replaced.pod["metadata"]["annotations"]["kn-rescheduler.io/stuck-after"] == "1h"
+    removed = checked_mutate(pod, OwnerFacts("3"))
+    assert "kn-rescheduler.io/stuck-after" not in removed.pod["metadata"]["annotations"]
+    assert "removed stale kn-rescheduler.io/stuck-after" in removed.reasons
+
+
+def test_an_overlong_stuck_after_is_not_copied() -> None:
+    mutation = checked_mutate(pods.new_pod(), OwnerFacts("3", stuck_after="1" * 65 + "s"))
+    assert mutation.pod["metadata"]["annotations"] == {STAMP: "3"}
