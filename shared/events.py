@@ -14,14 +14,20 @@ always answers "OK", which the Broker would count as a failure) that answers:
 - ``500`` for what a person must fix (RBAC, a corrupt state annotation), so the event ends in
   the dead-letter sink instead of being lost.
 
-Every received event is logged as one JSON line holding the event in structured mode: the raw
-material the replay tool reads back.
+Every received event gets one compact JSON log line (id, type, subject, namespace/name,
+resourceVersion, outcome, status, duration, API writes). The event itself, in structured mode
+and redacted (``shared.logs.redact``), is added to that line only when the event led to
+something: a reply, an API write, a 4xx or 5xx. Those are the events the replay tool needs, and
+logging every pod of the cluster in full would put every pod's spec (literal env values
+included) in the log store. ``KN_RESCHEDULER_LOG_EVENTS=all`` or log level DEBUG logs every
+event in full, before it is handled.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -193,18 +199,89 @@ def serve(request: flask.Request, handler: Handler, *, function: str) -> flask.R
     try:
         event = parse(dict(request.headers.items()), request.get_data())
     except BadEvent as exc:
-        log.warning("malformed event: %s", exc)
+        # Nothing to replay: the body is not an event. Its size says more than its content
+        # would, and the content may be anything.
+        log.warning(
+            "malformed event: %s",
+            exc,
+            extra={
+                "outcome": OUTCOMES[400],
+                "status": 400,
+                "bytes": request.content_length,
+                "duration_ms": _millis(started),
+            },
+        )
         metrics.EVENTS.labels(function=function, type="malformed", outcome="400").inc()
         return failure(400, str(exc))
     with logs.event_context(event.id, event.type, event.subject):
-        log.info("event received", extra={"cloudevent": event.structured()})
-        with kube.forced_dry_run(event.attributes.get(DRY_RUN_EXTENSION) == "true"):
+        every = logs.log_every_event()
+        logged_in_full = every or log.isEnabledFor(logging.DEBUG)
+        if logged_in_full:
+            # Before handling, so that an event that crashes the process is still on record.
+            log.log(
+                logging.INFO if every else logging.DEBUG,
+                "event received",
+                extra={"cloudevent": logs.redact(event.structured())},
+            )
+        with (
+            kube.recording() as calls,
+            kube.forced_dry_run(event.attributes.get(DRY_RUN_EXTENSION) == "true"),
+        ):
             response = dispatch(event, handler, function=function)
+        writes = sum(1 for call in calls if call.method != "GET")
+        line = handled_line(event, response, started, writes)
+        if not logged_in_full and (response.status_code != 202 or writes):
+            line["cloudevent"] = logs.redact(event.structured())
+        log.info("event handled", extra=line)
         metrics.EVENTS.labels(
             function=function, type=event.type, outcome=str(response.status_code)
         ).inc()
         metrics.LATENCY.labels(function=function).observe(time.perf_counter() - started)
         return response
+
+
+# The answer of a function as a word, for people reading the compact line.
+OUTCOMES: dict[int, str] = {
+    200: "replied",
+    202: "accepted",
+    400: "rejected",
+    500: "needs a person",
+    503: "redeliver",
+}
+_POD_SUBJECT = re.compile(r"(?:^|/)namespaces/([^/]+)/pods/([^/]+)$")
+
+
+def handled_line(
+    event: Event, response: flask.Response, started: float, writes: int
+) -> dict[str, Any]:
+    """The compact line's fields (id, type and subject come from the event context)."""
+    status = response.status_code
+    line: dict[str, Any] = {
+        "outcome": OUTCOMES.get(status, "failed"),
+        "status": status,
+        "duration_ms": _millis(started),
+        "writes": writes,
+    }
+    matched = _POD_SUBJECT.search(event.subject)
+    namespace, name = (
+        matched.groups()
+        if matched
+        else (event.attributes.get("namespace", ""), event.attributes.get("name", ""))
+    )
+    if namespace or name:
+        line["object"] = f"{namespace}/{name}"
+    meta = event.data.get("metadata") if isinstance(event.data, dict) else None
+    if isinstance(meta, dict) and meta.get("resourceVersion"):
+        line["resourceVersion"] = str(meta["resourceVersion"])
+    reply_type = response.headers.get("ce-type")
+    if reply_type:
+        line["reply_type"] = reply_type
+        line["reply_id"] = response.headers.get("ce-id", "")
+    return line
+
+
+def _millis(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
 
 
 def dispatch(event: Event, handler: Handler, *, function: str) -> flask.Response:
@@ -228,5 +305,4 @@ def dispatch(event: Event, handler: Handler, *, function: str) -> flask.Response
         return failure(500, f"{type(exc).__name__}: {exc}")
     if reply is None:
         return accepted()
-    log.info("replying", extra={"reply_type": reply.type, "reply_subject": reply.subject})
     return reply_response(reply, function)

@@ -4,6 +4,12 @@ Input: the local router's archive (one structured CloudEvent per line) or the fu
 logs (``kubectl logs`` of a Knative Service: JSON lines whose ``cloudevent`` field holds the
 event received), from a file or stdin. Other lines are skipped and counted.
 
+By default a function logs the full event only for events that led to something (a reply, an
+API write, a 4xx or 5xx), redacted (literal env values and managedFields dropped, which no
+decision reads); other events get a compact line without the event, which is skipped here. So
+the logs replay every event that led to an action; ``KN_RESCHEDULER_LOG_EVENTS=all`` on the
+function logs (and so replays) every event.
+
 Events are sent in their recorded order, optionally at their recorded pace, either
 
 - to a running function (``--to URL``), in binary mode like a Broker; or
@@ -316,7 +322,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         items, skipped = read(stream)
     chosen = [i for i in items if Selection(args.type, args.subject, args.id, since, until)(i)]
     if skipped:
-        print(f"replay: skipped {skipped} line(s) that hold no CloudEvent", file=sys.stderr)
+        print(
+            f"replay: skipped {skipped} line(s) that hold no CloudEvent (functions log the "
+            "whole event only when it led to an action, unless KN_RESCHEDULER_LOG_EVENTS=all)",
+            file=sys.stderr,
+        )
     if not chosen:
         print("replay: no event matches", file=sys.stderr)
         return 0
