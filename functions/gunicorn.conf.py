@@ -6,10 +6,15 @@ One command serves any function, in its container and on a laptop alike:
       'functions_framework:create_app(target="handle", source="functions/NAME/main.py")'
 
 PORT is honoured as Knative sets it; TLS_CERT_FILE and TLS_KEY_FILE turn on TLS (the webhook:
-the API server only calls webhooks over HTTPS).
+the API server only calls webhooks over HTTPS). TLS_CLIENT_CA_FILE, with TLS on, makes the TLS
+handshake require a client certificate signed by that CA: a caller without one is refused
+before any HTTP is spoken. The API server presents such a certificate when its
+AdmissionConfiguration names a kubeconfig for the webhook (docs/install.md, "Hardening the
+webhook").
 """
 
 import os
+import ssl
 
 bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8080')}"
 # One process, several threads: the handlers wait on the API server, not on the CPU, and
@@ -27,3 +32,11 @@ loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "warning")
 if os.environ.get("TLS_CERT_FILE") and os.environ.get("TLS_KEY_FILE"):
     certfile = os.environ["TLS_CERT_FILE"]
     keyfile = os.environ["TLS_KEY_FILE"]
+    if os.environ.get("TLS_CLIENT_CA_FILE"):
+        # gunicorn builds a fresh SSLContext for every connection, so a rotated CA file (a
+        # mounted ConfigMap or Secret) is picked up without a restart, like the serving pair.
+        # Only this CA is trusted for clients, never the system's roots.
+        ca_certs = os.environ["TLS_CLIENT_CA_FILE"]
+        cert_reqs = ssl.CERT_REQUIRED
+elif os.environ.get("TLS_CLIENT_CA_FILE"):
+    raise RuntimeError("TLS_CLIENT_CA_FILE needs TLS: set TLS_CERT_FILE and TLS_KEY_FILE too")

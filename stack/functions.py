@@ -1,7 +1,9 @@
 """Each function as its own process, started exactly as its container starts it.
 
 The command is the image's command (gunicorn with functions/gunicorn.conf.py and
-functions-framework's app factory), so what the tests exercise is what ships.
+functions-framework's app factory), so what the tests exercise is what ships. A TLS server can
+also require client certificates (``client_tls``: its CA goes to TLS_CLIENT_CA_FILE, and the
+readiness check presents the client certificate, as the API server would).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from localcluster.procs import Proc
+from stack.webhook import ClientTLS
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 FUNCTIONS: Final = ("detect-failures", "update-annotations", "mutate-admission", "sweep-failures")
@@ -46,6 +49,7 @@ class FunctionServer:
         port: int | None = None,
         tls: tuple[Path, Path] | None = None,
         ca_file: Path | None = None,
+        client_tls: ClientTLS | None = None,
     ) -> None:
         if function not in FUNCTIONS:
             raise ValueError(f"unknown function {function!r}")
@@ -53,6 +57,7 @@ class FunctionServer:
         self.port = port or free_port()
         self.tls = tls
         self.ca_file = ca_file
+        self.client_tls = client_tls
         self.log_path = log_dir / f"{function}.log"
         self.env = {
             "PYTHONPATH": str(ROOT),
@@ -62,6 +67,10 @@ class FunctionServer:
         }
         if tls:
             self.env["TLS_CERT_FILE"], self.env["TLS_KEY_FILE"] = str(tls[0]), str(tls[1])
+        if client_tls:
+            if not tls:
+                raise ValueError("client certificates need a TLS server")
+            self.env["TLS_CLIENT_CA_FILE"] = str(client_tls.ca)
         self.proc: Proc | None = None
 
     @property
@@ -74,7 +83,7 @@ class FunctionServer:
             self.function, command(self.function), self.log_path, env=self.env, cwd=ROOT
         )
         deadline = time.monotonic() + timeout
-        context = ssl.create_default_context(cafile=str(self.ca_file)) if self.tls else None
+        context = self.ssl_context()
         while time.monotonic() < deadline:
             if not self.proc.alive():
                 raise RuntimeError(
@@ -87,6 +96,16 @@ class FunctionServer:
                 time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"{self.function} not answering on {self.url} after {timeout:.0f}s")
+
+    def ssl_context(self, *, with_client_cert: bool = True) -> ssl.SSLContext | None:
+        """A client context that trusts this server (and presents the client certificate
+        when the server requires one and ``with_client_cert``)."""
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        if self.client_tls and with_client_cert:
+            context.load_cert_chain(str(self.client_tls.crt), str(self.client_tls.key))
+        return context
 
     def stop(self) -> None:
         if self.proc is not None:

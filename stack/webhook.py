@@ -3,11 +3,16 @@
 The API server calls webhooks over HTTPS only. Locally the webhook runs on 127.0.0.1 with a
 serving certificate from a CA made at start-up; the registration names it by URL and carries
 that CA in caBundle, so it is the real API server that calls it on every pod CREATE.
+
+``make_client_tls`` makes what client-certificate authentication of the API server needs: a CA
+of its own for webhook clients (the webhook's TLS_CLIENT_CA_FILE) and a client certificate
+from it (what the API server's AdmissionConfiguration kubeconfig presents).
 """
 
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -17,6 +22,9 @@ from localcluster.pki import issue, make_ca
 from shared.constants import DEFAULT_NAMESPACE, OPT_OUT_LABEL
 
 NAME: Final = "kn-rescheduler-mutate-admission"
+# The identity the API server presents to the webhook (a name, no groups: the webhook checks
+# the signature only).
+CLIENT_NAME: Final = "kube-apiserver-webhook-client"
 
 
 def make_tls(directory: Path) -> tuple[Path, Path, Path]:
@@ -27,6 +35,24 @@ def make_tls(directory: Path) -> tuple[Path, Path, Path]:
         ca, "127.0.0.1", ip_addresses=("127.0.0.1",), dns_names=("localhost",), server=True
     ).write(directory, "webhook")
     return ca_crt, crt, key
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """A CA for the webhook's clients, and a client certificate it signed."""
+
+    ca: Path
+    crt: Path
+    key: Path
+
+
+def make_client_tls(directory: Path, common_name: str = CLIENT_NAME) -> ClientTLS:
+    """A CA used for nothing but webhook clients (so no other certificate of the cluster is
+    accepted) and a client certificate from it."""
+    ca = make_ca("kn-rescheduler-webhook-client-ca")
+    ca_crt, _ = ca.write(directory, "webhook-client-ca")
+    crt, key = issue(ca, common_name, client=True).write(directory, "webhook-client")
+    return ClientTLS(ca_crt, crt, key)
 
 
 def configuration(
