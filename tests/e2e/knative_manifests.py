@@ -3,7 +3,8 @@
 Rendering uses the kubectl of the cached control-plane binaries (``kubectl kustomize``), the
 same kustomize a user runs with ``kubectl apply -k knative/``. Components are added through an
 overlay written next to the test (kustomize refuses overlays inside their base and absolute
-paths, hence the relative path back to the repository).
+paths, hence the relative path back to the repository). ``render_opt_in`` renders the
+per-namespace bare-pod opt-in (knative/bare-pod-replacement) as a user's overlay does.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ COMPONENTS: Final = {
     "cert-manager": KNATIVE_DIR / "components" / "cert-manager",
     "webhook-deployment": KNATIVE_DIR / "components" / "webhook-deployment",
     "monitoring": KNATIVE_DIR / "monitoring",
+    "webhook-client-auth": KNATIVE_DIR / "components" / "webhook-client-auth",
+    "webhook-network-policy": KNATIVE_DIR / "components" / "webhook-network-policy",
 }
+BARE_POD_OPT_IN: Final = KNATIVE_DIR / "bare-pod-replacement"
 KSVC: Final = "serving.knative.dev/v1"
 
 Obj = dict[str, Any]
@@ -41,21 +45,43 @@ def kubectl() -> Path:
     return ensure_bins() / "kubectl"
 
 
-def render(*components: str, workdir: Path | None = None) -> list[Obj]:
-    """``kubectl kustomize knative/`` (plus the named components, through an overlay)."""
+def render(
+    *components: str, workdir: Path | None = None, patches: list[Obj] | None = None
+) -> list[Obj]:
+    """``kubectl kustomize knative/`` (plus the named components, in that order, and the
+    overlay's own ``patches``, through an overlay)."""
     target = KNATIVE_DIR
-    if components:
+    if components or patches:
         if workdir is None:
             raise ValueError("components need a workdir for the overlay")
         workdir.mkdir(parents=True, exist_ok=True)
-        overlay = {
+        overlay: Obj = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": [os.path.relpath(KNATIVE_DIR, workdir)],
             "components": [os.path.relpath(COMPONENTS[c], workdir) for c in components],
         }
+        if patches:
+            overlay["patches"] = patches
         (workdir / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
         target = workdir
+    return _kustomize(target)
+
+
+def render_opt_in(namespace: str, workdir: Path) -> list[Obj]:
+    """The bare-pod opt-in of one namespace, as docs/install.md tells a user to write it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": namespace,
+        "resources": [os.path.relpath(BARE_POD_OPT_IN, workdir)],
+    }
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    return _kustomize(workdir)
+
+
+def _kustomize(target: Path) -> list[Obj]:
     done = subprocess.run(
         [str(kubectl()), "kustomize", str(target)],
         capture_output=True,

@@ -45,6 +45,7 @@ from tests.e2e.knative_manifests import (
     of_kind,
     pod_spec,
     render,
+    render_opt_in,
     selected,
 )
 
@@ -73,6 +74,36 @@ def with_webhook_deployment(tmp_path_factory: pytest.TempPathFactory) -> list[Ob
 @pytest.fixture(scope="module")
 def with_monitoring(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
     return render("monitoring", workdir=tmp_path_factory.mktemp("overlay-mon"))
+
+
+# The order docs/install.md asks for: client-auth after what it patches.
+CLIENT_AUTH_ALL = ("webhook-deployment", "monitoring", "webhook-client-auth")
+API_SERVER_CIDR = "10.0.0.0/24"
+SET_CIDR = {
+    "target": {"kind": "NetworkPolicy", "name": "mutate-admission-from-api-server"},
+    "patch": yaml.safe_dump(
+        [{"op": "replace", "path": "/spec/ingress/0/from/0/ipBlock/cidr", "value": API_SERVER_CIDR}]
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def with_client_auth(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    return render("webhook-client-auth", workdir=tmp_path_factory.mktemp("overlay-ca"))
+
+
+@pytest.fixture(scope="module")
+def with_client_auth_everywhere(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    return render(*CLIENT_AUTH_ALL, workdir=tmp_path_factory.mktemp("overlay-ca-all"))
+
+
+@pytest.fixture(scope="module")
+def with_network_policy(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    return render(
+        "webhook-network-policy",
+        workdir=tmp_path_factory.mktemp("overlay-np"),
+        patches=[SET_CIDR],
+    )
 
 
 def names(objs: list[Obj], kind: str) -> set[str]:
@@ -274,6 +305,92 @@ def test_the_webhook_deployment_variant_runs_the_same_container_behind_the_same_
     )
 
 
+# -- webhook hardening: client certificates, network policy -------------------------------------
+
+
+def _client_ca_file(objs: list[Obj], workload: Obj) -> str:
+    """Where TLS_CLIENT_CA_FILE points, checked to be the ca.crt of the mounted client CA."""
+    env = environment(objs, workload)
+    mounts = {m["name"]: m for m in container(workload)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+    assert mounts["client-ca"]["readOnly"] is True
+    assert volumes["client-ca"]["secret"]["secretName"] == "mutate-admission-client-ca"
+    assert env["TLS_CLIENT_CA_FILE"] == f"{mounts['client-ca']['mountPath']}/ca.crt"
+    # The serving pair is still there: client certificates only come on top of TLS.
+    assert env["TLS_CERT_FILE"] and env["TLS_KEY_FILE"]
+    return env["TLS_CLIENT_CA_FILE"]
+
+
+def test_the_base_does_not_require_client_certificates(base: list[Obj]) -> None:
+    ksvc = knative_service(base, "mutate-admission")
+    assert "TLS_CLIENT_CA_FILE" not in environment(base, ksvc)
+
+
+def test_client_auth_makes_the_webhook_require_certificates_from_the_mounted_ca(
+    with_client_auth: list[Obj], with_client_auth_everywhere: list[Obj]
+) -> None:
+    _client_ca_file(with_client_auth, knative_service(with_client_auth, "mutate-admission"))
+    variant = with_client_auth_everywhere
+    _client_ca_file(variant, find(variant, "Deployment", "mutate-admission"))
+    # The kubelet's probes present no client certificate: TCP, not HTTPS.
+    probes = container(find(variant, "Deployment", "mutate-admission"))
+    assert probes["readinessProbe"]["tcpSocket"] == {"port": "user-port"}
+    assert probes["livenessProbe"]["tcpSocket"] == {"port": "user-port"}
+    # Prometheus presents a client certificate to scrape the webhook.
+    (endpoint,) = find(variant, "PodMonitor", "kn-rescheduler-webhook")["spec"][
+        "podMetricsEndpoints"
+    ]
+    assert endpoint["tlsConfig"]["cert"]["secret"]["name"] == "mutate-admission-metrics-client"
+    assert endpoint["tlsConfig"]["keySecret"]["name"] == "mutate-admission-metrics-client"
+    # The other functions are untouched.
+    for function in ("detect-failures", "update-annotations", "sweep-failures"):
+        ksvc = knative_service(with_client_auth, function)
+        assert "TLS_CLIENT_CA_FILE" not in environment(with_client_auth, ksvc)
+
+
+def test_the_network_policy_admits_only_the_api_server_to_the_webhook_port(
+    base: list[Obj], with_network_policy: list[Obj], with_webhook_deployment: list[Obj]
+) -> None:
+    (policy,) = of_kind(with_network_policy, "NetworkPolicy")
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    # It selects the webhook's pods in both variants, and nothing else.
+    ksvc_labels = knative_service(base, "mutate-admission")["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    deployment = find(with_webhook_deployment, "Deployment", "mutate-admission")
+    assert selector.items() <= ksvc_labels.items()
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    for function in ("detect-failures", "update-annotations", "sweep-failures"):
+        labels = {"app.kubernetes.io/name": function, "app.kubernetes.io/component": "function"}
+        assert not selector.items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook_port = container(knative_service(base, "mutate-admission"))["ports"][0]
+    to_webhook, to_queue_proxy = policy["spec"]["ingress"]
+    assert to_webhook["from"] == [{"ipBlock": {"cidr": API_SERVER_CIDR}}]
+    assert [p["port"] for p in to_webhook["ports"]] == [webhook_port["containerPort"]]
+    assert "from" not in to_queue_proxy
+    assert webhook_port["containerPort"] not in {p["port"] for p in to_queue_proxy["ports"]}
+
+
+# -- bare pods: the per-namespace opt-in -------------------------------------------------------
+
+
+def test_the_bare_pod_opt_in_is_one_rolebinding_in_the_namespace_that_opts_in(
+    base: list[Obj], tmp_path: Path
+) -> None:
+    (binding,) = render_opt_in("shop", tmp_path)
+    assert binding["kind"] == "RoleBinding"
+    assert binding["metadata"]["namespace"] == "shop"
+    role = find(base, "ClusterRole", binding["roleRef"]["name"])
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "patch"]}
+    ]
+    # kustomize's namespace transformer must not move the subject into the user's namespace.
+    (subject,) = binding["subjects"]
+    assert (subject["name"], subject["namespace"]) == ("update-annotations", NAMESPACE)
+    assert find(base, "ServiceAccount", subject["name"])["metadata"]["namespace"] == NAMESPACE
+
+
 # -- per-function deploys ---------------------------------------------------------------------
 
 
@@ -472,6 +589,36 @@ def test_the_cert_manager_variant_is_accepted_apart_from_cert_managers_own_kinds
     # above for what they say, the rest (the annotated webhook configuration) here.
     ours = [o for o in with_cert_manager if o["kind"] not in CERT_MANAGER_KINDS]
     _accepted(_dry_run(cluster, ours), ours)
+
+
+@pytest.mark.usefixtures("knative_crds", "project_namespace")
+def test_the_client_auth_variants_are_accepted_apart_from_prometheus_operator_kinds(
+    cluster: Any, with_client_auth: list[Obj], with_client_auth_everywhere: list[Obj]
+) -> None:
+    _accepted(_dry_run(cluster, with_client_auth), with_client_auth)
+    ours = [o for o in with_client_auth_everywhere if o["kind"] not in MONITORING_KINDS]
+    _accepted(_dry_run(cluster, ours), ours)
+
+
+@pytest.mark.usefixtures("knative_crds", "project_namespace")
+def test_the_network_policy_is_accepted_once_its_cidr_is_set_and_refused_before(
+    cluster: Any, with_network_policy: list[Obj], tmp_path: Path
+) -> None:
+    _accepted(_dry_run(cluster, with_network_policy), with_network_policy)
+    unset = render("webhook-network-policy", workdir=tmp_path)
+    (policy,) = of_kind(unset, "NetworkPolicy")
+    done = _dry_run(cluster, [policy])
+    assert done.returncode != 0, "the placeholder CIDR was accepted"
+    assert "cidr" in done.stderr
+
+
+def test_the_bare_pod_opt_in_is_accepted_in_an_existing_namespace(
+    cluster: Any, tmp_path: Path
+) -> None:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "opt-in-check"}}
+    assert apply(cluster.kubeconfig, [namespace]).returncode == 0
+    opt_in = render_opt_in("opt-in-check", tmp_path)
+    _accepted(_dry_run(cluster, opt_in), opt_in)
 
 
 @pytest.mark.parametrize(

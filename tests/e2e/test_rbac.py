@@ -1,10 +1,13 @@
 """Least privilege, checked by the real API server's authorizer.
 
-The ServiceAccounts, ClusterRoles and bindings of knative/ are created for real; then every
+The ServiceAccounts, ClusterRoles and bindings of knative/ are created for real, and one
+namespace opts its bare pods in with knative/bare-pod-replacement (a RoleBinding); then every
 row below asks, with a SubjectAccessReview, whether that function's ServiceAccount may do one
 thing. The allowed rows are exactly the calls the code makes (shared/kube.py through
 shared/reschedule.py, shared/owners.py, shared/webhook.py, shared/sweep.py); the denied rows
-are the near misses and the dangerous ones.
+are the near misses and the dangerous ones. Creating or changing a pod runs any image under any
+ServiceAccount of its namespace, so update-annotations may do it only where a namespace opted
+in: never cluster-wide, never in kube-system.
 """
 
 from __future__ import annotations
@@ -16,12 +19,25 @@ import pytest
 from kubernetes import client as k8s
 
 from stack.functions import FUNCTIONS
-from tests.e2e.knative_manifests import NAMESPACE, Obj, find, install_rbac, of_kind, render
+from tests.e2e.knative_manifests import (
+    NAMESPACE,
+    Obj,
+    apply,
+    find,
+    install_rbac,
+    of_kind,
+    render,
+    render_opt_in,
+)
 
 pytestmark = pytest.mark.e2e
 
 # A namespace of some user's workload (a SubjectAccessReview needs no real object).
 APP = "shop"
+# A namespace whose bare pods opted in to being moved (it gets the RoleBinding, for real).
+OPTED_IN = "bare-pods-shop"
+SYSTEM = "kube-system"
+BARE_POD_ROLE = "kn-rescheduler-bare-pod-replacement"
 
 
 @dataclass(frozen=True)
@@ -61,13 +77,19 @@ DETECT = "detect-failures"
 SOURCE = "pod-events-source"
 
 ALLOWED = [
-    # update-annotations: the live pod, its removal or recreation, a bare pod's state.
+    # update-annotations, anywhere: the live pod and its removal (a delete or an eviction).
     pods(UPDATE, "get"),
     pods(UPDATE, "delete"),
-    pods(UPDATE, "create"),
-    pods(UPDATE, "patch"),
     pods(UPDATE, "create", subresource="eviction"),
+    # ... an Event per decision, and a repeated Warning counted on one Event.
     Can(UPDATE, "create", "events"),
+    Can(UPDATE, "get", "events"),
+    Can(UPDATE, "patch", "events"),
+    # ... and where the namespace opted in: a bare pod's replacement, a bare pod's state.
+    pods(UPDATE, "create", namespace=OPTED_IN),
+    pods(UPDATE, "patch", namespace=OPTED_IN),
+    pods(UPDATE, "get", namespace=OPTED_IN),
+    pods(UPDATE, "delete", namespace=OPTED_IN),
     # ... the objects holding the state, and one hop up for the policy.
     apps(UPDATE, "get", "replicasets"),
     apps(UPDATE, "patch", "replicasets"),
@@ -99,6 +121,20 @@ DENIED = [
     Can(DETECT, "create", "events"),
     Can(DETECT, "get", "secrets"),
     Can(DETECT, "get", "configmaps", namespace=NAMESPACE),
+    # update-annotations: no pod creation or change unless the namespace opted in; never
+    # cluster-wide, never in kube-system (a pod there can run as any of its ServiceAccounts).
+    pods(UPDATE, "create"),
+    pods(UPDATE, "patch"),
+    pods(UPDATE, "create", namespace=SYSTEM),
+    pods(UPDATE, "patch", namespace=SYSTEM),
+    pods(UPDATE, "create", namespace=""),
+    pods(UPDATE, "patch", namespace=""),
+    pods(UPDATE, "update", namespace=OPTED_IN),
+    pods(UPDATE, "create", subresource="exec", namespace=OPTED_IN),
+    pods(UPDATE, "patch", subresource="status", namespace=OPTED_IN),
+    pods(UPDATE, "patch", subresource="ephemeralcontainers", namespace=OPTED_IN),
+    # The opt-in binds update-annotations only.
+    *(pods(who, "create", namespace=OPTED_IN) for who in (WEBHOOK, SWEEP, DETECT, SOURCE)),
     # update-annotations: no lists or watches, no other writes, no secrets.
     pods(UPDATE, "list", namespace=""),
     pods(UPDATE, "watch"),
@@ -117,6 +153,8 @@ DENIED = [
     Can(UPDATE, "get", "secrets"),
     Can(UPDATE, "list", "secrets", namespace=""),
     Can(UPDATE, "delete", "events"),
+    Can(UPDATE, "list", "events"),
+    Can(UPDATE, "update", "events"),
     Can(UPDATE, "patch", "nodes", namespace=""),
     Can(UPDATE, "delete", "nodes", namespace=""),
     Can(UPDATE, "create", "serviceaccounts", subresource="token"),
@@ -161,8 +199,16 @@ def manifests() -> list[Obj]:
 
 
 @pytest.fixture(scope="module")
-def authorization(cluster: Any, manifests: list[Obj]) -> k8s.AuthorizationV1Api:
+def opt_in(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    return render_opt_in(OPTED_IN, tmp_path_factory.mktemp("opt-in"))
+
+
+@pytest.fixture(scope="module")
+def authorization(cluster: Any, manifests: list[Obj], opt_in: list[Obj]) -> k8s.AuthorizationV1Api:
     install_rbac(cluster.kubeconfig, manifests)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPTED_IN}}
+    done = apply(cluster.kubeconfig, [namespace, *opt_in], "--server-side", "--force-conflicts")
+    assert done.returncode == 0, done.stderr
     return k8s.AuthorizationV1Api(cluster.api_client())
 
 
@@ -236,3 +282,31 @@ def test_each_binding_gives_one_role_to_one_account(manifests: list[Obj]) -> Non
         bound.add(subject["name"])
     # detect-failures is bound to nothing.
     assert bound == {"update-annotations", "mutate-admission", "sweep-failures", SOURCE}
+
+
+def test_pod_creation_is_granted_only_by_the_per_namespace_opt_in(
+    manifests: list[Obj], opt_in: list[Obj]
+) -> None:
+    # No ClusterRoleBinding of the install gives a role that creates or changes pods.
+    roles = {o["metadata"]["name"]: o for o in of_kind(manifests, "ClusterRole")}
+    for binding in of_kind(manifests, "ClusterRoleBinding"):
+        for rule in roles[binding["roleRef"]["name"]]["rules"]:
+            if "pods" in rule["resources"] and "" in rule["apiGroups"]:
+                assert not {"create", "patch", "update"} & set(rule["verbs"]), binding
+    # The role that does is in the base, bound by nothing there...
+    assert roles[BARE_POD_ROLE]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "patch"]}
+    ]
+    assert not of_kind(manifests, "RoleBinding")
+    # ...and the opt-in is one RoleBinding in the namespace that opted in, to one account.
+    (binding,) = opt_in
+    assert binding["kind"] == "RoleBinding"
+    assert binding["metadata"]["namespace"] == OPTED_IN
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": BARE_POD_ROLE,
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": UPDATE, "namespace": NAMESPACE}
+    ]
