@@ -14,19 +14,32 @@ is already going away.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
-from shared.config import NEVER_MOVE_REASONS, Config
-from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_STAMP_ANNOTATION
+from shared.config import (
+    IMAGE_EVERYWHERE_PATTERNS,
+    NEVER_MOVE_REASONS,
+    START_EVERYWHERE_PATTERNS,
+    Config,
+)
+from shared.constants import (
+    EXCLUDED_NODES_ANNOTATION,
+    OPT_OUT_LABEL,
+    POLICY_ANNOTATION,
+    POLICY_STAMP_ANNOTATION,
+    STUCK_AFTER_ANNOTATION,
+)
 from shared.kubetypes import ContainerStatus, OwnerReference, Pod, PodCondition
 from shared.policy import (
     MAX_RETRIES,
     InvalidPolicy,
     format_duration,
+    parse_duration,
     parse_kube_time,
     parse_retries,
 )
@@ -108,12 +121,19 @@ def controller_of(pod: Pod) -> OwnerReference | None:
 
 
 def skip_reason(pod: Pod, cfg: Config) -> str | None:
-    """Why this pod is never ours to move, or None if it may be."""
+    """Why this pod is never ours to move, or None if it may be.
+
+    The one skip rule every function applies (detect-failures, the sweep, update-annotations on
+    the live pod, the webhook for the opt-out label): a pod labelled after creation is left
+    alone from then on.
+    """
     meta = pod.get("metadata", {})
     if meta.get("deletionTimestamp"):
         return "pod is already being deleted"
     if cfg.is_excluded_namespace(meta.get("namespace")):
         return f"namespace {meta.get('namespace')} is excluded"
+    if OPT_OUT_LABEL in (meta.get("labels") or {}):
+        return f"pod has the {OPT_OUT_LABEL} label"
     if MIRROR_POD_ANNOTATION in (meta.get("annotations") or {}):
         return "static (mirror) pods belong to their node"
     owner = controller_of(pod)
@@ -142,16 +162,41 @@ def excluded_nodes_of(pod: Pod) -> tuple[str, ...]:
 
 
 def policy_of(pod: Pod, max_retries: int = MAX_RETRIES) -> int | InvalidPolicy | None:
-    """The retries the webhook stamped on the pod: None if not stamped, 0 if disabled."""
-    stamp = (pod.get("metadata", {}).get("annotations") or {}).get(POLICY_STAMP_ANNOTATION)
+    """The retries in force on the pod: None if it never opted in, 0 if disabled.
+
+    The webhook's stamp (a key of ours) first; then the pod's own `scheduling-retries`, which
+    is where a bare pod keeps its policy (and where releases before the stamp had its own key
+    wrote it). A pod orphaned from its ReplicaSet still carries the stamp and is forwarded;
+    update-annotations then finds no controller and reads only the pod's own key.
+    """
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    stamp = annotations.get(POLICY_STAMP_ANNOTATION)
+    if stamp is None:
+        stamp = annotations.get(POLICY_ANNOTATION)
     return parse_retries(stamp, max_retries)
 
 
-def classify(pod: Pod, cfg: Config) -> Failure | None:
+def worth_forwarding(pod: Pod, cfg: Config) -> bool:
+    """Whether detect-failures and the sweep pass this pod's failure on.
+
+    Opted-in pods (an invalid value too: update-annotations warns about it), and pods the
+    webhook never saw when the operator asked for them (`forward_unstamped`). A pod that our
+    own exclusions keep from being scheduled is always forwarded, whatever its policy says
+    now: "0" must not leave it Pending for ever.
+    """
+    policy = policy_of(pod)
+    if policy == 0:
+        return False
+    return policy is not None or cfg.forward_unstamped
+
+
+def classify(pod: Pod, cfg: Config, now: datetime | None = None) -> Failure | None:
     """The failure that makes this pod worth moving, or None to leave it alone.
 
     Pod-level failures (phase Failed by the kubelet) come first, then init containers, then
-    containers, so the answer is deterministic when several things are wrong at once.
+    containers, so the answer is deterministic when several things are wrong at once. ``now``
+    is the clock for the rules that need the kubelet to have kept failing for a while; None
+    means the current time (callers that own a clock pass it).
     """
     if skip_reason(pod, cfg) is not None:
         return None
@@ -161,20 +206,50 @@ def classify(pod: Pod, cfg: Config) -> Failure | None:
     node = pod.get("spec", {}).get("nodeName")
     if not node:
         return None
+    when = now if now is not None else datetime.now(UTC)
     statuses = list(_container_statuses(pod))
-    # A container that can never start (missing Secret, invalid image) fails on every node:
-    # moving the pod would only spend the budget, whatever else is wrong with it.
+    # A container that can never start (missing Secret, invalid image, a tag that does not
+    # exist, a command the image lacks) fails on every node: moving the pod would only spend
+    # the budget, whatever else is wrong with it.
     for _, status in statuses:
-        waiting = status.get("state", {}).get("waiting", {})
-        if waiting.get("reason") in NEVER_MOVE_REASONS:
+        if fails_everywhere(status) is not None:
             return None
     pod_failure = _pod_failed(pod, node, cfg)
     if pod_failure is not None:
         return pod_failure
+    specs = _container_specs(pod)
     for is_init, status in statuses:
-        failure = _container_failure(status, is_init, node, cfg)
+        failure = _container_failure(pod, status, specs, is_init, node, cfg, when)
         if failure is not None:
             return failure
+    return None
+
+
+def fails_everywhere(status: ContainerStatus) -> str | None:
+    """Why this container would fail the same way on every node, or None.
+
+    A never-move waiting reason, or a message that blames the image or its command (see
+    IMAGE_EVERYWHERE_PATTERNS and START_EVERYWHERE_PATTERNS in shared.config).
+    """
+    state = status.get("state", {})
+    waiting = state.get("waiting", {})
+    reason = waiting.get("reason", "")
+    if reason in NEVER_MOVE_REASONS:
+        return f"{reason} fails on every node"
+    if reason in _IMAGE_PULL_REASONS:
+        matched = _matches(_IMAGE_EVERYWHERE, waiting.get("message", ""))
+        if matched:
+            return f"{reason}: the registry answered {matched!r}, which no node can change"
+    messages = [waiting.get("message", "")] if reason in _START_FAILURE_REASONS else []
+    for block in (state.get("terminated", {}), status.get("lastState", {}).get("terminated", {})):
+        # Only the runtime's own start failures: an application's termination message
+        # ("Error") is its own text and proves nothing about the image.
+        if block.get("reason") in _START_FAILURE_REASONS:
+            messages.append(block.get("message", ""))
+    for message in messages:
+        matched = _matches(_START_EVERYWHERE, message)
+        if matched:
+            return f"the container's command is not in its image ({matched!r})"
     return None
 
 
@@ -218,6 +293,15 @@ def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
     Only starting states count (no status yet, ContainerCreating, PodInitializing); a
     running init container or any other waiting reason is progress or a failure `classify`
     judges.
+
+    Two clocks, told apart by the kubelet's PodReadyToStartContainers condition (set True once
+    the sandbox and its network are up, before any image is pulled):
+    - sandbox not up: stuck after `pending_stuck_after` (10 minutes) since the pod was bound;
+    - sandbox up, containers still being created (an image pull in progress, the kubelet
+      reports nothing finer): stuck only after `pull_stuck_after` (1 hour) since the sandbox
+      came up, because a multi-GB image takes that long on any node.
+    The workload's `kn-rescheduler.io/stuck-after` (stamped on the pod by the webhook)
+    replaces both.
     """
     if skip_reason(pod, cfg) is not None:
         return None
@@ -232,17 +316,26 @@ def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
         if "waiting" not in state or reason not in _STARTING_REASONS:
             return None
         waiting_reasons.append(reason)
-    since = parse_kube_time(status.get("startTime"))
-    if since is None:
-        # startTime is set by the kubelet; a dead kubelet never sets it, so fall back to the
-        # moment the scheduler bound the pod.
-        scheduled = _condition(pod, "PodScheduled")
-        if scheduled is not None and scheduled.get("status") == "True":
-            since = parse_kube_time(scheduled.get("lastTransitionTime"))
+    override = _stuck_after_override(pod)
+    sandbox = _condition(pod, "PodReadyToStartContainers")
+    if sandbox is not None and sandbox.get("status") == "True":
+        since = parse_kube_time(sandbox.get("lastTransitionTime"))
+        threshold = override or cfg.pull_stuck_after
+        stage = "its sandbox is up but its containers are still being created (image pull?)"
+    else:
+        since = parse_kube_time(status.get("startTime"))
+        if since is None:
+            # startTime is set by the kubelet; a dead kubelet never sets it, so fall back to the
+            # moment the scheduler bound the pod.
+            scheduled = _condition(pod, "PodScheduled")
+            if scheduled is not None and scheduled.get("status") == "True":
+                since = parse_kube_time(scheduled.get("lastTransitionTime"))
+        threshold = override or cfg.pending_stuck_after
+        stage = "its sandbox never came up"
     if since is None:
         return None
     pending_for = now - since
-    if pending_for < cfg.pending_stuck_after:
+    if pending_for < threshold:
         return None
     state_text = ", ".join(sorted(set(waiting_reasons))) or "no container status at all"
     return Failure(
@@ -250,12 +343,48 @@ def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
         reason=STUCK_PENDING,
         message=f"pending on {node} for {format_duration(pending_for)}",
         node=node,
+        ran_for_seconds=0,
         why=(
-            f"pod has been bound to node {node} for {format_duration(pending_for)} "
-            f"(threshold {format_duration(cfg.pending_stuck_after)}) and is still "
-            f"starting: {state_text}"
+            f"pod has been bound to node {node} and {stage} for {format_duration(pending_for)} "
+            f"(threshold {format_duration(threshold)}): {state_text}"
         ),
     )
+
+
+_IMAGE_PULL_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})
+# Waiting reasons and termination reasons of a container the runtime could not start; containerd
+# reports a failed start as a termination with reason StartError (exit code 128).
+_START_FAILURE_REASONS: Final = frozenset(
+    {"RunContainerError", "CreateContainerError", "ContainerCannotRun", "StartError"}
+)
+_IMAGE_EVERYWHERE: Final = tuple(re.compile(p, re.IGNORECASE) for p in IMAGE_EVERYWHERE_PATTERNS)
+_START_EVERYWHERE: Final = tuple(re.compile(p, re.IGNORECASE) for p in START_EVERYWHERE_PATTERNS)
+# "back-off 40s restarting failed container=app pod=..." (kuberuntime's doBackOff).
+_BACK_OFF = re.compile(r"^back-off (\S+) restarting failed container", re.IGNORECASE)
+# The kubelet's default crash-loop back-off: 10s doubling to a 5-minute cap. A back-off of
+# 10s * 2^(k-1) below the cap means k failures in a row; at the cap, 6 or more.
+_DEFAULT_BACK_OFFS: Final = {timedelta(seconds=10 * 2**k): k + 1 for k in range(5)}
+_BACK_OFF_CAP: Final = timedelta(minutes=5)
+
+
+def _matches(patterns: tuple[re.Pattern[str], ...], message: str) -> str | None:
+    for pattern in patterns:
+        found = pattern.search(message or "")
+        if found:
+            return found.group(0)
+    return None
+
+
+def _stuck_after_override(pod: Pod) -> timedelta | None:
+    raw = (pod.get("metadata", {}).get("annotations") or {}).get(STUCK_AFTER_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        # A typo must not make a pod look stuck at once (or never): the defaults apply.
+        return None
+    return value if value > timedelta(0) else None
 
 
 def _container_statuses(pod: Pod) -> Iterator[tuple[bool, ContainerStatus]]:
@@ -266,11 +395,34 @@ def _container_statuses(pod: Pod) -> Iterator[tuple[bool, ContainerStatus]]:
         yield False, container
 
 
+def _container_specs(pod: Pod) -> dict[tuple[bool, str], Mapping[str, Any]]:
+    spec = pod.get("spec", {})
+    specs: dict[tuple[bool, str], Mapping[str, Any]] = {}
+    for is_init, key in ((True, "initContainers"), (False, "containers")):
+        for container in spec.get(key) or []:  # type: ignore[attr-defined]
+            if isinstance(container, dict):
+                specs[(is_init, str(container.get("name", "")))] = container
+    return specs
+
+
 def _condition(pod: Pod, kind: str) -> PodCondition | None:
     for condition in pod.get("status", {}).get("conditions") or []:
         if condition.get("type") == kind:
             return condition
     return None
+
+
+def _run_length(block: Mapping[str, Any]) -> timedelta | None:
+    """How long a terminated container ran (finishedAt - startedAt), if both are known."""
+    started = parse_kube_time(block.get("startedAt"))
+    finished = parse_kube_time(block.get("finishedAt"))
+    if started is None or finished is None or finished < started:
+        return None
+    return finished - started
+
+
+def _seconds(delta: timedelta | None) -> int | None:
+    return None if delta is None else int(delta.total_seconds())
 
 
 def _pod_failed(pod: Pod, node: str, cfg: Config) -> Failure | None:
@@ -281,17 +433,72 @@ def _pod_failed(pod: Pod, node: str, cfg: Config) -> Failure | None:
     if reason not in cfg.failed_pod_reasons:
         return None
     message = status.get("message", "")
+    # The longest run any container had: an eviction after two hours of service says the node
+    # went bad, not that the pod never worked anywhere.
+    runs = [
+        length
+        for _, container in _container_statuses(pod)
+        for length in [_run_length(container.get("state", {}).get("terminated", {}))]
+        if length is not None
+    ]
     return Failure(
         kind=FailureKind.NODE_FIXABLE,
         reason=reason,
         message=message,
         node=node,
+        ran_for_seconds=_seconds(max(runs)) if runs else None,
         why=f"node {node} failed the pod ({reason}): {message or 'no message'}",
     )
 
 
+def _memory_limited(pod: Pod, spec: Mapping[str, Any] | None) -> bool:
+    """Whether the container (or the whole pod) has a memory limit of its own."""
+    pod_limits = (pod.get("spec", {}).get("resources") or {}).get("limits") or {}
+    if pod_limits.get("memory"):
+        return True
+    limits = ((spec or {}).get("resources") or {}).get("limits") or {}
+    return bool(limits.get("memory"))
+
+
+def _recent_failures(
+    status: ContainerStatus, last: Mapping[str, Any], cfg: Config
+) -> tuple[int, str]:
+    """How many times in a row this container failed recently, and how we know.
+
+    `restartCount` is the pod's lifetime count: five restarts weeks ago say nothing about a
+    crash today. A last run longer than `crashloop_recent_run` starts a new series (1), as
+    the kubelet's back-off does; otherwise the back-off in the kubelet's message bounds the
+    series when it is one of the default steps (10s, 20s, 40s, 80s, 160s: 1 to 5 in a row).
+    """
+    restarts = status.get("restartCount", 0)
+    ran = _run_length(last)
+    if ran is not None and ran >= cfg.crashloop_recent_run:
+        return 1, f"its last run lasted {format_duration(ran)}, so this failure starts a series"
+    message = status.get("state", {}).get("waiting", {}).get("message", "")
+    found = _BACK_OFF.match(message or "")
+    if found:
+        try:
+            back_off = parse_duration(found.group(1))
+        except ValueError:
+            back_off = None
+        if back_off is not None and back_off < _BACK_OFF_CAP and back_off in _DEFAULT_BACK_OFFS:
+            in_a_row = _DEFAULT_BACK_OFFS[back_off]
+            if in_a_row < restarts:
+                return in_a_row, (
+                    f"{restarts} restarts in its lifetime, {in_a_row} in a row "
+                    f"(kubelet back-off {found.group(1)})"
+                )
+    return restarts, f"{restarts} restarts"
+
+
 def _container_failure(
-    status: ContainerStatus, is_init: bool, node: str, cfg: Config
+    pod: Pod,
+    status: ContainerStatus,
+    specs: Mapping[tuple[bool, str], Mapping[str, Any]],
+    is_init: bool,
+    node: str,
+    cfg: Config,
+    now: datetime,
 ) -> Failure | None:
     name = status.get("name", "")
     what = f"{'init container' if is_init else 'container'} {name}"
@@ -299,8 +506,16 @@ def _container_failure(
     state = status.get("state", {})
     waiting = state.get("waiting", {})
     waiting_reason = waiting.get("reason", "")
-    last = status.get("lastState", {}).get("terminated", {})
-    terminated = state.get("terminated", {})
+    # The termination that matters: the current one, or the previous run's while the
+    # container waits to restart. Once it runs again (or finished for good: an init container
+    # that completed on retry), lastState is history, not a reason to move a recovered pod.
+    if "terminated" in state:
+        last = state.get("terminated", {})
+    elif "waiting" in state:
+        last = status.get("lastState", {}).get("terminated", {})
+    else:
+        return None
+    ran_for = _seconds(_run_length(last)) if last else 0
 
     def failure(reason: str, message: str, why: str) -> Failure:
         return Failure(
@@ -312,38 +527,67 @@ def _container_failure(
             init_container=is_init,
             restart_count=restarts,
             why=f"{what} on node {node}: {why}",
+            ran_for_seconds=ran_for,
         )
 
-    if terminated.get("reason") in cfg.termination_reasons:
-        reason = terminated["reason"]
-        return failure(reason, terminated.get("message", ""), f"terminated with {reason}")
-    # lastState keeps the previous termination forever; once the container runs again that
-    # old kill is history, not a reason to move a pod that has recovered.
-    if last.get("reason") in cfg.termination_reasons and "running" not in state:
-        reason = last["reason"]
-        return failure(
-            reason,
-            last.get("message", ""),
-            f"was {reason} (exit code {last.get('exitCode', '?')}) "
-            f"and has restarted {restarts} time(s)",
-        )
-    if waiting_reason == CRASH_LOOP_BACK_OFF:
-        if restarts < cfg.crashloop_restart_threshold:
+    last_reason = last.get("reason", "")
+    if last_reason in cfg.termination_reasons:
+        exit_text = f"exit code {last.get('exitCode', '?')}"
+        if last_reason == "OOMKilled" and _memory_limited(pod, specs.get((is_init, name))):
+            # Killed at its own memory limit: the application's doing, and it follows the pod
+            # to every node. Only repeated kills count, like any crash loop (below).
+            pass
+        else:
+            cause = (
+                "without a memory limit of its own: the node ran out of memory"
+                if last_reason == "OOMKilled"
+                else "a termination reason configured to count at first sight"
+            )
+            return failure(
+                last_reason,
+                last.get("message", ""),
+                f"was {last_reason} ({exit_text}), {cause}; it has restarted {restarts} time(s)",
+            )
+    if waiting_reason == CRASH_LOOP_BACK_OFF or last_reason == "OOMKilled":
+        if not last:
             return None
-        last_exit = (
-            f"; last exit: {last.get('reason', 'unknown')} (code {last.get('exitCode', '?')})"
-            if last
-            else ""
-        )
+        in_a_row, how = _recent_failures(status, last, cfg)
+        if in_a_row < cfg.crashloop_restart_threshold:
+            return None
+        cause = waiting_reason or last_reason
+        last_exit = f"; last exit: {last_reason or 'unknown'} (code {last.get('exitCode', '?')})"
         return failure(
-            waiting_reason,
-            waiting.get("message", ""),
-            f"{waiting_reason} after {restarts} restarts "
-            f"(threshold {cfg.crashloop_restart_threshold}){last_exit}",
+            cause,
+            waiting.get("message", "") or last.get("message", ""),
+            f"{cause} after {how} (threshold {cfg.crashloop_restart_threshold}){last_exit}",
         )
     if waiting_reason in cfg.waiting_reasons:
         message = waiting.get("message", "")
+        since = _failing_since(pod, last)
+        if since is None:
+            return None
+        failing_for = now - since
+        if failing_for < cfg.waiting_failure_after:
+            return None
         return failure(
-            waiting_reason, message, f"waiting with {waiting_reason}: {message or 'no message'}"
+            waiting_reason,
+            message,
+            f"waiting with {waiting_reason} for {format_duration(failing_for)} "
+            f"(threshold {format_duration(cfg.waiting_failure_after)}): "
+            f"{message or 'no message'}",
         )
     return None
+
+
+def _failing_since(pod: Pod, last: Mapping[str, Any]) -> datetime | None:
+    """Since when a container has been failing to start: its previous run's end, else the
+    moment its sandbox came up (the kubelet's first attempt), else the pod's start."""
+    finished = parse_kube_time(last.get("finishedAt")) if last else None
+    if finished is not None:
+        return finished
+    sandbox = _condition(pod, "PodReadyToStartContainers")
+    if sandbox is not None and sandbox.get("status") == "True":
+        since = parse_kube_time(sandbox.get("lastTransitionTime"))
+        if since is not None:
+            return since
+    return parse_kube_time(pod.get("status", {}).get("startTime"))

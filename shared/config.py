@@ -63,6 +63,34 @@ DEFAULT_FAILED_POD_REASONS: Final = frozenset(
 NEVER_MOVE_REASONS: Final = frozenset(
     {"CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull"}
 )
+# What a failure message says when the image or its entrypoint is broken: every node would fail
+# the same way, so these are never moved either (matched case-insensitively). Not configurable,
+# like NEVER_MOVE_REASONS. The rules are a table in docs/failure-rules.md.
+#
+# Pull errors the registry itself answers (the tag or repository does not exist, the
+# credentials are refused) follow the pod everywhere; a timeout, a refused connection or a DNS
+# failure is the node's network (or its local mirror) and stays movable. Applied to the message
+# of ErrImagePull / ImagePullBackOff only.
+IMAGE_EVERYWHERE_PATTERNS: Final = (
+    r"\bnot found\b",
+    r"manifest unknown",
+    r"name unknown",
+    r"unauthorized",
+    r"\b401\b",
+    r"\bdenied\b",
+    r"forbidden",
+    r"\b403\b",
+)
+# The runtime's `exec: "cmd": ...` errors mean the command is not in the image (or is not
+# executable): applied to the message of a container that could not be started
+# (RunContainerError, CreateContainerError, ContainerCannotRun, and the last termination of a
+# container in CrashLoopBackOff, where containerd reports it as StartError). Only the exec
+# form: a mount source missing on one node ("error mounting ... no such file or directory")
+# is the node's and stays movable.
+START_EVERYWHERE_PATTERNS: Final = (
+    r'exec: "[^"]*": [^\n]*(?:no such file or directory|executable file not found|permission '
+    r"denied)",
+)
 DEFAULT_EXCLUDED_NAMESPACES: Final = frozenset({"kube-system", DEFAULT_NAMESPACE})
 
 
@@ -86,8 +114,22 @@ class Config:
     excluded_namespaces: frozenset[str] = DEFAULT_EXCLUDED_NAMESPACES
     # The namespace the project runs in; always excluded, whatever excluded_namespaces says.
     namespace: str = DEFAULT_NAMESPACE
+    # A container that ran this long before crashing starts a new series: its earlier restarts
+    # say nothing about today. The kubelet forgets its back-off on the same horizon (twice the
+    # 5-minute maximum).
+    crashloop_recent_run: timedelta = timedelta(minutes=10)
+    # The waiting reasons above (a failed pull, a container the runtime cannot create or run)
+    # count only once the kubelet has kept failing for this long: about three attempts with
+    # its back-off of 10s, 20s, 40s. One failed attempt is too little evidence against a node.
+    waiting_failure_after: timedelta = timedelta(seconds=30)
     reset_after: timedelta = timedelta(minutes=30)
+    # A pod bound to a node whose sandbox never came up (PodReadyToStartContainers not True)
+    # for this long is stuck on that node.
     pending_stuck_after: timedelta = timedelta(minutes=10)
+    # A pod whose sandbox is up but whose containers are still being created (an image pull in
+    # progress, say) is stuck only after this much longer: a multi-GB image takes minutes to
+    # pull anywhere. Per workload: the `kn-rescheduler.io/stuck-after` annotation.
+    pull_stuck_after: timedelta = timedelta(hours=1)
     # Let detect-failures forward failing pods the webhook never stamped (created before it
     # was installed, or while it was down); update-annotations then reads the owner's policy.
     forward_unstamped: bool = False
@@ -246,8 +288,11 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "crashloop_restart_threshold": _as_positive_int,
     "excluded_namespaces": _as_str_set,
     "namespace": _as_name,
+    "crashloop_recent_run": _as_duration,
+    "waiting_failure_after": _as_duration,
     "reset_after": _as_duration,
     "pending_stuck_after": _as_duration,
+    "pull_stuck_after": _as_duration,
     "forward_unstamped": _as_bool,
     "kse_compat": _as_bool,
     "use_eviction": _as_bool,

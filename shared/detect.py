@@ -7,10 +7,11 @@ each pod at creation, so the pod event alone says whether the pod is opted in an
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Final
 
 from shared import events, metrics
-from shared.classify import classify, policy_of, unschedulable_due_to_exclusions
+from shared.classify import classify, unschedulable_due_to_exclusions, worth_forwarding
 from shared.config import Config
 from shared.constants import APISERVER_ADD, APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.failing import FailingPod
@@ -19,8 +20,12 @@ from shared.kubetypes import Pod
 _WATCHED: Final = frozenset({APISERVER_ADD, APISERVER_UPDATE})
 
 
-def detect(event: events.Event, cfg: Config) -> events.Reply | None:
-    """The reply for one ApiServerSource pod event: a failing-pod event, or None."""
+def detect(event: events.Event, cfg: Config, now: datetime | None = None) -> events.Reply | None:
+    """The reply for one ApiServerSource pod event: a failing-pod event, or None.
+
+    ``now`` is the clock for the rules that need a failure to have lasted (None: the current
+    time, what the function uses).
+    """
     if event.type not in _WATCHED:
         return None
     if event.attributes.get("kind", "Pod") != "Pod":
@@ -32,11 +37,13 @@ def detect(event: events.Event, cfg: Config) -> events.Reply | None:
     if not meta.get("name") or not meta.get("namespace"):
         raise events.BadEvent("pod without metadata.name or metadata.namespace")
     typed: Pod = pod  # type: ignore[assignment]
-    policy = policy_of(typed)
-    # 0 disables; an invalid stamp is forwarded so update-annotations can warn about it.
-    if policy == 0 or (policy is None and not cfg.forward_unstamped):
-        return None
-    failure = classify(typed, cfg) or unschedulable_due_to_exclusions(typed, cfg)
+    # A pod our own exclusions keep from being scheduled is always forwarded, whatever its
+    # policy: with "0" nobody else would ever clear them.
+    failure = unschedulable_due_to_exclusions(typed, cfg)
+    if failure is None:
+        if not worth_forwarding(typed, cfg):
+            return None
+        failure = classify(typed, cfg, now)
     if failure is None:
         return None
     metrics.FAILURES.labels(reason=failure.reason).inc()

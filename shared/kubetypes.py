@@ -82,7 +82,10 @@ class PodStatus(TypedDict, total=False):
 
 class PodSpec(TypedDict, total=False):
     nodeName: str
+    restartPolicy: str
     affinity: dict[str, Any]
+    # Pod-level requests and limits (PodLevelResources): a pod-wide memory limit.
+    resources: dict[str, Any]
     containers: list[dict[str, Any]]
     initContainers: list[dict[str, Any]]
 

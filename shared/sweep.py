@@ -24,7 +24,12 @@ from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
 from shared import kube, metrics
-from shared.classify import classify, policy_of, stuck_pending, unschedulable_due_to_exclusions
+from shared.classify import (
+    classify,
+    stuck_pending,
+    unschedulable_due_to_exclusions,
+    worth_forwarding,
+)
 from shared.config import Config
 from shared.constants import EVENT_POD_FAILING, EVENT_SOURCE_PREFIX
 from shared.failing import FailingPod
@@ -47,14 +52,12 @@ def find_failures(pods: list[Pod] | Any, cfg: Config, now: datetime) -> list[Fai
     """Pure: the failing, opted-in pods among ``pods``."""
     found = []
     for pod in pods:
-        policy = policy_of(pod)
-        if policy == 0 or (policy is None and not cfg.forward_unstamped):
-            continue
-        failure = (
-            classify(pod, cfg)
-            or unschedulable_due_to_exclusions(pod, cfg)
-            or stuck_pending(pod, cfg, now)
-        )
+        # As in detect-failures: our own exclusions are always cleared, whatever the policy.
+        failure = unschedulable_due_to_exclusions(pod, cfg)
+        if failure is None:
+            if not worth_forwarding(pod, cfg):
+                continue
+            failure = classify(pod, cfg, now) or stuck_pending(pod, cfg, now)
         if failure is not None:
             found.append(FailingPod.from_pod(pod, failure))
     return found

@@ -85,6 +85,12 @@ def last_terminated(
     }
 
 
+def _go_duration(seconds: int) -> str:
+    """How Go prints a time.Duration of whole seconds (the kubelet's %s): 40s, 1m20s, 5m0s."""
+    minutes, secs = divmod(seconds, 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
 def crash_looping(
     name: str = "app",
     *,
@@ -95,14 +101,14 @@ def crash_looping(
     namespace: str = "shop",
     image: str = IMAGE,
 ) -> ContainerStatus:
-    backoff = min(10 * 2 ** max(restarts - 1, 0), 300)
+    backoff = _go_duration(min(10 * 2 ** max(restarts - 1, 0), 300))
     status: dict[str, Any] = {
         "name": name,
         "state": {
             "waiting": {
                 "reason": "CrashLoopBackOff",
                 "message": (
-                    f"back-off {backoff}s restarting failed container={name} "
+                    f"back-off {backoff} restarting failed container={name} "
                     f"pod={pod_name}_{namespace}({uid(pod_name)})"
                 ),
             }
@@ -491,3 +497,32 @@ def new_pod(
         meta.pop("annotations", None)
     del cast(dict[str, Any], base)["status"]
     return base
+
+
+def no_memory_limit(p: Pod) -> Pod:
+    """The same pod with no memory limit on any container (a BestEffort-ish memory budget): an
+    OOM kill then comes from the node running out, not from the container's own limit."""
+    changed = copy.deepcopy(p)
+    spec = cast(dict[str, Any], changed["spec"])
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            container.get("resources", {}).get("limits", {}).pop("memory", None)
+    return changed
+
+
+def sandbox_ready_since(p: Pod, since: datetime) -> Pod:
+    """The pod with the kubelet's PodReadyToStartContainers=True from ``since``: its sandbox
+    and network are up, so what it waits for now is its images and containers."""
+    changed = copy.deepcopy(p)
+    conditions = cast(list[dict[str, Any]], changed["status"].setdefault("conditions", []))
+    conditions[:] = [c for c in conditions if c.get("type") != "PodReadyToStartContainers"]
+    conditions.insert(
+        0,
+        {
+            "type": "PodReadyToStartContainers",
+            "status": "True",
+            "lastProbeTime": None,
+            "lastTransitionTime": ts(since),
+        },
+    )
+    return changed

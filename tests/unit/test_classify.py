@@ -13,17 +13,28 @@ from shared.classify import (
     FailureKind,
     classify,
     excluded_nodes_of,
+    fails_everywhere,
     policy_of,
     skip_reason,
     stuck_pending,
     unschedulable_due_to_exclusions,
+    worth_forwarding,
 )
 from shared.config import Config
 from shared.kubetypes import Pod
 from shared.policy import InvalidPolicy
+from shared.sweep import find_failures
 
 from . import pods
-from .pods import NOW, crash_looping, last_terminated, running, terminated, waiting
+from .pods import (
+    NOW,
+    crash_looping,
+    last_terminated,
+    no_memory_limit,
+    running,
+    terminated,
+    waiting,
+)
 
 CFG = Config()
 
@@ -59,22 +70,54 @@ MOVED = {
         "migrate-db",
         True,
     ),
-    "an OOM kill in lastState of a container waiting to restart is moved": Moved(
-        pods.pod(containers=[crash_looping(restarts=1, last_reason="OOMKilled", exit_code=137)]),
+    "a container without a memory limit, OOM-killed and waiting to restart, is moved at once": (
+        Moved(
+            no_memory_limit(
+                pods.pod(
+                    containers=[crash_looping(restarts=1, last_reason="OOMKilled", exit_code=137)]
+                )
+            ),
+            "OOMKilled",
+            "app",
+        )
+    ),
+    "a container without a memory limit, OOM-killed just now, is moved at once": Moved(
+        no_memory_limit(pods.pod(containers=[terminated("OOMKilled", 137, restarts=2)])),
         "OOMKilled",
         "app",
     ),
-    "an OOM kill in the current state is moved": Moved(
-        pods.pod(containers=[terminated("OOMKilled", 137, restarts=2)]), "OOMKilled", "app"
-    ),
-    "a Job pod that failed because its container was OOM killed is moved": Moved(
-        pods.pod(
-            "nightly-report-28512345-7xk2q",
-            owner=("Job", "nightly-report-28512345"),
-            phase="Failed",
-            containers=[terminated("OOMKilled", 137)],
+    "a Job pod whose unlimited container the node OOM-killed is moved": Moved(
+        no_memory_limit(
+            pods.pod(
+                "nightly-report-28512345-7xk2q",
+                owner=("Job", "nightly-report-28512345"),
+                phase="Failed",
+                containers=[terminated("OOMKilled", 137)],
+            )
         ),
         "OOMKilled",
+        "app",
+    ),
+    "a container OOM-killed at its own limit three times in a row is moved as a crash loop": Moved(
+        pods.pod(containers=[crash_looping(restarts=3, last_reason="OOMKilled", exit_code=137)]),
+        "CrashLoopBackOff",
+        "app",
+    ),
+    "an image pull timing out on this node for minutes is moved": Moved(
+        pods.pod(
+            phase="Pending",
+            containers=[
+                waiting(
+                    "ErrImagePull",
+                    "rpc error: code = Unknown desc = failed to pull and unpack image "
+                    '"registry.example.com/shop/web:1.4.2": failed to resolve reference '
+                    '"registry.example.com/shop/web:1.4.2": failed to do request: Head '
+                    '"https://registry.example.com/v2/shop/web/manifests/1.4.2": dial tcp: '
+                    "lookup registry.example.com: i/o timeout",
+                )
+            ],
+        ),
+        "ErrImagePull",
         "app",
     ),
     "an evicted pod is moved": Moved(pods.evicted(), "Evicted", None),
@@ -136,7 +179,7 @@ MOVED = {
 
 @pytest.mark.parametrize("case", MOVED.values(), ids=MOVED.keys())
 def test_failing_pods_are_moved(case: Moved) -> None:
-    failure = classify(case.pod, CFG)
+    failure = classify(case.pod, CFG, NOW)
     assert failure is not None
     assert failure.kind is FailureKind.NODE_FIXABLE
     assert failure.reason == case.reason
@@ -207,12 +250,150 @@ LEFT_ALONE = {
     "a pending pod without a node and without exclusions": pods.unschedulable(excluded=None),
     "a pending pod without a node whose exclusions list is empty": pods.unschedulable(excluded=[]),
     "a pod still starting on its node": pods.pending_on_node(timedelta(seconds=20)),
+    # An init container OOM-killed once, retried and completed; the app is Running and Ready:
+    # the old kill stays in lastState for ever, and is history.
+    "an init container OOM-killed once, then completed, with the app running": pods.pod(
+        init_containers=[
+            {
+                **terminated("Completed", 0, "migrate-db", restarts=1),
+                "lastState": {
+                    "terminated": last_terminated("OOMKilled", 137, name="migrate-db", attempt=0)
+                },
+                "ready": True,
+            }
+        ],
+        containers=[running(restarts=0)],
+    ),
+    "a container OOM-killed at its own memory limit on its first restart": pods.pod(
+        containers=[crash_looping(restarts=1, last_reason="OOMKilled", exit_code=137)]
+    ),
+    "an image tag that does not exist (fails on every node)": pods.pod(
+        phase="Pending",
+        containers=[
+            waiting(
+                "ErrImagePull",
+                "rpc error: code = NotFound desc = failed to pull and unpack image "
+                '"registry.example.com/shop/web:1.4.3": failed to resolve reference '
+                '"registry.example.com/shop/web:1.4.3": registry.example.com/shop/web:1.4.3: '
+                "not found",
+            )
+        ],
+    ),
+    "a manifest the registry does not know (fails on every node)": pods.pod(
+        phase="Pending",
+        containers=[
+            waiting(
+                "ImagePullBackOff",
+                'Back-off pulling image "registry.example.com/shop/web:1.4.3": ErrImagePull: '
+                "failed to resolve reference: unexpected status: manifest unknown",
+            )
+        ],
+    ),
+    "credentials the registry refuses (fails on every node)": pods.pod(
+        phase="Pending",
+        containers=[
+            waiting(
+                "ErrImagePull",
+                'failed to pull and unpack image "registry.example.com/shop/web:1.4.2": failed '
+                "to authorize: failed to fetch oauth token: unexpected status from GET request "
+                "to https://registry.example.com/token: 401 Unauthorized",
+            )
+        ],
+    ),
+    "a private repository without access (fails on every node)": pods.pod(
+        phase="Pending",
+        containers=[
+            waiting(
+                "ErrImagePull",
+                "pull access denied, repository does not exist or may require authorization: "
+                "server message: insufficient_scope: authorization failed",
+            )
+        ],
+    ),
+    "a registry answering 403 Forbidden (fails on every node)": pods.pod(
+        phase="Pending",
+        containers=[
+            waiting(
+                "ImagePullBackOff",
+                'Back-off pulling image "registry.example.com/shop/web:1.4.2": ErrImagePull: '
+                "unexpected status from HEAD request: 403 Forbidden",
+            )
+        ],
+    ),
+    "an entrypoint that is not in the image (fails on every node)": pods.pod(
+        containers=[
+            waiting(
+                "RunContainerError",
+                "failed to create containerd task: failed to create shim task: OCI runtime "
+                "create failed: runc create failed: unable to start container process: exec: "
+                '"/app/server": stat /app/server: no such file or directory: unknown',
+                restarts=1,
+            )
+        ]
+    ),
+    "a crash loop whose last start failed for a command missing from the image": pods.pod(
+        containers=[
+            {
+                **crash_looping(restarts=4),
+                "lastState": {
+                    "terminated": {
+                        **last_terminated("StartError", 128, attempt=3),
+                        "message": "failed to create containerd task: failed to create shim "
+                        "task: OCI runtime create failed: runc create failed: unable to start "
+                        'container process: exec: "serve": executable file not found in $PATH: '
+                        "unknown",
+                    }
+                },
+            }
+        ]
+    ),
+    "an image pull that failed once a few seconds ago": pods.pod(
+        phase="Pending",
+        started=NOW - timedelta(seconds=8),
+        containers=[
+            waiting(
+                "ErrImagePull",
+                "failed to do request: dial tcp 10.0.0.5:443: connect: connection refused",
+            )
+        ],
+    ),
+    # Five restarts weeks ago, then six days of service, then one crash: the kubelet's
+    # back-off is back at 10s, the lifetime count says 6.
+    "a single crash after six days of running, with old restarts": pods.pod(
+        started=NOW - timedelta(days=30),
+        containers=[
+            {
+                **crash_looping(restarts=6),
+                "lastState": {
+                    "terminated": last_terminated("Error", 1, attempt=5, ran_for=timedelta(days=6))
+                },
+            }
+        ],
+    ),
+    "two crashes in a row on a pod with many old restarts": pods.pod(
+        containers=[
+            {
+                **crash_looping(restarts=9),
+                "state": {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": "back-off 20s restarting failed container=app "
+                        "pod=web-7d9c8b6f4-x2x9z_shop(0d7f5c4e-8f4b-4f6e-9a3c-2b7d1e5f6a90)",
+                    }
+                },
+            }
+        ],
+    ),
+    "a crash-looping pod labelled kn-rescheduler.io/ignore after creation": pods.pod(
+        labels={"app": "web", "kn-rescheduler.io/ignore": "true"},
+        containers=[crash_looping(restarts=9)],
+    ),
 }
 
 
 @pytest.mark.parametrize("pod", LEFT_ALONE.values(), ids=LEFT_ALONE.keys())
 def test_pods_that_are_not_node_failures_are_left_alone(pod: Pod) -> None:
-    assert classify(pod, CFG) is None
+    assert classify(pod, CFG, NOW) is None
 
 
 def test_the_why_names_the_container_the_restarts_and_the_last_exit() -> None:
@@ -222,7 +403,7 @@ def test_the_why_names_the_container_the_restarts_and_the_last_exit() -> None:
     assert "container app" in failure.why
     assert "4 restarts" in failure.why
     assert "code 2" in failure.why
-    assert failure.message.startswith("back-off 80s restarting failed container=app")
+    assert failure.message.startswith("back-off 1m20s restarting failed container=app")
 
 
 def test_an_evicted_pod_carries_the_kubelets_message() -> None:
@@ -406,16 +587,248 @@ def test_the_stuck_threshold_is_configurable() -> None:
     assert stuck_pending(p, Config(pending_stuck_after=timedelta(minutes=2)), NOW) is not None
 
 
+class Pull(NamedTuple):
+    pod: Pod
+    stuck: bool
+
+
+def _pulling(bound_for: timedelta, sandbox_for: timedelta, **kwargs: object) -> Pod:
+    """Bound ``bound_for`` ago; sandbox up for ``sandbox_for``; ContainerCreating since."""
+    return pods.sandbox_ready_since(
+        pods.pending_on_node(bound_for, **kwargs),  # type: ignore[arg-type]
+        NOW - sandbox_for,
+    )
+
+
+PULLS = {
+    "a big image pulling for 15 minutes with its sandbox up is not stuck": Pull(
+        _pulling(timedelta(minutes=16), timedelta(minutes=15)), False
+    ),
+    "an image pull that has not finished in over an hour is stuck": Pull(
+        _pulling(timedelta(minutes=65), timedelta(minutes=61)), True
+    ),
+    "a workload that allows 3 hours keeps a 2-hour pull": Pull(
+        _pulling(
+            timedelta(hours=2, minutes=1),
+            timedelta(hours=2),
+            annotations={"kn-rescheduler.io/stuck-after": "3h"},
+        ),
+        False,
+    ),
+    "a workload that allows 5 minutes calls a 6-minute sandbox wait stuck": Pull(
+        pods.pending_on_node(
+            timedelta(minutes=6), annotations={"kn-rescheduler.io/stuck-after": "5m"}
+        ),
+        True,
+    ),
+    "a stuck-after typo falls back to the defaults": Pull(
+        pods.pending_on_node(
+            timedelta(minutes=6), annotations={"kn-rescheduler.io/stuck-after": "5 minutes"}
+        ),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PULLS.values(), ids=PULLS.keys())
+def test_an_image_pull_in_progress_is_told_apart_from_a_stuck_sandbox(case: Pull) -> None:
+    assert (stuck_pending(case.pod, CFG, NOW) is not None) is case.stuck
+
+
+class RanFor(NamedTuple):
+    pod: Pod
+    seconds: int | None
+
+
+RAN_FOR = {
+    # The pod is 45 minutes old; each run lasted 3 seconds.
+    "a crash loop reports its last short run, not the pod's age": RanFor(
+        pods.pod(started=NOW - timedelta(minutes=45), containers=[crash_looping(restarts=5)]), 3
+    ),
+    "a container that never started ran for nothing": RanFor(
+        pods.pod(
+            phase="Pending",
+            started=NOW - timedelta(minutes=45),
+            containers=[waiting("ErrImagePull", "dial tcp: i/o timeout")],
+        ),
+        0,
+    ),
+    "an unlimited container OOM-killed after two hours of service": RanFor(
+        no_memory_limit(
+            pods.pod(
+                containers=[
+                    {
+                        **crash_looping(restarts=1, last_reason="OOMKilled", exit_code=137),
+                        "lastState": {
+                            "terminated": last_terminated(
+                                "OOMKilled", 137, ran_for=timedelta(hours=2)
+                            )
+                        },
+                    }
+                ]
+            )
+        ),
+        7200,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", RAN_FOR.values(), ids=RAN_FOR.keys())
+def test_a_failure_says_how_long_the_container_ran(case: RanFor) -> None:
+    failure = classify(case.pod, CFG, NOW)
+    assert failure is not None
+    assert failure.ran_for_seconds == case.seconds
+
+
+def test_an_evicted_pod_reports_its_longest_container_run() -> None:
+    failure = classify(pods.evicted(), CFG, NOW)
+    assert failure is not None
+    assert failure.ran_for_seconds == 3
+
+
+def test_a_waiting_failure_counts_once_it_outlasted_the_threshold() -> None:
+    p = pods.pod(
+        phase="Pending",
+        started=NOW - timedelta(seconds=40),
+        containers=[waiting("ErrImagePull", "dial tcp: lookup registry: i/o timeout")],
+    )
+    assert classify(p, CFG, NOW - timedelta(seconds=20)) is None
+    failure = classify(p, CFG, NOW)
+    assert failure is not None
+    assert "waiting with ErrImagePull for" in failure.why
+
+
+def test_a_crash_loop_counts_its_restarts_in_a_row_from_the_kubelets_back_off() -> None:
+    p = pods.pod(containers=[crash_looping(restarts=9)])
+    status = p["status"]["containerStatuses"][0]
+    status["state"]["waiting"]["message"] = status["state"]["waiting"]["message"].replace(
+        "back-off 5m0s", "back-off 40s"
+    )
+    failure = classify(p, CFG, NOW)
+    assert failure is not None
+    assert "9 restarts in its lifetime, 3 in a row" in failure.why
+
+
+def test_an_oom_kill_at_the_containers_own_limit_says_so_only_as_a_crash_loop() -> None:
+    limited = pods.pod(containers=[crash_looping(restarts=3, last_reason="OOMKilled")])
+    failure = classify(limited, CFG, NOW)
+    assert failure is not None
+    assert failure.reason == "CrashLoopBackOff"
+    unlimited = classify(no_memory_limit(limited), CFG, NOW)
+    assert unlimited is not None
+    assert unlimited.reason == "OOMKilled"
+    assert "node ran out of memory" in unlimited.why
+
+
+def test_a_pod_level_memory_limit_counts_as_the_containers_own() -> None:
+    p = no_memory_limit(pods.pod(containers=[crash_looping(restarts=1, last_reason="OOMKilled")]))
+    p["spec"]["resources"] = {"limits": {"memory": "1Gi"}}
+    assert classify(p, CFG, NOW) is None
+
+
+EVERYWHERE = {
+    "a tag that does not exist": (
+        waiting("ErrImagePull", "docker.io/library/web:nope: not found"),
+        "not found",
+    ),
+    "a refused pull credential": (
+        waiting("ImagePullBackOff", "failed to authorize: 401 Unauthorized"),
+        "Unauthorized",
+    ),
+    "a missing entrypoint": (
+        waiting("RunContainerError", 'exec: "/srv/run": stat /srv/run: no such file or directory'),
+        'exec: "/srv/run"',
+    ),
+    "a config error": (waiting("CreateContainerConfigError", 'secret "x" not found'), "every node"),
+}
+
+
+@pytest.mark.parametrize(("status", "says"), EVERYWHERE.values(), ids=EVERYWHERE.keys())
+def test_fails_everywhere_says_why(status: object, says: str) -> None:
+    why = fails_everywhere(status)  # type: ignore[arg-type]
+    assert why is not None
+    assert says in why
+
+
+NODE_LOCAL = {
+    "a registry timeout": waiting("ErrImagePull", "dial tcp: lookup registry: i/o timeout"),
+    "a refused connection to the node's mirror": waiting(
+        "ErrImagePull", "dial tcp 127.0.0.1:5000: connect: connection refused"
+    ),
+    "a host path missing on this node": waiting(
+        "RunContainerError",
+        'error mounting "/mnt/data" to rootfs at "/data": no such file or directory',
+    ),
+    "an application whose own message mentions a missing file": {
+        **crash_looping(restarts=4),
+        "lastState": {
+            "terminated": {
+                **last_terminated("Error", 1),
+                "message": 'exec: "/srv/run": no such file or directory',
+            }
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("status", NODE_LOCAL.values(), ids=NODE_LOCAL.keys())
+def test_node_local_errors_do_not_count_as_failing_everywhere(status: object) -> None:
+    assert fails_everywhere(status) is None  # type: ignore[arg-type]
+
+
+FORWARDED = {
+    "an opted-in pod": (pods.pod(), Config(), True),
+    "a pod that turned rescheduling off": (pods.pod(stamp="0"), Config(), False),
+    "a pod with an invalid policy (update-annotations warns)": (
+        pods.pod(stamp="many"),
+        Config(),
+        True,
+    ),
+    "a pod that never opted in": (pods.pod(stamp=None), Config(), False),
+    "an unstamped pod when the operator forwards them": (
+        pods.pod(stamp=None),
+        Config(forward_unstamped=True),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize(("pod", "cfg", "forwarded"), FORWARDED.values(), ids=FORWARDED.keys())
+def test_which_pods_are_worth_forwarding(pod: Pod, cfg: Config, forwarded: bool) -> None:
+    assert worth_forwarding(pod, cfg) is forwarded
+
+
+def test_the_opt_out_label_is_one_skip_rule_for_every_function() -> None:
+    p = pods.pod(labels={"kn-rescheduler.io/ignore": ""}, containers=[crash_looping(restarts=9)])
+    assert skip_reason(p, CFG) == "pod has the kn-rescheduler.io/ignore label"
+    assert (
+        stuck_pending(
+            pods.pending_on_node(timedelta(hours=2), labels={"kn-rescheduler.io/ignore": "true"}),
+            CFG,
+            NOW,
+        )
+        is None
+    )
+
+
 @pytest.mark.parametrize(
     ("annotations", "expected"),
     [
-        ({"scheduling-retries": "3"}, 3),
-        ({"scheduling-retries": "0"}, 0),
+        ({"kn-rescheduler.io/scheduling-retries": "3"}, 3),
+        ({"kn-rescheduler.io/scheduling-retries": "0"}, 0),
+        ({"scheduling-retries": "2"}, 2),
+        ({"kn-rescheduler.io/scheduling-retries": "0", "scheduling-retries": "5"}, 0),
         ({}, None),
     ],
-    ids=["a stamped policy", "a disabled policy", "no stamp at all"],
+    ids=[
+        "the webhook's stamp",
+        "a disabled stamp",
+        "a bare pod's own policy (or a pod stamped by an earlier release)",
+        "the stamp wins over a copied user key",
+        "no policy at all",
+    ],
 )
-def test_policy_of_reads_the_webhooks_stamp(
+def test_policy_of_reads_the_stamp_then_the_pods_own_key(
     annotations: dict[str, str], expected: int | None
 ) -> None:
     p = pods.pod(stamp=None, annotations=annotations)
@@ -449,3 +862,10 @@ def test_failures_are_frozen() -> None:
     assert failure is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         failure.reason = "x"  # type: ignore[misc]
+
+
+def test_the_sweep_forwards_a_disabled_pod_only_to_clear_our_exclusions() -> None:
+    blocked = pods.unschedulable(excluded=["node-a"], stamp="0")
+    crashing = pods.pod("web-7d9c8b6f4-k2k2k", stamp="0", containers=[crash_looping(restarts=9)])
+    found = find_failures([blocked, crashing], CFG, NOW)
+    assert [f.name for f in found] == [blocked["metadata"]["name"]]
