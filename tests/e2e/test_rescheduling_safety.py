@@ -12,7 +12,7 @@ import pytest
 
 from shared.config import Config
 from shared.constants import POLICY_ANNOTATION
-from shared.kube import Kube, Transient
+from shared.kube import Kube
 from tests.e2e.conftest import Loop, Webhook, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
 
@@ -195,10 +195,13 @@ def test_an_invalid_policy_warns_on_the_workload_and_moves_nothing(
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(pod)
     assert event is not None
+    # Every delivery (redeliveries, the sweep) says it again, on the same Event.
+    assert loop.deliver(event) is None
     assert loop.deliver(event) is None
     rs = only(api, "ReplicaSet", namespace)["metadata"]["name"]
     warnings = events_for(api, namespace, rs, "InvalidPolicy")
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+    assert warnings[0]["count"] == 2
     assert "1e9" in warnings[0]["message"]
     assert (
         api.get("Pod", namespace, pod["metadata"]["name"])["metadata"]["uid"]
@@ -226,7 +229,7 @@ def test_pods_are_still_created_while_the_webhook_is_down(
         webhook.server.start()
 
 
-def test_with_eviction_a_pod_disruption_budget_delays_the_move_but_loses_nothing(
+def test_with_eviction_a_pod_disruption_budget_delays_the_move_and_charges_it_once(
     cluster: Any, namespace: str, api: Kube, loop: Loop, faults: Callable[..., None]
 ) -> None:
     bad = cluster.nodes[1]
@@ -248,20 +251,23 @@ def test_with_eviction_a_pod_disruption_budget_delays_the_move_but_loses_nothing
     event = evicting.failing_event(pod)
     assert event is not None
 
-    # The budget forbids the eviction (the API server answers 429): a transient failure that
-    # Knative redelivers, with the move already recorded.
-    with pytest.raises(Transient):
-        evicting.deliver(event)
+    # The budget forbids the eviction (the dry run answers 429): "not now", nothing charged,
+    # no reply, and the pod says why.
+    assert evicting.deliver(event) is None
     rs = only(api, "ReplicaSet", namespace)["metadata"]["name"]
-    assert state_of(api, "ReplicaSet", namespace, rs).moves == 1
+    assert state_of(api, "ReplicaSet", namespace, rs).moves == 0
     assert api.get("Pod", namespace, pod["metadata"]["name"])["metadata"]["uid"]
+    assert len(events_for(api, namespace, pod["metadata"]["name"], "MoveDeferred")) == 1
+    assert not events_for(api, namespace, rs, "Rescheduled")
 
-    # Once the budget allows it, the redelivered event finishes the move without counting twice.
+    # Once the budget allows it, the event sent again moves the pod and charges it once.
     api.request(
         "DELETE", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/web", write=True
     )
-    evicting.deliver(event)
+    reply = evicting.deliver(event)
+    assert reply is not None and reply.type.endswith("rescheduled")
     meta = pod["metadata"]
     wait_for("the pod to be evicted", lambda: gone(api, namespace, meta["name"], meta["uid"]))
     state = state_of(api, "ReplicaSet", namespace, rs)
     assert (state.moves, state.excluded_nodes) == (1, (bad,))
+    assert len(events_for(api, namespace, rs, "Rescheduled")) == 1
