@@ -3,9 +3,19 @@
 ApiServerSource sends nothing for pods that were already failing when it started, and loses
 changes while it re-establishes a watch; a send that fails after its own retries is only
 logged. A PingSource therefore calls sweep-failures every few minutes; it lists pods a page at
-a time (each page a consistent read the API server serves from its watch cache), classifies
-them with the same code as detect-failures, also catches pods stuck Pending on a node, and
-sends one ``io.kn-rescheduler.pod.failing`` event per failing pod to the Broker (``K_SINK``).
+a time, classifies them with the same code as detect-failures, also catches pods stuck Pending
+on a node, and sends one ``io.kn-rescheduler.pod.failing`` event per failing pod to the Broker
+(``K_SINK``).
+
+Where the pages come from (measured on the local v1.36 API server, pinned by
+tests/e2e/test_sweep_reads.py): a list without resourceVersion is served from the API server's
+watch cache, not etcd. The first page is a consistent read (the API server asks etcd for its
+current revision, one small request, and waits until its cache has caught up), the following
+pages come from the cache's snapshot at that revision through the continue token. API servers
+without the ConsistentListFromCache and ListFromCacheSnapshot features (before about v1.31 and
+v1.34) read every such page from etcd; asking for resourceVersion=0 would avoid that at the
+price of a possibly stale list, which a sweep that runs every few minutes could afford but
+does not need on a current API server.
 
 Sending an event that update-annotations already handled is harmless: it is idempotent.
 """

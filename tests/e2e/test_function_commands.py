@@ -37,7 +37,12 @@ from kubernetes import client as k8s
 from localcluster.procs import Proc
 from shared.classify import classify
 from shared.config import Config
-from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING, POLICY_ANNOTATION
+from shared.constants import (
+    APISERVER_UPDATE,
+    EVENT_POD_FAILING,
+    POLICY_ANNOTATION,
+    POLICY_STAMP_ANNOTATION,
+)
 from shared.failing import FailingPod
 from stack.functions import FUNCTIONS, command, free_port
 from tests.e2e.conftest import wait_for
@@ -528,7 +533,7 @@ def test_mutate_admission_serves_tls_for_its_service_name_and_stamps_the_owners_
     assert results["owned"]["patchType"] == "JSONPatch"
     patch = json.loads(base64.b64decode(results["owned"]["patch"]))
     stamped = jsonpatch.apply_patch(owned, patch)
-    assert stamped["metadata"]["annotations"][POLICY_ANNOTATION] == "3"
+    assert stamped["metadata"]["annotations"][POLICY_STAMP_ANNOTATION] == "3"
     assert "patch" not in results["unowned"]
     assert 'knr_webhook_admissions_total{result="patched"} 1.0' in exported
     assert 'result="error"' not in exported

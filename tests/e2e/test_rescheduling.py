@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.constants import POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION, STATE_ANNOTATION
 from shared.kube import Kube, NotFound
 from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
 
@@ -118,7 +118,7 @@ def settled_replacement(
     assert new["spec"]["nodeName"] != bad
     assert excluded_stamp(new) == [bad]
     assert required_exclusions(new) == {bad}
-    assert new["metadata"]["annotations"][POLICY_ANNOTATION] == "3"
+    assert new["metadata"]["annotations"][POLICY_STAMP_ANNOTATION] == "3"
     return new
 
 
@@ -329,7 +329,7 @@ def test_a_daemonset_pod_is_never_moved(
     # The webhook did not stamp it and detect-failures refuses it; update-annotations refuses
     # it as well when handed a failing event for it anyway (as a sweep with
     # forward_unstamped, or a hand-made replay, would).
-    assert POLICY_ANNOTATION not in pod["metadata"].get("annotations", {})
+    assert POLICY_STAMP_ANNOTATION not in pod["metadata"].get("annotations", {})
     assert loop.failing_event(pod) is None
     disguised = {**pod["metadata"], "ownerReferences": [], "annotations": RETRIES}
     forced = loop.failing_event({**pod, "metadata": disguised})
