@@ -49,6 +49,7 @@ from shared import bodies, events, kube, metrics
 from shared.classify import Failure, FailureKind, classify, unschedulable_due_to_exclusions
 from shared.config import Config
 from shared.constants import (
+    DEFAULT_NAMESPACE,
     EVENT_POD_EXHAUSTED,
     EVENT_POD_RESCHEDULED,
     REASON_EXCLUSIONS_CLEARED,
@@ -68,8 +69,9 @@ from shared.state import Action, FailureFacts, Plan, StateError, dump_state, loa
 
 log = logging.getLogger(__name__)
 
-# What the messages tell people to do; the RBAC manifests define these names.
-SERVICE_ACCOUNT: Final = "kn-rescheduler/update-annotations"
+# What the messages tell people to do; the RBAC manifests define these names (the
+# ServiceAccount lives in the namespace the project is installed in).
+SERVICE_ACCOUNT: Final = "update-annotations"
 BARE_POD_CLUSTER_ROLE: Final = "kn-rescheduler-bare-pods"
 # Tries at counting one more occurrence on an Event that others count on at the same time.
 EVENT_REPEAT_ATTEMPTS: Final = 3
@@ -133,7 +135,13 @@ _RETRIED_LATER: Final = (
 
 
 def deferral_for(
-    step: Step, error: kube.KubeError, namespace: str, pod_name: str, *, charged: bool
+    step: Step,
+    error: kube.KubeError,
+    namespace: str,
+    pod_name: str,
+    *,
+    charged: bool,
+    installed_in: str = DEFAULT_NAMESPACE,
 ) -> Deferral | None:
     """Whether an API refusal of a removal means "not now" (and what to tell people), or is
     an error for the caller to raise (None).
@@ -147,6 +155,7 @@ def deferral_for(
         else "the move was not counted"
     )
     pod = f"pod {namespace}/{pod_name}"
+    account = f"{installed_in}/{SERVICE_ACCOUNT}"
     if step is Step.EVICTION and isinstance(error, kube.DisruptionBudgetRefused):
         said = "; ".join(error.causes) or "no disruption allowed now"
         return Deferral(
@@ -163,9 +172,9 @@ def deferral_for(
             step,
             REASON_REPLACEMENT_NOT_ALLOWED,
             f"{pod} has no controller: moving it means creating a replacement, and "
-            f"{SERVICE_ACCOUNT} may not create pods in namespace {namespace}. Bare-pod "
+            f"{account} may not create pods in namespace {namespace}. Bare-pod "
             f"replacement is opt-in per namespace: a RoleBinding in {namespace} binding the "
-            f"ClusterRole {BARE_POD_CLUSTER_ROLE} to the ServiceAccount {SERVICE_ACCOUNT} "
+            f"ClusterRole {BARE_POD_CLUSTER_ROLE} to the ServiceAccount {account} "
             f"enables it. {counted[0].upper()}{counted[1:]}, and {_RETRIED_LATER}.",
         )
     if isinstance(error, (kube.Forbidden, kube.Invalid)):
@@ -297,7 +306,7 @@ class Rescheduler:
             key=failing.uid,
             repeat=False,
         )
-        return self._reply(failing, said.action, done, resolution)
+        return self._reply(failing, said.action, done, resolution, message=said.message)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -427,7 +436,7 @@ class Rescheduler:
             except kube.AlreadyExists:
                 pass  # a replacement made earlier: the real create will find it, which is done
             except (kube.Forbidden, kube.Invalid) as exc:
-                refused = deferral_for(Step.REPLACEMENT, exc, ns, name, charged=False)
+                refused = self._deferral(Step.REPLACEMENT, exc, ns, name, charged=False)
                 if refused is None:
                     raise
                 trace.note(f"dry run: the replacement of {ns}/{name} would be refused: {exc}")
@@ -439,7 +448,7 @@ class Rescheduler:
                 pass  # gone or replaced meanwhile: the real eviction says so and does nothing
             except kube.DisruptionBudgetRefused as exc:
                 trace.note(f"dry run: evicting {ns}/{name} would be refused: {exc}")
-                return deferral_for(Step.EVICTION, exc, ns, name, charged=False)
+                return self._deferral(Step.EVICTION, exc, ns, name, charged=False)
         return None
 
     def _replacement(self, live: Pod, decided: Plan) -> dict[str, Any]:
@@ -465,7 +474,7 @@ class Rescheduler:
             except kube.AlreadyExists:
                 trace.note(f"replacement pod {ns}/{body['metadata']['name']} already exists")
             except (kube.Forbidden, kube.Invalid) as exc:
-                refused = deferral_for(Step.REPLACEMENT, exc, ns, name, charged=True)
+                refused = self._deferral(Step.REPLACEMENT, exc, ns, name, charged=True)
                 if refused is None:
                     raise
                 trace.note(f"the replacement of {ns}/{name} was refused: {exc}")
@@ -486,8 +495,13 @@ class Rescheduler:
             return Removal.GONE
         except kube.DisruptionBudgetRefused as exc:
             trace.note(f"evicting {ns}/{name} was refused after the move was recorded: {exc}")
-            return deferral_for(Step.EVICTION, exc, ns, name, charged=True) or Removal.GONE
+            return self._deferral(Step.EVICTION, exc, ns, name, charged=True) or Removal.GONE
         return Removal.REMOVED
+
+    def _deferral(
+        self, step: Step, error: kube.KubeError, ns: str, name: str, *, charged: bool
+    ) -> Deferral | None:
+        return deferral_for(step, error, ns, name, charged=charged, installed_in=self.cfg.namespace)
 
     def _defer(self, live: Pod, deferral: Deferral, trace: Trace) -> None:
         meta = live.get("metadata", {})
@@ -498,7 +512,13 @@ class Rescheduler:
         self._event(pod, deferral.reason, deferral.message, warning=True, key="")
 
     def _reply(
-        self, failing: FailingPod, action: Action, decided: Plan, resolution: Resolution
+        self,
+        failing: FailingPod,
+        action: Action,
+        decided: Plan,
+        resolution: Resolution,
+        *,
+        message: str | None = None,
     ) -> events.Reply | None:
         if action in (Action.MOVE, Action.CLEAR_AND_MOVE):
             kind = EVENT_POD_RESCHEDULED
@@ -523,7 +543,7 @@ class Rescheduler:
                 "budget": decided.budget,
                 "excludedNodes": list(decided.excluded_nodes),
                 "exclusionsCleared": decided.exclusions_cleared or action is Action.CLEAR_AND_MOVE,
-                "message": decided.message,
+                "message": decided.message if message is None else message,
             },
         )
 

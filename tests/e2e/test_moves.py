@@ -348,7 +348,8 @@ def test_an_eviction_refused_after_the_move_was_charged_finishes_later_without_a
     evicting = Loop(api, Config(use_eviction=True))
     reply = evicting.deliver(event)
     assert reply is not None and reply.type == EVENT_POD_RESCHEDULED
-    assert reply.data["moves"] == 1
+    assert (reply.data["action"], reply.data["moves"]) == ("move", 1)
+    assert "recorded earlier, removed now" in reply.data["message"]
     meta = pod["metadata"]
     wait_for("the pod evicted", lambda: gone(api, namespace, meta["name"], meta["uid"]))
     assert state_of(api, "ReplicaSet", namespace, rs).moves == 1

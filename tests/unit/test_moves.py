@@ -167,13 +167,21 @@ def test_a_refusal_after_the_move_was_recorded_says_it_is_not_counted_twice() ->
     assert "counted once and will not be counted again" in deferral.message
 
 
-def test_a_refused_bare_pod_replacement_names_the_role_binding_that_enables_it() -> None:
+@pytest.mark.parametrize("installed_in", ["kn-rescheduler", "platform-tools"])
+def test_a_refused_bare_pod_replacement_names_the_role_binding_that_enables_it(
+    installed_in: str,
+) -> None:
     deferral = deferral_for(
-        Step.REPLACEMENT, error(403, RBAC_DENIES, CREATE), "shop", "solo", charged=False
+        Step.REPLACEMENT,
+        error(403, RBAC_DENIES, CREATE),
+        "shop",
+        "solo",
+        charged=False,
+        installed_in=installed_in,
     )
     assert deferral is not None
     assert "RoleBinding in shop" in deferral.message
-    assert "kn-rescheduler/update-annotations" in deferral.message
+    assert f"ServiceAccount {installed_in}/update-annotations" in deferral.message
 
 
 FAILURE = Failure(FailureKind.NODE_FIXABLE, "CrashLoopBackOff", "back-off", "node-b")
