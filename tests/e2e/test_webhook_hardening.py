@@ -3,24 +3,33 @@ server: client-certificate authentication and the request size limit, over real 
 
 With TLS_CLIENT_CA_FILE the TLS handshake itself requires a client certificate from that CA,
 so a caller without one never gets to send an AdmissionReview. The API server presents one
-when its AdmissionConfiguration gives it a kubeconfig for the webhook (docs/install.md).
+when its AdmissionConfiguration gives it a kubeconfig for the webhook (docs/install.md): the
+last test starts a second kube-apiserver of the local control plane with exactly that
+configuration, and shows that it reaches the webhook where the first one (without it) cannot.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import ssl
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from kubernetes import client as k8s
 
+from localcluster.procs import Proc
+from shared.constants import POLICY_ANNOTATION
 from stack import webhook as webhook_setup
-from stack.functions import FunctionServer
+from stack.functions import FunctionServer, environment, free_port
+from tests.e2e.conftest import wait_for
 from tests.unit import pods
 
 pytestmark = pytest.mark.e2e
@@ -199,3 +208,167 @@ def test_a_real_review_under_the_limit_is_answered(small_limit: FunctionServer) 
     status, body = post(small_limit, small_limit.ssl_context(), review(BARE_POD))
     assert status == 200
     assert json.loads(body)["response"]["allowed"] is True
+
+
+# -- a real API server presents the client certificate ------------------------------------------
+
+
+def admission_configuration(directory: Path, webhook_host_port: str, client: Any) -> Path:
+    """The API server side of docs/install.md: an AdmissionConfiguration whose kubeconfig
+    gives the webhook's address a client certificate. For a webhook registered by URL the user
+    entry is named host:port; for one registered by Service it is NAME.NAMESPACE.svc (the API
+    server looks for NAME.NAMESPACE.svc:PORT, then without :443)."""
+    kubeconfig = directory / "webhook-kubeconfig.yaml"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "users": [
+                    {
+                        "name": webhook_host_port,
+                        "user": {
+                            "client-certificate": str(client.crt),
+                            "client-key": str(client.key),
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    config = directory / "admission-configuration.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "apiserver.config.k8s.io/v1",
+                "kind": "AdmissionConfiguration",
+                "plugins": [
+                    {
+                        "name": "MutatingAdmissionWebhook",
+                        "configuration": {
+                            "apiVersion": "apiserver.config.k8s.io/v1",
+                            "kind": "WebhookAdmissionConfiguration",
+                            "kubeConfigFile": str(kubeconfig),
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    return config
+
+
+@pytest.fixture
+def second_api_server(cluster: Any, tmp_path: Path) -> Iterator[Any]:
+    """A factory: another kube-apiserver of the same control plane (same etcd, same flags)
+    on its own port, with the extra flags given; an ApiClient for it. Two API servers on one
+    etcd is what an HA control plane runs (here they share a host name, so they argue over
+    one identity lease while both run: harmless, and over when the test ends)."""
+    started: list[Proc] = []
+
+    def start(*extra: str) -> k8s.ApiClient:
+        pid = cluster.pids()["kube-apiserver"]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        port = free_port()
+        argv = [a for a in argv if not a.startswith("--secure-port=")]
+        argv += [f"--secure-port={port}", *extra]
+        proc = Proc("kube-apiserver-2", argv, tmp_path / "kube-apiserver-2.log")
+        started.append(proc)
+        api = cluster.api_client()
+        api.configuration.host = f"https://127.0.0.1:{port}"
+
+        config = api.configuration
+        context = ssl.create_default_context(cafile=config.ssl_ca_cert)
+        context.load_cert_chain(config.cert_file, config.key_file)
+
+        def ready() -> bool:
+            assert proc.alive(), proc.log_tail()
+            try:
+                with urllib.request.urlopen(
+                    f"{config.host}/readyz", context=context, timeout=2
+                ) as answer:
+                    return bool(answer.status == 200)
+            except OSError:
+                return False
+
+        wait_for("the second kube-apiserver to be ready", ready, timeout=60, every=0.5)
+        return api
+
+    yield start
+    for proc in started:
+        proc.stop(grace=10)
+
+
+def admissions(server: FunctionServer) -> float:
+    """How many AdmissionReviews the webhook has answered (its own metrics)."""
+    context = server.ssl_context()
+    connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    pattern = r'^knr_webhook_admissions_total\{result="(?:patched|unchanged)"\} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
+
+
+def bare_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: "2"}},
+        "spec": {
+            "containers": [{"name": "app", "image": "registry.example.com/shop/web:1.4.2"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_webhook(
+    cluster: Any,
+    namespace: str,
+    tmp_path: Path,
+    client_tls: webhook_setup.ClientTLS,
+    second_api_server: Any,
+) -> None:
+    ca, crt, key = webhook_setup.make_tls(tmp_path / "serving")
+    with FunctionServer(
+        "mutate-admission",
+        tmp_path,
+        env=environment(cluster.kubeconfig),
+        tls=(crt, key),
+        ca_file=ca,
+        client_tls=client_tls,
+    ) as server:
+        name = webhook_setup.NAME + "-client-auth"
+        body = webhook_setup.configuration(server.url, ca, name=name)
+        # Only this test's namespace: nothing else in the session is sent to this webhook.
+        body["webhooks"][0]["namespaceSelector"] = {
+            "matchLabels": {"kubernetes.io/metadata.name": namespace}
+        }
+        webhook_setup.register(cluster.api_client(), body)
+        try:
+            # The session's API server has no AdmissionConfiguration: the handshake fails,
+            # failurePolicy Ignore admits the pod, and the webhook answered nothing.
+            plain = k8s.CoreV1Api(cluster.api_client())
+            plain.create_namespaced_pod(namespace, bare_pod("without-certificate"))
+            assert admissions(server) == 0
+            log = (cluster.log_dir / "kube-apiserver.log").read_text()
+            assert "certificate required" in log or "bad certificate" in log
+
+            # An API server of the same control plane started with the AdmissionConfiguration
+            # of docs/install.md presents the client certificate and gets its answer.
+            config = admission_configuration(tmp_path, f"127.0.0.1:{server.port}", client_tls)
+            second = second_api_server(f"--admission-control-config-file={config}")
+            # Its webhook informer may need a moment to see the registration.
+            created = 0
+
+            def answered() -> bool:
+                nonlocal created
+                created += 1
+                k8s.CoreV1Api(second).create_namespaced_pod(namespace, bare_pod(f"with-{created}"))
+                return admissions(server) >= 1
+
+            wait_for("the webhook to answer the second API server", answered, timeout=30)
+        finally:
+            webhook_setup.unregister(cluster.api_client(), name)
