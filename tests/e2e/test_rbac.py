@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from shared import reschedule
 from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
     NAMESPACE,
@@ -37,7 +38,8 @@ APP = "shop"
 # A namespace whose bare pods opted in to being moved (it gets the RoleBinding, for real).
 OPTED_IN = "bare-pods-shop"
 SYSTEM = "kube-system"
-BARE_POD_ROLE = "kn-rescheduler-bare-pod-replacement"
+# The ClusterRole and account update-annotations names when it cannot replace a bare pod.
+BARE_POD_ROLE = reschedule.BARE_POD_CLUSTER_ROLE
 
 
 @dataclass(frozen=True)
@@ -310,3 +312,4 @@ def test_pod_creation_is_granted_only_by_the_per_namespace_opt_in(
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": UPDATE, "namespace": NAMESPACE}
     ]
+    assert reschedule.SERVICE_ACCOUNT == UPDATE
