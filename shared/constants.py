@@ -53,6 +53,8 @@ REASON_RETRIES_EXHAUSTED: Final = "RetriesExhausted"
 REASON_INVALID_POLICY: Final = "InvalidPolicy"
 # The move was decided but a PodDisruptionBudget refuses the eviction for now; retried later.
 REASON_MOVE_DEFERRED: Final = "MoveDeferred"
+# The workload's state would outgrow its cap even after pruning; the pod is left in place.
+REASON_STATE_TOO_LARGE: Final = "StateTooLarge"
 
 # The component name on Kubernetes Events and the field manager on writes.
 COMPONENT: Final = "kn-rescheduler"

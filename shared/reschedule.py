@@ -40,7 +40,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -58,12 +58,13 @@ from shared.constants import (
     REASON_REPLACEMENT_NOT_ALLOWED,
     REASON_REPLACEMENT_REFUSED,
     REASON_RESCHEDULED,
+    REASON_STATE_TOO_LARGE,
     RESET_AFTER_ANNOTATION,
     STATE_ANNOTATION,
 )
 from shared.failing import FailingPod
 from shared.kubetypes import Pod
-from shared.owners import BARE, Holder, Ref, Resolution, resolve
+from shared.owners import BARE, Holder, Ref, Resolution, holder_of, resolve
 from shared.policy import InvalidPolicy, OwnerKind, Policy, parse_reset_after, parse_retries
 from shared.state import Action, FailureFacts, Plan, StateError, dump_state, load_state, plan
 
@@ -315,7 +316,9 @@ class Rescheduler:
     ) -> Failure | None:
         """The event may be old: judge the pod as it is now, falling back to the event's
         verdict only for a pod we already decided to move (its removal must finish)."""
-        now_failing = classify(live, self.cfg) or unschedulable_due_to_exclusions(live, self.cfg)
+        now_failing = classify(live, self.cfg, self.clock()) or unschedulable_due_to_exclusions(
+            live, self.cfg
+        )
         if now_failing is not None:
             return now_failing
         if failing.uid in _handled_uids(holder.annotations.get(STATE_ANNOTATION)):
@@ -365,11 +368,19 @@ class Rescheduler:
                     "refusing to act rather than overwrite it"
                 ) from exc
             decided = plan(
-                state, facts, policy, self.clock(), handled_limit=self.cfg.handled_uids_max
+                state,
+                facts,
+                policy,
+                self.clock(),
+                handled_limit=self.cfg.handled_uids_max,
+                statefulset=holder.statefulset,
             )
             trace.plan = decided
             if decided.new_state is None:
                 trace.note(f"plan: {decided.action} ({decided.reason}): {decided.message}")
+                if decided.reason == "state-too-large":
+                    # Nobody else would ever hear of it: the pod stays failing where it is.
+                    self._event(holder.ref, REASON_STATE_TOO_LARGE, decided.message, warning=True)
                 return decided
             if decided.delete_pod and not checked:
                 # Once is enough: a re-plan after a conflict removes the same pod the same way.
@@ -409,13 +420,13 @@ class Rescheduler:
 
     def _reread(self, holder: Holder) -> Holder:
         obj = self.api.get(holder.ref.kind, holder.ref.namespace, holder.ref.name)
-        meta = obj.get("metadata") or {}
-        replicas = (obj.get("spec") or {}).get("replicas")
-        return Holder(
+        # Re-read in full (a StatefulSet's start ordinal included), keeping what we knew when
+        # the answer lacks it.
+        fresh = holder_of(holder.ref.kind, obj)
+        return replace(
+            fresh,
             ref=holder.ref,
-            resource_version=str(meta.get("resourceVersion", "")),
-            annotations=dict(meta.get("annotations") or {}),
-            replicas=replicas if isinstance(replicas, int) else holder.replicas,
+            replicas=fresh.replicas if fresh.replicas is not None else holder.replicas,
         )
 
     def _preflight(self, live: Pod, decided: Plan, bare: bool, trace: Trace) -> Deferral | None:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from shared import events
 from shared.config import Config
 from shared.constants import APISERVER_UPDATE, STATE_ANNOTATION
@@ -32,6 +33,8 @@ from stack.functions import FunctionServer, environment
 from tests.handlers.conftest import function_client  # noqa: F401 - shared fixture
 
 FAULTY_PREFERENCE_WEIGHT = 100
+# The functions' settings for the fake kubelet's compressed clock (see LOCAL_FUNCTION_SETTINGS).
+LOCAL = Config.from_env(LOCAL_FUNCTION_SETTINGS)
 
 
 def wait_for(
@@ -178,7 +181,7 @@ class Loop:
 
 @pytest.fixture
 def loop(api: Kube, webhook: Webhook) -> Loop:
-    return Loop(api, Config())
+    return Loop(api, LOCAL)
 
 
 def state_of(api: Kube, kind: str, namespace: str, name: str) -> WorkloadState:
