@@ -1,0 +1,191 @@
+"""knative/components/state-writes-only, enforced by the real API server.
+
+RBAC lets update-annotations patch ReplicaSets, StatefulSets and Jobs in every namespace (the
+state lives there), and pods where a namespace opted in to bare-pod replacement. A patched pod
+template would run any image under any ServiceAccount of that namespace. The component's
+ValidatingAdmissionPolicy refuses any change from that ServiceAccount other than to the
+``kn-rescheduler.io/state`` annotation. Here the ServiceAccount's own token makes the writes:
+the state write goes through, everything else is refused by the policy (RBAC allowed it), and
+nobody else is affected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from shared import bodies, kube
+from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.kube import Kube
+from tests.e2e.conftest import pod_template, wait_for
+from tests.e2e.knative_manifests import (
+    Obj,
+    apply,
+    install_rbac,
+    kubeconfig_for,
+    of_kind,
+    render,
+    render_opt_in,
+    service_account_token,
+)
+
+pytestmark = pytest.mark.e2e
+
+STATE = '{"excludedNodes":["node-3"],"handled":[],"moves":1,"version":1}'
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+@pytest.fixture(scope="module")
+def with_policy(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    return render("state-writes-only", workdir=tmp_path_factory.mktemp("overlay-vap"))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Any, with_policy: list[Obj]) -> list[Obj]:
+    install_rbac(cluster.kubeconfig, with_policy)
+    done = apply(cluster.kubeconfig, of_kind(with_policy, *POLICY_KINDS), "--server-side")
+    assert done.returncode == 0, done.stderr
+    return with_policy
+
+
+@pytest.fixture
+def update_annotations_kubeconfig(cluster: Any, installed: list[Obj], tmp_path: Path) -> Path:
+    """Credentials of update-annotations' own ServiceAccount (its RBAC, and the policy)."""
+    token = service_account_token(cluster.api_client(), "update-annotations")
+    return kubeconfig_for(cluster.server, cluster.ca_file, token, tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def as_update_annotations(update_annotations_kubeconfig: Path) -> Callable[..., Kube]:
+    def make(*, dry_run: bool = False) -> Kube:
+        client = k8s_config.new_client_from_config(str(update_annotations_kubeconfig))
+        return Kube(client, dry_run=dry_run, attempts=1)
+
+    return make
+
+
+def refused_by_policy(write: Callable[[], Any]) -> str:
+    """The policy's message for a write it refuses (RBAC allowed the write)."""
+    try:
+        write()
+    except (kube.Forbidden, kube.Invalid) as exc:
+        assert "kn-rescheduler-state-writes-only" in str(exc), exc
+        return str(exc)
+    raise AssertionError("the write went through")
+
+
+def test_the_policy_is_accepted_by_the_api_server(installed: list[Obj]) -> None:
+    (policy,) = of_kind(installed, "ValidatingAdmissionPolicy")
+    (binding,) = of_kind(installed, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_update_annotations_may_write_its_state_and_nothing_else_of_a_workload(
+    api: Kube, namespace: str, as_update_annotations: Callable[..., Kube]
+) -> None:
+    api.create(
+        "ReplicaSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": "web",
+                "labels": {"app": "web"},
+                "annotations": {POLICY_ANNOTATION: "3", "team": "shop"},
+            },
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": pod_template({"app": "web"}, "node-0"),
+            },
+        },
+    )
+    dry = as_update_annotations(dry_run=True)
+
+    def patch(body: Obj) -> Callable[[], Any]:
+        return lambda: dry.merge_patch("ReplicaSet", namespace, "web", body)
+
+    evil_template = {
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "app", "image": "evil.example/x:1"}]}}
+        }
+    }
+    # The policy takes effect once the API server has loaded it.
+    wait_for(
+        "the policy to refuse a template change",
+        lambda: _refuses(patch(evil_template)),
+        timeout=30,
+    )
+    refused_by_policy(patch({"spec": {"replicas": 5}}))
+    refused_by_policy(patch({"metadata": {"labels": {"app": "other"}}}))
+    refused_by_policy(patch({"metadata": {"annotations": {"team": "someone-else"}}}))
+    refused_by_policy(patch({"metadata": {"annotations": {POLICY_ANNOTATION: None}}}))
+    refused_by_policy(patch({"metadata": {"annotations": {STATE_ANNOTATION: STATE, "extra": "x"}}}))
+
+    # What a move really writes goes through, for real (a compare-and-swap on the object as
+    # it is now: the controller has written its status since it was created).
+    now = api.get("ReplicaSet", namespace, "web")["metadata"]["resourceVersion"]
+    written = as_update_annotations().merge_patch(
+        "ReplicaSet", namespace, "web", bodies.state_patch(now, STATE)
+    )
+    assert written["metadata"]["annotations"][STATE_ANNOTATION] == STATE
+    # Nobody else is held to it.
+    api.merge_patch("ReplicaSet", namespace, "web", {"spec": {"replicas": 0, "minReadySeconds": 1}})
+
+
+def test_in_a_namespace_that_opted_in_a_bare_pods_spec_stays_out_of_reach(
+    cluster: Any,
+    api: Kube,
+    namespace: str,
+    as_update_annotations: Callable[..., Kube],
+    update_annotations_kubeconfig: Path,
+    tmp_path: Path,
+) -> None:
+    opt_in = render_opt_in(namespace, tmp_path / "opt-in")
+    assert apply(cluster.kubeconfig, opt_in).returncode == 0
+    api.create(
+        "Pod",
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "solo", "annotations": {POLICY_ANNOTATION: "2"}},
+            "spec": {
+                "containers": [{"name": "app", "image": "registry.example.com/shop/web:1.4.2"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        },
+    )
+    # A container's image is one of the few pod fields an update may change (a strategic
+    # merge patch, which changes it alone; a merge patch would replace the container list).
+    pods = k8s.CoreV1Api(k8s_config.new_client_from_config(str(update_annotations_kubeconfig)))
+    swap_image = {"spec": {"containers": [{"name": "app", "image": "evil.example/x:1"}]}}
+    wait_for(
+        "the policy (and the RoleBinding) to be in effect",
+        lambda: _refuses(
+            lambda: pods.patch_namespaced_pod("solo", namespace, swap_image, dry_run="All")
+        ),
+        timeout=30,
+    )
+    now = api.get("Pod", namespace, "solo")["metadata"]["resourceVersion"]
+    written = as_update_annotations().merge_patch(
+        "Pod", namespace, "solo", bodies.state_patch(now, STATE)
+    )
+    assert written["metadata"]["annotations"][STATE_ANNOTATION] == STATE
+
+
+def _refuses(write: Callable[[], Any]) -> bool:
+    try:
+        write()
+    except (kube.Forbidden, kube.Invalid) as exc:
+        return "kn-rescheduler-state-writes-only" in str(exc)
+    except k8s.ApiException as exc:
+        return "kn-rescheduler-state-writes-only" in (exc.body or "")
+    return False
