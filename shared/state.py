@@ -22,12 +22,27 @@ entries have no timestamp and take the state's own `updatedAt`, which is at leas
 any change to them, so they are never pruned earlier than they should be; a version we do not
 know is refused, since acting on it could undo a newer release's bookkeeping)::
 
-    {"version": 2, "moves": 3, "excludedNodes": ["node-a"], "handled": ["<pod uid>", ...],
+    {"version": 2, "holderUid": "<uid of the object it was written for>", "moves": 3,
+     "excludedNodes": ["node-a"], "handled": ["<pod uid>", ...],
      "exhaustedRecorded": false, "updatedAt": "2026-03-14T09:26:53Z",
      "pods": {"db-0": {"moves": 2, "excludedNodes": ["node-c"], "updatedAt": "..."}}}
 
 Per-pod entries (StatefulSets only) leave out an empty `excludedNodes` and a false
 `exhaustedRecorded`, so a thousand pods fit easily.
+
+Whose state. Annotations get copied: `kubectl rollout undo` copies a ReplicaSet's annotations
+onto its Deployment, and the Deployment controller copies a Deployment's annotations onto the
+ReplicaSets it creates; a manifest exported with `kubectl get -o yaml` and applied as a new
+object carries them too. A copy says nothing about the object it landed on: taken for that
+object's own, it would hand the next rollout another ReplicaSet's exclusions and count. So every
+state `plan` writes records the uid of its holder (`holderUid`, optional within version 2), and a
+state recorded for another uid is a foreign copy: `plan` starts from an empty state instead (and
+says so), and the webhook injects no exclusions from it. That is never a fresh budget for the
+rightful holder: its own writes always carry its own uid. A state without `holderUid` (written
+before the field) is taken as the holder's own. A bare pod's state is the exception: it is
+carried on purpose to the pod's replacement, which has a new uid, so a pod's state is always
+its own. (What keeps the Deployment controller from overwriting a ReplicaSet's own state with
+a copy is in `shared.rollouts`.)
 
 Size. The API server refuses an object whose annotations add up to more than 256 KiB, and a
 state that grew past it would make every later write fail for ever. So every state `plan`
@@ -149,6 +164,9 @@ class WorkloadState:
     # Set when RetriesExhausted was recorded, so it is recorded once, not on every event.
     exhausted_recorded: bool = False
     updated_at: datetime | None = None
+    # The uid of the object the state was written for; empty when unknown (written before the
+    # field existed). See "Whose state" in the module docstring.
+    holder_uid: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.per_pod, MappingProxyType):
@@ -227,8 +245,11 @@ def _load(annotation_value: str | None, skipped: list[str] | None) -> WorkloadSt
         raise StateError(
             f"state version {version} is not supported (this release reads {readable})"
         )
-    _only_keys(data, _TOP_KEYS, "state")
+    _only_keys(data, _TOP_KEYS_V1 if version == 1 else _TOP_KEYS, "state")
     updated_at = _time(data, "updatedAt", "state field updatedAt")
+    holder_uid = data.get("holderUid", "")
+    if not isinstance(holder_uid, str):
+        raise StateError(f"state field holderUid must be a string, got {holder_uid!r}")
     per_pod_raw = data.get("pods", {})
     if not isinstance(per_pod_raw, dict):
         raise StateError("state field pods must be an object")
@@ -253,6 +274,7 @@ def _load(annotation_value: str | None, skipped: list[str] | None) -> WorkloadSt
         handled=_names(data, "handled"),
         exhausted_recorded=_flag(data, "exhaustedRecorded"),
         updated_at=updated_at,
+        holder_uid=holder_uid,
     )
 
 
@@ -272,6 +294,8 @@ def dump_state(state: WorkloadState) -> str:
         data["pods"] = {name: _entry_data(entry) for name, entry in state.per_pod.items()}
     if state.updated_at is not None:
         data["updatedAt"] = format_kube_time(state.updated_at)
+    if state.holder_uid:
+        data["holderUid"] = state.holder_uid
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -286,9 +310,11 @@ def _entry_data(entry: PodEntry) -> dict[str, Any]:
     return data
 
 
-_TOP_KEYS: Final = frozenset(
+_TOP_KEYS_V1: Final = frozenset(
     {"version", "moves", "excludedNodes", "pods", "handled", "exhaustedRecorded", "updatedAt"}
 )
+# holderUid is optional within version 2: states written before it are the holder's own.
+_TOP_KEYS: Final = _TOP_KEYS_V1 | {"holderUid"}
 _POD_KEYS_V1: Final = frozenset({"moves", "excludedNodes", "exhaustedRecorded"})
 _POD_KEYS: Final = _POD_KEYS_V1 | {"updatedAt"}
 
@@ -353,6 +379,23 @@ def _time(data: dict[str, Any], key: str, what: str) -> datetime | None:
     if parsed is None:
         raise StateError(f"{what} is not a timestamp: {raw!r}")
     return parsed
+
+
+def foreign_copy(state: WorkloadState, owner_kind: OwnerKind | str, holder_uid: str) -> str | None:
+    """Why `state`, read from the object with `holder_uid`, is a copy written for another
+    object (see "Whose state" in the module docstring); None when it is the holder's own.
+
+    Own when either uid is unknown, and always for a bare pod (its state travels to its
+    replacement on purpose).
+    """
+    if owner_kind == OwnerKind.POD or not state.holder_uid or not holder_uid:
+        return None
+    if state.holder_uid == holder_uid:
+        return None
+    return (
+        f"it is a copy of the state of another object (uid {state.holder_uid[:64]}; this "
+        f"one is {holder_uid})"
+    )
 
 
 def exclusions_for(
@@ -553,6 +596,8 @@ class Plan:
     exclusions_cleared: bool = False
     # What pruning dropped from the state to write (see the module docstring), in words.
     pruned: tuple[str, ...] = ()
+    # Why the stored state was not the holder's own and was ignored (`foreign_copy`), if so.
+    ignored_copy: str | None = None
 
 
 def plan(
@@ -561,13 +606,16 @@ def plan(
     policy: Policy,
     now: datetime,
     *,
+    holder_uid: str = "",
     handled_limit: int = DEFAULT_HANDLED_LIMIT,
     statefulset: StatefulSetRange | None = None,
 ) -> Plan:
     """Decide what to do about one failing pod, given the workload's state and policy.
 
-    `statefulset` is the range of pods a StatefulSet wants now (from its spec); entries of
-    other pod names are pruned. Without it nothing is pruned for its name.
+    `holder_uid` is the uid of the object the state was read from: a state recorded for
+    another object is a copy and counts as empty (`foreign_copy`), and every state written
+    records it. `statefulset` is the range of pods a StatefulSet wants now (from its spec);
+    entries of other pod names are pruned. Without it nothing is pruned for its name.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -581,6 +629,13 @@ def plan(
     per_pod = policy.scope is BudgetScope.PER_POD
     budget = policy.budget
     pod = f"pod {failure.pod_name}"
+    ignored = foreign_copy(state, failure.owner_kind, holder_uid)
+    if ignored is not None:
+        # Another object's bookkeeping: neither its count nor its exclusions are this
+        # holder's. Its own count, if it had one, was overwritten by the copy; see
+        # shared.rollouts for what stops that.
+        state = WorkloadState()
+    ignored_note = f" (the holder's stored state was ignored: {ignored})" if ignored else ""
 
     if failure.pod_uid and failure.pod_uid in state.handled:
         stored = state.entry(failure.pod_name) if per_pod else None
@@ -616,10 +671,11 @@ def plan(
             None,
             reason,
             None,
-            message,
+            message + ignored_note,
             moves=moves,
             budget=budget,
             excluded_nodes=excluded,
+            ignored_copy=ignored,
         )
 
     def with_scope(
@@ -629,10 +685,19 @@ def plan(
         if remember and failure.pod_uid:
             handled = (*handled, failure.pod_uid)[-max(handled_limit, 1) :]
         total = current.moves + (new_moves - moves)
+        # Every write names its holder, so a copy of it elsewhere is recognised as one.
+        uid = holder_uid or current.holder_uid
         if per_pod:
             entries = dict(current.per_pod)
             entries[failure.pod_name] = PodEntry(new_moves, new_excluded, exhausted, now)
-            return replace(current, moves=total, per_pod=entries, handled=handled, updated_at=now)
+            return replace(
+                current,
+                moves=total,
+                per_pod=entries,
+                handled=handled,
+                updated_at=now,
+                holder_uid=uid,
+            )
         return replace(
             current,
             moves=new_moves,
@@ -640,6 +705,7 @@ def plan(
             exhausted_recorded=exhausted,
             handled=handled,
             updated_at=now,
+            holder_uid=uid,
         )
 
     def decided(result: Plan) -> Plan:
@@ -657,7 +723,13 @@ def plan(
         message = result.message
         if notes:
             message = f"{message} (state pruned: {'; '.join(notes)})"
-        return replace(result, new_state=fitted, message=message, pruned=notes)
+        return replace(
+            result,
+            new_state=fitted,
+            message=message + ignored_note,
+            pruned=notes,
+            ignored_copy=ignored,
+        )
 
     # Our own exclusions keep this pod from being scheduled at all. Clear them even when the
     # budget is spent or the policy was turned off since: we caused the problem.

@@ -26,6 +26,7 @@ from shared.state import (
     WorkloadState,
     dump_state,
     exclusions_for,
+    foreign_copy,
     is_valid_node_name,
     load_state,
     load_state_lenient,
@@ -779,6 +780,7 @@ def test_the_state_round_trips_through_its_annotation() -> None:
         handled=("u1", "u2"),
         exhausted_recorded=True,
         updated_at=NOW,
+        holder_uid=pods.uid("ReplicaSet/web-7d9c8b6f4"),
     )
     text = dump_state(state)
     assert load_state(text) == state
@@ -897,6 +899,8 @@ CORRUPT = {
     "a per-pod entry with an unknown field": '{"version": 1, "pods": {"db-0": {"count": 1}}}',
     "an unreadable timestamp": '{"version": 1, "updatedAt": "yesterday"}',
     "a flag that is not a boolean": '{"version": 1, "exhaustedRecorded": "yes"}',
+    "a holder uid that is not a string": '{"version": 2, "holderUid": 7}',
+    "a holder uid in a version 1 state": '{"version": 1, "holderUid": "uid-rs"}',
 }
 
 
@@ -956,3 +960,131 @@ NODE_NAMES = {
 @pytest.mark.parametrize(("name", "valid"), NODE_NAMES.items(), ids=[n[:20] for n in NODE_NAMES])
 def test_node_names_are_dns_1123_subdomains(name: str, valid: bool) -> None:
     assert is_valid_node_name(name) is valid
+
+
+# Whose state: a copy of another object's state is not the holder's.
+
+RS_UID = pods.uid("ReplicaSet/web-7d9c8b6f4")
+OLD_RS_UID = pods.uid("ReplicaSet/web-5f6b7c8d9")
+OLD_POD_UID = pods.uid("web-debug")
+POD = OwnerKind.POD
+
+# The state of a ReplicaSet that spent 2 of its 3 moves, then copied elsewhere.
+SPENT = WorkloadState(
+    moves=2,
+    excluded_nodes=("node-a", "node-c"),
+    handled=("u1", "u2"),
+    updated_at=NOW - timedelta(minutes=3),
+    holder_uid=OLD_RS_UID,
+)
+
+
+class Whose(NamedTuple):
+    state: WorkloadState
+    kind: OwnerKind
+    holder_uid: str
+    foreign: bool
+
+
+WHOSE = {
+    "a state written for this ReplicaSet is its own": Whose(
+        replace(SPENT, holder_uid=RS_UID), RS, RS_UID, False
+    ),
+    "a state written for another ReplicaSet is a copy": Whose(SPENT, RS, RS_UID, True),
+    "a state written for another StatefulSet is a copy": Whose(SPENT, STS, RS_UID, True),
+    "a state written before holderUid existed is the holder's own": Whose(
+        replace(SPENT, holder_uid=""), RS, RS_UID, False
+    ),
+    "a holder whose uid is unknown keeps what it has": Whose(SPENT, RS, "", False),
+    "a bare pod's replacement carries the old pod's state on purpose": Whose(
+        replace(SPENT, holder_uid=OLD_POD_UID), POD, pods.uid("web-debug-x7k2p"), False
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WHOSE.values(), ids=WHOSE.keys())
+def test_a_state_is_its_holders_own_unless_written_for_another_object(case: Whose) -> None:
+    reason = foreign_copy(case.state, case.kind, case.holder_uid)
+    assert (reason is not None) is case.foreign
+    if case.foreign:
+        assert reason is not None and case.state.holder_uid in reason
+
+
+def test_a_copy_of_another_replicasets_state_counts_as_empty() -> None:
+    # The next rollout's ReplicaSet is born with its Deployment's copy of an old state.
+    result = plan(SPENT, failed("u9", "node-b"), THREE, NOW, holder_uid=RS_UID)
+    assert (result.action, result.moves) == (Action.MOVE, 1)
+    assert result.excluded_nodes == ("node-b",)
+    assert result.new_state is not None
+    assert result.new_state.handled == ("u9",)
+    assert result.new_state.holder_uid == RS_UID
+    assert result.ignored_copy is not None and OLD_RS_UID in result.ignored_copy
+    assert "ignored" in result.message and OLD_RS_UID in result.message
+
+
+def test_the_holders_own_state_keeps_counting_to_the_budget() -> None:
+    own = replace(SPENT, holder_uid=RS_UID)
+    moved = plan(own, failed("u9", "node-b"), THREE, NOW, holder_uid=RS_UID)
+    assert (moved.action, moved.moves, moved.ignored_copy) == (Action.MOVE, 3, None)
+    spent = plan(apply(own, moved), failed("u10", "node-d"), THREE, NOW, holder_uid=RS_UID)
+    assert spent.action is Action.EXHAUSTED
+
+
+def test_a_copy_never_hides_that_a_pod_was_already_moved_by_its_holder() -> None:
+    # A redelivery about a pod its own holder recorded: finish the removal, count nothing.
+    own = replace(SPENT, holder_uid=RS_UID)
+    again = plan(own, failed("u2", "node-c"), THREE, NOW, holder_uid=RS_UID)
+    assert (again.reason, again.delete_pod, again.new_state) == ("already-handled", True, None)
+
+
+def test_a_state_written_before_holder_uids_keeps_its_count_and_gains_the_uid() -> None:
+    legacy = replace(SPENT, holder_uid="")
+    result = plan(legacy, failed("u9", "node-b"), THREE, NOW, holder_uid=RS_UID)
+    assert (result.moves, result.ignored_copy) == (3, None)
+    assert result.new_state is not None and result.new_state.holder_uid == RS_UID
+
+
+def test_a_bare_pods_replacement_counts_on_from_the_old_pods_state() -> None:
+    carried = replace(SPENT, moves=1, holder_uid=OLD_POD_UID)
+    replacement = pods.uid("web-debug-x7k2p")
+    result = plan(
+        carried,
+        failed("u9", "node-b", "web-debug-x7k2p", POD),
+        Policy(2, POD),
+        NOW,
+        holder_uid=replacement,
+    )
+    assert (result.action, result.moves, result.ignored_copy) == (Action.MOVE, 2, None)
+    assert result.new_state is not None and result.new_state.holder_uid == replacement
+
+
+WRITES = {
+    "a move": (WorkloadState(), failed(), THREE),
+    "a cleared exclusion": (
+        WorkloadState(moves=1, excluded_nodes=("node-a",)),
+        failed("u5", unschedulable=True),
+        THREE,
+    ),
+    "an exhausted budget": (WorkloadState(moves=3, excluded_nodes=("node-a",)), failed(), THREE),
+    "a StatefulSet pod's move": (
+        WorkloadState(),
+        failed("u1", "node-a", "db-0", STS),
+        Policy(3, STS),
+    ),
+}
+
+
+@pytest.mark.parametrize(("state", "failure", "policy"), WRITES.values(), ids=WRITES.keys())
+def test_every_state_written_names_its_holder(
+    state: WorkloadState, failure: FailureFacts, policy: Policy
+) -> None:
+    result = plan(state, failure, policy, NOW, holder_uid=RS_UID)
+    assert result.new_state is not None
+    assert json.loads(dump_state(result.new_state))["holderUid"] == RS_UID
+
+
+def test_a_state_without_a_holder_uid_is_written_without_one() -> None:
+    # States from before the field, planned by a caller that does not know its holder.
+    result = plan(WorkloadState(), failed(), THREE, NOW)
+    assert result.new_state is not None
+    assert "holderUid" not in json.loads(dump_state(result.new_state))
