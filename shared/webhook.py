@@ -11,7 +11,10 @@ the owner's state onto the pod and adds the node affinity that keeps the schedul
 (none when the policy is 0 or unreadable). A bare pod replaced by update-annotations carries
 the state in its own annotations, so it needs no lookup. Node names in a state that Kubernetes
 would refuse are skipped and logged, never patched in: the API server would refuse the pod.
-A pod that did not opt in only loses stale stamps of ours copied from elsewhere.
+A state that is a copy of another object's (a ReplicaSet born with its Deployment's copy after
+`kubectl rollout undo`; see "Whose state" in `shared.state`) gives no exclusions: they are
+another ReplicaSet's. A pod that did not opt in only loses stale stamps of ours copied from
+elsewhere.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from shared.constants import STATE_ANNOTATION, STUCK_AFTER_ANNOTATION
 from shared.kubetypes import Pod
 from shared.owners import Holder, resolve
 from shared.policy import OwnerKind
-from shared.state import StateError, exclusions_for, load_state_lenient
+from shared.state import StateError, exclusions_for, foreign_copy, load_state_lenient
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +120,15 @@ class Admitter:
     def _exclusions(self, holder: Holder, owner_kind: str, pod_name: str | None) -> tuple[str, ...]:
         """The owner's recorded exclusions for this pod, without names Kubernetes would refuse
         (a hand-edited state, or a tenant's own bare-pod state): those are skipped and logged,
-        the valid ones kept. An unreadable state gives none."""
+        the valid ones kept. An unreadable state, or another object's copy, gives none."""
         try:
             loaded = load_state_lenient(holder.annotations.get(STATE_ANNOTATION))
         except StateError as exc:
             log.warning("%s: unreadable state, no exclusions: %s", holder.ref.describe(), exc)
+            return ()
+        copied = foreign_copy(loaded.state, owner_kind, holder.ref.uid)
+        if copied is not None:
+            log.info("%s: no exclusions: %s", holder.ref.describe(), copied)
             return ()
         if loaded.skipped_nodes:
             log.warning(

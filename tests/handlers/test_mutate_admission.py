@@ -113,6 +113,33 @@ def test_a_policy_of_zero_stamps_the_pod_but_injects_no_exclusions(
     assert EXCLUDED_NODES_ANNOTATION not in created["metadata"]["annotations"]
 
 
+def test_a_bare_pods_replacement_keeps_the_exclusions_of_the_state_it_carries(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    # update-annotations created this replacement with the old pod's state, which names the
+    # old pod's uid: for a bare pod that is its own state, not a copy to ignore.
+    client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
+    state = json.dumps(
+        {"version": 2, "moves": 1, "excludedNodes": ["node-b"], "holderUid": pods.uid("solo")}
+    )
+    replacement = pods.pod(
+        "solo-3f9c2",
+        owner=None,
+        node=None,
+        stamp=None,
+        annotations={"scheduling-retries": "2", STATE_ANNOTATION: state},
+    )
+    answer = client.post("/", json=review(obj=replacement)).get_json()["response"]
+    created = jsonpatch.apply_patch(replacement, patch_of(answer))
+    assert created["metadata"]["annotations"][EXCLUDED_NODES_ANNOTATION] == '["node-b"]'
+    terms = created["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}]}
+    ]
+
+
 def test_a_bare_pod_carrying_only_our_stamp_loses_it(
     function_client: ClientFactory, unreachable_kubeconfig: Path
 ) -> None:
