@@ -10,9 +10,14 @@ The chains Kubernetes builds:
 
 The policy (``scheduling-retries``) is read from the nearest object of the chain, starting at
 the pod's controller, that has it. The Deployment controller copies a Deployment's annotations
-onto its ReplicaSets, so a Deployment's policy is found on the ReplicaSet and the Deployment
-is never read: one GET per pod create in the webhook's hot path. A CronJob's annotations are
-not copied onto its Jobs (only the jobTemplate's are), hence the one extra hop there.
+onto its ReplicaSets, so a Deployment's policy is found on the ReplicaSet and ``resolve`` never
+reads the Deployment: one GET per pod create in the webhook's hot path. The copy lags in one
+way that matters (the controller never deletes a key, so a policy removed from the Deployment
+stays on its ReplicaSets), and ``kubectl rollout undo`` copies our state onto the Deployment:
+update-annotations, on its failure path only, reads the Deployment the holder names as its
+controller (``Holder.controller``) to handle both (``shared.rollouts``). A CronJob's
+annotations are not copied onto its Jobs (only the jobTemplate's are), hence the one extra
+hop there.
 
 A pod without a controller reads its policy only from its own ``scheduling-retries``, never
 from the webhook's stamp (``kn-rescheduler.io/scheduling-retries``): a pod orphaned from its
@@ -67,6 +72,9 @@ class Holder:
     # a StatefulSet, or not read): then its pod entries are never pruned for their names,
     # since a wrong start would drop the entries of pods the set still has.
     start_ordinal: int | None = None
+    # The holder's own controller (a ReplicaSet's Deployment) as its ownerReference names it;
+    # not read. None for a holder without one.
+    controller: Ref | None = None
 
     @property
     def statefulset(self) -> StatefulSetRange | None:
@@ -114,6 +122,7 @@ def holder_of(kind: str, obj: Mapping[str, Any]) -> Holder:
         ordinals = spec.get("ordinals")
         raw = (ordinals or {}).get("start", 0) if isinstance(ordinals, dict | None) else None
         start = raw if type(raw) is int and raw >= 0 else None
+    controller = controller_of(obj)  # type: ignore[arg-type]
     return Holder(
         ref=Ref(
             kind=kind,
@@ -125,6 +134,7 @@ def holder_of(kind: str, obj: Mapping[str, Any]) -> Holder:
         annotations=dict(meta.get("annotations") or {}),
         replicas=replicas if type(replicas) is int and replicas >= 0 else None,
         start_ordinal=start,
+        controller=_ref(str(meta.get("namespace", "")), controller) if controller else None,
     )
 
 

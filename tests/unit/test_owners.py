@@ -109,3 +109,66 @@ def test_only_a_statefulset_has_a_range_of_pods() -> None:
     assert holder_of("ReplicaSet", replicaset).statefulset is None
     # A Holder built without reading spec.ordinals does not guess a start.
     assert Holder(Ref("StatefulSet", "shop", "db"), "1", {}, replicas=3).statefulset is None
+
+
+def replicaset(
+    name: str = "web-7d9c8b6f4",
+    deployment: str | None = "web",
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A ReplicaSet as the API server returns it; by default one the Deployment controller
+    made (controlled by the Deployment, with the annotations the controller gives it)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "shop",
+        "uid": pods.uid(f"ReplicaSet/{name}"),
+        "resourceVersion": "51877",
+        "generation": 1,
+        "labels": {"app": "web", "pod-template-hash": name.rsplit("-", 1)[-1]},
+        "annotations": {
+            "deployment.kubernetes.io/desired-replicas": "3",
+            "deployment.kubernetes.io/max-replicas": "4",
+            "deployment.kubernetes.io/revision": "1",
+            "scheduling-retries": "3",
+            **(annotations or {}),
+        },
+    }
+    if deployment is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": deployment,
+                "uid": pods.uid(f"Deployment/{deployment}"),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": meta,
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": meta["labels"]},
+            "template": {
+                "metadata": {"labels": meta["labels"]},
+                "spec": {"containers": [{"name": "web", "image": pods.IMAGE}]},
+            },
+        },
+        "status": {"replicas": 3, "readyReplicas": 3, "observedGeneration": 1},
+    }
+
+
+def test_a_replicaset_holder_names_the_deployment_controlling_it_without_reading_it() -> None:
+    holder = holder_of("ReplicaSet", replicaset())
+    assert holder.controller == Ref(
+        "Deployment", "shop", "web", pods.uid("Deployment/web"), "apps/v1"
+    )
+
+
+def test_a_replicaset_of_its_own_and_a_bare_pod_name_no_controller() -> None:
+    assert holder_of("ReplicaSet", replicaset(deployment=None)).controller is None
+    bare = pods.pod(owner=None, annotations={"scheduling-retries": "2"})
+    resolution = resolve(NO_API, "shop", bare)
+    assert resolution.holder is not None and resolution.holder.controller is None
