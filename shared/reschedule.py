@@ -3,7 +3,9 @@
 The order of work is what keeps it safe under at-least-once, unordered, concurrent delivery:
 
 1. Read the pod as it is now. Gone, replaced by a namesake, or being deleted: nothing to do.
-2. Resolve its owner chain (policy, and the object that holds the state).
+2. Resolve its owner chain (policy, and the object that holds the state). A Deployment's pod:
+   read the Deployment too, whose policy applies, and remove any copy of our state from it
+   before the ReplicaSet's state is written (``shared.rollouts``: kubectl rollout undo).
 3. ``plan`` against the holder's state. Before a move is charged, ask the API server whether
    the removal would go through: a server-side dry run (``dryRun=All``) of a bare pod's
    replacement and of the eviction (with ``use_eviction``). A removal it would refuse (a
@@ -45,7 +47,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from shared import bodies, events, kube, metrics
+from shared import bodies, events, kube, metrics, rollouts
 from shared.classify import Failure, FailureKind, classify, unschedulable_due_to_exclusions
 from shared.config import Config
 from shared.constants import (
@@ -270,6 +272,12 @@ class Rescheduler:
             return None
 
         resolution = resolve(self.api, ns, live)
+        # A Deployment's pod: the Deployment's policy applies, and a copy of our state on it
+        # (kubectl rollout undo) is removed before the ReplicaSet's state is written.
+        settled = rollouts.check_deployment(self.api, resolution)
+        for note in settled.notes:
+            trace.note(f"pod {ns}/{name}: {note}")
+        resolution = settled.resolution
         if resolution.holder is None:
             trace.note(f"pod {ns}/{name} is left alone: {resolution.why}")
             return None
@@ -372,6 +380,7 @@ class Rescheduler:
                 facts,
                 policy,
                 self.clock(),
+                holder_uid=holder.ref.uid,
                 handled_limit=self.cfg.handled_uids_max,
                 statefulset=holder.statefulset,
             )
