@@ -100,6 +100,9 @@ ALLOWED = [
     batch(UPDATE, "get", "jobs"),
     batch(UPDATE, "patch", "jobs"),
     batch(UPDATE, "get", "cronjobs"),
+    # ... and a Deployment's own policy, and our state removed from it (rollout undo).
+    apps(UPDATE, "get", "deployments"),
+    apps(UPDATE, "patch", "deployments"),
     # mutate-admission: reads the owner chain, nothing else.
     apps(WEBHOOK, "get", "replicasets"),
     apps(WEBHOOK, "get", "statefulsets"),
@@ -143,10 +146,8 @@ DENIED = [
     pods(UPDATE, "update"),
     pods(UPDATE, "patch", subresource="status"),
     pods(UPDATE, "create", subresource="exec"),
-    apps(UPDATE, "get", "deployments"),
     apps(WEBHOOK, "get", "deployments"),
     apps(UPDATE, "delete", "deployments"),
-    apps(UPDATE, "patch", "deployments"),
     apps(UPDATE, "delete", "replicasets"),
     apps(UPDATE, "create", "replicasets"),
     apps(UPDATE, "patch", "daemonsets"),
