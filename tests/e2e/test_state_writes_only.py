@@ -69,6 +69,19 @@ def as_update_annotations(update_annotations_kubeconfig: Path) -> Callable[..., 
     return make
 
 
+def write_state(admin: Kube, writer: Kube, kind: str, namespace: str, name: str) -> Obj:
+    """The state write a move makes: a compare-and-swap on the object as it is now, tried
+    again on a conflict (controllers and the kubelet write status meanwhile), as
+    update-annotations does."""
+    for _ in range(10):
+        now = admin.get(kind, namespace, name)["metadata"]["resourceVersion"]
+        try:
+            return writer.merge_patch(kind, namespace, name, bodies.state_patch(now, STATE))
+        except kube.Conflict:
+            continue
+    raise AssertionError(f"{kind} {namespace}/{name} kept changing")
+
+
 def refused_by_policy(write: Callable[[], Any]) -> str:
     """The policy's message for a write it refuses (RBAC allowed the write)."""
     try:
@@ -129,12 +142,8 @@ def test_update_annotations_may_write_its_state_and_nothing_else_of_a_workload(
     refused_by_policy(patch({"metadata": {"annotations": {POLICY_ANNOTATION: None}}}))
     refused_by_policy(patch({"metadata": {"annotations": {STATE_ANNOTATION: STATE, "extra": "x"}}}))
 
-    # What a move really writes goes through, for real (a compare-and-swap on the object as
-    # it is now: the controller has written its status since it was created).
-    now = api.get("ReplicaSet", namespace, "web")["metadata"]["resourceVersion"]
-    written = as_update_annotations().merge_patch(
-        "ReplicaSet", namespace, "web", bodies.state_patch(now, STATE)
-    )
+    # What a move really writes goes through, for real.
+    written = write_state(api, as_update_annotations(), "ReplicaSet", namespace, "web")
     assert written["metadata"]["annotations"][STATE_ANNOTATION] == STATE
     # Nobody else is held to it.
     api.merge_patch("ReplicaSet", namespace, "web", {"spec": {"replicas": 0, "minReadySeconds": 1}})
@@ -174,10 +183,7 @@ def test_in_a_namespace_that_opted_in_a_bare_pods_spec_stays_out_of_reach(
         ),
         timeout=30,
     )
-    now = api.get("Pod", namespace, "solo")["metadata"]["resourceVersion"]
-    written = as_update_annotations().merge_patch(
-        "Pod", namespace, "solo", bodies.state_patch(now, STATE)
-    )
+    written = write_state(api, as_update_annotations(), "Pod", namespace, "solo")
     assert written["metadata"]["annotations"][STATE_ANNOTATION] == STATE
 
 
