@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import config as k8s_config
 
 from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.kube import Kube
 from shared.reschedule import last_trace
 from shared.state import load_state
 from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
+from tests.e2e.knative_manifests import kubeconfig_for, service_account_token
 from tests.e2e.test_rescheduling import events_for, failing_pod, pods, ready, required_exclusions
 
 pytestmark = pytest.mark.e2e
@@ -234,3 +237,42 @@ def test_removing_the_policy_from_the_deployment_stops_the_moves_at_the_next_fai
     trace = last_trace()
     assert trace is not None
     assert any("no longer has scheduling-retries" in step for step in trace.steps), trace.steps
+
+
+def test_an_install_whose_rbac_predates_reading_deployments_still_moves_pods_and_says_why(
+    cluster: Any, namespace: str, loop: Loop, faults: Callable[..., None], tmp_path: Path
+) -> None:
+    # update-annotations as a ServiceAccount granted what it needed before this change (no
+    # deployments): the real API server answers 403 on the Deployment, and the move goes on.
+    rules = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "patch"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get", "patch"]},
+    ]
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    cluster.rest.post(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "ua"}}
+    )
+    cluster.rest.post(f"{rbac}/roles", {"metadata": {"name": "ua"}, "rules": rules})
+    binding = {
+        "metadata": {"name": "ua"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ua"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ua", "namespace": namespace}],
+    }
+    cluster.rest.post(f"{rbac}/rolebindings", binding)
+    token = service_account_token(cluster.api_client(), "ua", namespace)
+    kubeconfig = kubeconfig_for(cluster.server, cluster.ca_file, token, tmp_path / "kubeconfig")
+    restricted = Loop(Kube(k8s_config.new_client_from_config(str(kubeconfig))), loop.cfg)
+
+    faults("imagepull", *cluster.nodes)
+    admin = loop.api
+    admin.create("Deployment", namespace, web(cluster.nodes[0]))
+    pod = wait_for("a failing pod", lambda: failing_pod(admin, loop, namespace))
+    event = restricted.failing_event(pod)
+    assert event is not None
+    reply = restricted.deliver(event)
+    assert reply is not None and reply.type.endswith("rescheduled")
+    trace = last_trace()
+    assert trace is not None
+    said = " ".join(trace.steps)
+    assert "may not read Deployment" in said and "get and patch on deployments" in said
