@@ -33,9 +33,13 @@ What we do:
    failure path only: the webhook's hot path never reads a Deployment.
 3. The Deployment is where the user states the policy; its ReplicaSets hold copies that lag
    (never deleted, and only the newest one updated). update-annotations takes the
-   Deployment's `scheduling-retries` for the pods of its ReplicaSets: a policy removed from
-   the Deployment means "not opted in", whatever its ReplicaSet still carries, and a changed
-   value applies to the pods of older ReplicaSets too. (A policy put on a Deployment's
+   Deployment's `scheduling-retries` for the pods of its ReplicaSets: a changed value applies
+   to the pods of older ReplicaSets too, and a policy removed from the Deployment means "not
+   opted in" whatever its ReplicaSet still carries. Removed is read as "0", not as "no policy
+   at all": the ReplicaSet's copy keeps the webhook adding the recorded exclusions to new pods,
+   and with "0" update-annotations still clears those when they keep a pod from being
+   scheduled (`state.plan` does that even with rescheduling off: we caused it), where "no
+   policy" would leave such a pod Pending for ever. (A policy put on a Deployment's
    ReplicaSet by hand cannot be told from a stale copy, so it is not honoured.)
 
 Why not keep the state where the controller does not copy it: it copies every annotation but
@@ -45,11 +49,13 @@ more RBAC.
 
 What remains:
 
-- `scheduling-retries: "0"` takes effect at once: the controller copies the new value onto the
-  newest ReplicaSet within a sync, where the webhook reads it (no exclusions for 0), and
-  update-annotations reads it from the Deployment. Removing the annotation takes effect at the
-  next failure: update-annotations then moves nothing, but until then the ReplicaSet keeps
-  its copy, so the webhook goes on stamping new pods and adding the recorded exclusions.
+- `scheduling-retries: "0"` takes effect at once and everywhere: the controller copies the new
+  value onto the newest ReplicaSet within a sync, where the webhook reads it (no exclusions
+  for 0), and update-annotations reads it from the Deployment. Removing the annotation stops
+  the moves at the next failure (update-annotations reads the Deployment), but the ReplicaSet
+  keeps its copy until the next rollout replaces it, so the webhook goes on stamping its new
+  pods and adding the recorded exclusions (cleared if they keep a pod from being scheduled).
+  To stop everything at once, set "0" rather than removing the annotation.
 - A narrow race right after an undo: the controller may sync from a cached Deployment that
   still has the copy after we removed it, and overwrite the state written at that moment. At
   most the writes of those milliseconds are lost, once per undo: nothing puts the copy back.
@@ -68,6 +74,8 @@ from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.owners import REPLICASET, Ref, Resolution
 
 DEPLOYMENT: Final = "Deployment"
+# The policy of a Deployment's pods once the Deployment lost its own (see the docstring, 3.).
+REMOVED: Final = "0"
 
 
 @dataclass(frozen=True)
@@ -125,9 +133,11 @@ def settle(resolution: Resolution, deployment: Mapping[str, Any] | None) -> Sett
     if policy is None and resolution.policy is not None:
         notes.append(
             f"{ref.describe()} no longer has {POLICY_ANNOTATION} (its ReplicaSet keeps a copy: "
-            "the Deployment controller never deletes a key): the workload is not opted in"
+            "the Deployment controller never deletes a key): the workload is not opted in, "
+            f"read as {POLICY_ANNOTATION}={REMOVED!r} (no pod is moved; exclusions of ours that "
+            "keep a pod from being scheduled are still cleared)"
         )
-        settled = replace(resolution, policy=None, policy_ref=None)
+        settled = replace(resolution, policy=REMOVED, policy_ref=ref)
     elif policy is not None and policy != resolution.policy:
         was = "none" if resolution.policy is None else repr(resolution.policy[:64])
         notes.append(

@@ -20,6 +20,7 @@ from .test_owners import replicaset, statefulset
 
 DEPLOYMENT_UID = pods.uid("Deployment/web")
 WEB = Ref("Deployment", "shop", "web", DEPLOYMENT_UID, "apps/v1")
+RS_UID = pods.uid("ReplicaSet/web-7d9c8b6f4")
 A_STATE = dump_state(WorkloadState(moves=1, excluded_nodes=("node-a",), holder_uid="x"))
 
 
@@ -88,12 +89,12 @@ SETTLE = {
     "our state on the Deployment is removed": Case(
         deployment({STATE_ANNOTATION: A_STATE}), "3", RS.policy_ref, True, ("rollout undo",)
     ),
-    "a policy removed from the Deployment means not opted in": Case(
+    "a policy removed from the Deployment means not opted in, read as 0": Case(
         deployment(policy=None),
-        None,
-        None,
+        "0",
+        WEB,
         False,
-        ("no longer has scheduling-retries", "never deletes a key"),
+        ("no longer has scheduling-retries", "never deletes a key", "not opted in"),
     ),
     "a policy changed on the Deployment applies before the copy reaches the ReplicaSet": Case(
         deployment({POLICY_ANNOTATION: "0"}), "0", WEB, False, ("the Deployment's applies",)
@@ -255,3 +256,21 @@ def test_the_model_reproduces_the_finding_when_the_deployment_keeps_its_copy() -
     actions = [cluster.fail(pod, f"node-{pod % 4}") for pod in range(1, 11)]
     assert cluster.moves == 10 and set(actions) == {Action.MOVE}
     assert load_state(cluster.rs_annotations[STATE_ANNOTATION]).moves == 1
+
+
+def test_without_its_policy_our_exclusions_in_a_pods_way_are_still_cleared() -> None:
+    # The ReplicaSet keeps its copy of the policy, so the webhook still adds the recorded
+    # exclusions; a pod they keep from being scheduled must not stay Pending for ever.
+    rs = replicaset(annotations={STATE_ANNOTATION: A_STATE.replace('"x"', '"' + RS_UID + '"')})
+    settled = settle(resolved("ReplicaSet", rs), deployment(policy=None))
+    assert settled.resolution.policy is not None
+    policy = Policy(int(settled.resolution.policy), OwnerKind.REPLICA_SET, replicas=3)
+    state = load_state(rs["metadata"]["annotations"][STATE_ANNOTATION])
+    name = "web-7d9c8b6f4-q8w2n"
+    stuck = FailureFacts(
+        name, pods.uid(name), OwnerKind.REPLICA_SET, None, "Unschedulable", unschedulable=True
+    )
+    cleared = plan(state, stuck, policy, NOW, holder_uid=RS_UID)
+    assert (cleared.action, cleared.excluded_nodes) == (Action.CLEAR_AND_MOVE, ())
+    failing = FailureFacts(name, pods.uid(name), OwnerKind.REPLICA_SET, "node-b", "ErrImagePull")
+    assert plan(state, failing, policy, NOW, holder_uid=RS_UID).reason == "policy-disabled"
