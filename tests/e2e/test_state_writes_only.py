@@ -1,7 +1,8 @@
 """knative/components/state-writes-only, enforced by the real API server.
 
-RBAC lets update-annotations patch ReplicaSets, StatefulSets and Jobs in every namespace (the
-state lives there), and pods where a namespace opted in to bare-pod replacement. A patched pod
+RBAC lets update-annotations patch Deployments, ReplicaSets, StatefulSets and Jobs in every
+namespace (the state lives there, or a copy of it must be removed), and pods where a namespace
+opted in to bare-pod replacement. A patched pod
 template would run any image under any ServiceAccount of that namespace. The component's
 ValidatingAdmissionPolicy refuses any change from that ServiceAccount other than to the
 ``kn-rescheduler.io/state`` annotation. Here the ServiceAccount's own token makes the writes:
@@ -195,3 +196,47 @@ def _refuses(write: Callable[[], Any]) -> bool:
     except k8s.ApiException as exc:
         return "kn-rescheduler-state-writes-only" in (exc.body or "")
     return False
+
+
+def test_on_a_deployment_only_removing_a_copied_state_goes_through(
+    api: Kube, namespace: str, as_update_annotations: Callable[..., Kube]
+) -> None:
+    # What kubectl rollout undo leaves: the ReplicaSet's annotations, our state included,
+    # copied onto the Deployment.
+    api.create(
+        "Deployment",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "web",
+                "annotations": {POLICY_ANNOTATION: "3", STATE_ANNOTATION: STATE},
+            },
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": pod_template({"app": "web"}, "node-0"),
+            },
+        },
+    )
+    dry = as_update_annotations(dry_run=True)
+    evil = {
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "app", "image": "evil.example/x:1"}]}}
+        }
+    }
+    wait_for(
+        "the policy to refuse a Deployment's template change",
+        lambda: _refuses(lambda: dry.merge_patch("Deployment", namespace, "web", evil)),
+        timeout=30,
+    )
+    refused_by_policy(
+        lambda: dry.merge_patch(
+            "Deployment", namespace, "web", {"metadata": {"annotations": {POLICY_ANNOTATION: None}}}
+        )
+    )
+    removed = as_update_annotations().merge_patch(
+        "Deployment", namespace, "web", {"metadata": {"annotations": {STATE_ANNOTATION: None}}}
+    )
+    assert STATE_ANNOTATION not in removed["metadata"]["annotations"]
