@@ -55,6 +55,9 @@ REASON_INVALID_POLICY: Final = "InvalidPolicy"
 REASON_MOVE_DEFERRED: Final = "MoveDeferred"
 # The workload's state would outgrow its cap even after pruning; the pod is left in place.
 REASON_STATE_TOO_LARGE: Final = "StateTooLarge"
+# A replacement admitted before its predecessor's terminal failure was recorded, headed for the
+# node that failed it, was deleted so that its owner recreates it avoiding that node.
+REASON_REPLACEMENT_REDIRECTED: Final = "ReplacementRedirected"
 
 # The component name on Kubernetes Events and the field manager on writes.
 COMPONENT: Final = "kn-rescheduler"

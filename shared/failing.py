@@ -62,6 +62,24 @@ class FailingPod:
             pod=snapshot,
         )
 
+    def as_failed_pod(self) -> Pod:
+        """The pod as far as this event knows it, for a pod that is gone: name, uid, owners,
+        node, and the kubelet's verdict (phase Failed with the failure's reason)."""
+        f = self.failure
+        return cast(
+            Pod,
+            {
+                "metadata": {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    "uid": self.uid,
+                    "ownerReferences": [dict(r) for r in self.owner_references],
+                },
+                "spec": {"nodeName": f.node} if f.node else {},
+                "status": {"phase": "Failed", "reason": f.reason, "message": f.message},
+            },
+        )
+
     def to_data(self) -> dict[str, Any]:
         f = self.failure
         data: dict[str, Any] = {

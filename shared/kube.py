@@ -355,12 +355,19 @@ class Kube:
         return self.request("GET", path_for(kind, namespace), query=query)
 
     def list_all(
-        self, kind: str, namespace: str | None = None, *, limit: int = 500
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        label_selector: str | None = None,
     ) -> Iterator[JSON]:
         """Every object, a page at a time (each page is one request; memory stays flat)."""
         token: str | None = None
         while True:
-            page = self.list_page(kind, namespace, limit=limit, continue_token=token)
+            page = self.list_page(
+                kind, namespace, limit=limit, continue_token=token, label_selector=label_selector
+            )
             yield from page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
             if not token:

@@ -58,6 +58,7 @@ from shared.constants import (
     REASON_INVALID_POLICY,
     REASON_MOVE_DEFERRED,
     REASON_REPLACEMENT_NOT_ALLOWED,
+    REASON_REPLACEMENT_REDIRECTED,
     REASON_REPLACEMENT_REFUSED,
     REASON_RESCHEDULED,
     REASON_STATE_TOO_LARGE,
@@ -68,6 +69,7 @@ from shared.failing import FailingPod
 from shared.kubetypes import Pod
 from shared.owners import BARE, Holder, Ref, Resolution, holder_of, resolve
 from shared.policy import InvalidPolicy, OwnerKind, Policy, parse_reset_after, parse_retries
+from shared.replacements import is_terminal_failure, label_selector, redirects
 from shared.state import Action, FailureFacts, Plan, StateError, dump_state, load_state, plan
 
 log = logging.getLogger(__name__)
@@ -261,10 +263,14 @@ class Rescheduler:
         try:
             live: Pod = self.api.get("Pod", ns, name)  # type: ignore[assignment]
         except kube.NotFound:
+            if self._removed_by_its_statefulset(failing):
+                return self._record_removed(failing, None, trace)
             trace.note(f"pod {ns}/{name} is gone: nothing to do")
             return None
         meta = live.get("metadata", {})
         if meta.get("uid") != failing.uid:
+            if self._removed_by_its_statefulset(failing):
+                return self._record_removed(failing, live, trace)
             trace.note(f"pod {ns}/{name} was replaced (uid {meta.get('uid')}): nothing to do")
             return None
         if meta.get("deletionTimestamp"):
@@ -305,6 +311,8 @@ class Rescheduler:
             return None
         if removal is Removal.GONE:
             return None
+        if failure.node and is_terminal_failure(live):
+            self._redirect_replacements(live, failure.node, resolution, trace)
         said = moved(done, failure, name)
         holder = resolution.holder
         # Keyed by the pod's uid: a redelivery that removes nothing more records nothing more.
@@ -316,6 +324,112 @@ class Rescheduler:
             repeat=False,
         )
         return self._reply(failing, said.action, done, resolution, message=said.message)
+
+    # -- terminal failures: the controller replaced the pod before we recorded it ---------------
+
+    def _removed_by_its_statefulset(self, failing: FailingPod) -> bool:
+        """A StatefulSet pod the kubelet failed (Evicted, OutOf*, ...) is deleted and recreated
+        under its name by the StatefulSet controller itself, usually before this delivery: the
+        failure is still worth recording (the event is the only witness left)."""
+        failure = failing.failure
+        owner = next((o for o in failing.owner_references if o.get("controller")), None)
+        return (
+            failure.kind is FailureKind.NODE_FIXABLE
+            and bool(failure.node)
+            and failure.reason in self.cfg.failed_pod_reasons
+            and owner is not None
+            and owner.get("kind") == OwnerKind.STATEFUL_SET.value
+        )
+
+    def _record_removed(
+        self, failing: FailingPod, namesake: Pod | None, trace: Trace
+    ) -> events.Reply | None:
+        """Record the move of a failed StatefulSet pod its controller already removed, then
+        redirect its namesake if that was admitted without the exclusion."""
+        ns, name = failing.namespace, failing.name
+        view = failing.as_failed_pod()
+        trace.note(
+            f"pod {ns}/{name} (uid {failing.uid}) failed with {failing.failure.reason} and its "
+            "StatefulSet already replaced it: recording the failure from the event"
+        )
+        resolution = resolve(self.api, ns, view)
+        if resolution.holder is None:
+            trace.note(f"pod {ns}/{name} is left alone: {resolution.why}")
+            return None
+        retries = parse_retries(resolution.policy, self.cfg.max_retries)
+        if retries is None:
+            trace.note(f"pod {ns}/{name}: no scheduling-retries policy on its owners")
+            return None
+        if isinstance(retries, InvalidPolicy):
+            self._invalid_policy(resolution, retries, trace)
+            return None
+        done = self._record(view, failing.failure, resolution, retries, False, trace)
+        if isinstance(done, Deferral) or not done.delete_pod:
+            if isinstance(done, Plan):
+                return self._reply(failing, done.action, done, resolution)
+            return None
+        node = failing.failure.node or ""
+        self._redirect_replacements(view, node, resolution, trace, namesake=namesake)
+        if done.action not in (Action.MOVE, Action.CLEAR_AND_MOVE):
+            # A redelivery: the move was recorded (and said) by the delivery that planned it;
+            # nothing was removed now, so there is nothing new to say.
+            return None
+        said = moved(done, failing.failure, name)
+        assert resolution.holder is not None
+        message = f"{said.message} (its StatefulSet had already deleted the failed pod)"
+        self._event(
+            resolution.holder.ref, said.event_reason, message, key=failing.uid, repeat=False
+        )
+        return self._reply(failing, said.action, done, resolution, message=message)
+
+    def _redirect_replacements(
+        self,
+        failed: Pod,
+        node: str,
+        resolution: Resolution,
+        trace: Trace,
+        *,
+        namesake: Pod | None = None,
+    ) -> None:
+        """Recreate the replacement a controller made before the failure was recorded, when it
+        was admitted without the exclusion and is headed for the node (shared.replacements).
+
+        Best effort: the move is recorded, so a replacement that fails on that node again is
+        moved like any other pod; a lost redirect costs a move, never a record.
+        """
+        meta = failed.get("metadata", {})
+        ns = meta.get("namespace", "")
+        try:
+            if namesake is not None:
+                candidates: list[Any] = [namesake]
+            else:
+                selector = label_selector(failed)
+                if selector is None:
+                    return
+                candidates = list(self.api.list_all("Pod", ns, label_selector=selector))
+        except kube.KubeError as exc:
+            log.warning(
+                "could not look for the replacement of %s/%s: %s", ns, meta.get("name"), exc
+            )
+            return
+        for redirect in redirects(failed, node, candidates, self.clock()):
+            try:
+                self.api.delete("Pod", ns, redirect.name, uid=redirect.uid)
+            except (kube.NotFound, kube.Conflict):
+                continue  # gone or replaced meanwhile: its successor is admitted afresh
+            except kube.KubeError as exc:
+                log.warning("could not redirect %s/%s: %s", ns, redirect.name, exc)
+                continue
+            trace.note(redirect.why)
+            metrics.DECISIONS.labels(action="redirected").inc()
+            if resolution.holder is not None:
+                self._event(
+                    resolution.holder.ref,
+                    REASON_REPLACEMENT_REDIRECTED,
+                    redirect.why,
+                    key=redirect.uid,
+                    repeat=False,
+                )
 
     # -- steps --------------------------------------------------------------------------------
 

@@ -83,6 +83,8 @@ ALLOWED = [
     pods(UPDATE, "get"),
     pods(UPDATE, "delete"),
     pods(UPDATE, "create", subresource="eviction"),
+    # The early replacement of a pod the kubelet failed is found among its siblings.
+    pods(UPDATE, "list"),
     # ... an Event per decision, and a repeated Warning counted on one Event.
     Can(UPDATE, "create", "events"),
     Can(UPDATE, "get", "events"),
@@ -140,8 +142,7 @@ DENIED = [
     pods(UPDATE, "patch", subresource="ephemeralcontainers", namespace=OPTED_IN),
     # The opt-in binds update-annotations only.
     *(pods(who, "create", namespace=OPTED_IN) for who in (WEBHOOK, SWEEP, DETECT, SOURCE)),
-    # update-annotations: no lists or watches, no other writes, no secrets.
-    pods(UPDATE, "list", namespace=""),
+    # update-annotations: no watches, no other writes, no secrets.
     pods(UPDATE, "watch"),
     pods(UPDATE, "update"),
     pods(UPDATE, "patch", subresource="status"),
