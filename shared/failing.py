@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from shared import logs
 from shared.classify import Failure, controller_of, excluded_nodes_of
 from shared.constants import POLICY_STAMP_ANNOTATION
 from shared.kubetypes import Pod
@@ -42,13 +43,15 @@ class FailingPod:
         bare = controller_of(pod) is None
         snapshot = None
         if bare:
+            # For people and replay only (update-annotations recreates from the live pod):
+            # literal env values stay out of events that the Broker and dead-letter sink keep.
             snapshot = {
                 "metadata": {
                     k: v
                     for k, v in meta.items()
                     if k in ("name", "namespace", "labels", "annotations", "uid")
                 },
-                "spec": pod.get("spec", {}),
+                "spec": logs.redact({"spec": pod.get("spec", {})})["spec"],
             }
         return cls(
             namespace=meta.get("namespace", ""),

@@ -402,12 +402,20 @@ class Kube:
         uid: str | None = None,
         grace_seconds: int | None = None,
     ) -> JSON:
-        """Delete; with ``uid`` only that incarnation (a recreated namesake gets 409)."""
+        """Delete; with ``uid`` only that incarnation (a recreated namesake gets 409).
+
+        A DELETE with a body has its options read from the body only: the API server decodes
+        the query string only when the body is empty (apiserver's handlers/delete.go), so a
+        ``dryRun=All`` query parameter next to DeleteOptions would be ignored and the object
+        really deleted. The dry run therefore goes into the body.
+        """
         options: JSON = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if uid:
             options["preconditions"] = {"uid": uid}
         if grace_seconds is not None:
             options["gracePeriodSeconds"] = grace_seconds
+        if self.dry_run or _forced_dry_run.get():
+            options["dryRun"] = ["All"]
         return self.request("DELETE", path_for(kind, namespace, name), body=options, write=True)
 
     def evict(self, namespace: str, name: str, *, uid: str | None = None) -> JSON:

@@ -158,9 +158,14 @@ def resolve(kube: Kube, namespace: str, pod: Mapping[str, Any]) -> Resolution:
     if first.kind not in (REPLICASET, STATEFUL, JOB):
         return Resolution(first.kind, None, None, None, f"controller kind {first.kind} unsupported")
 
+    if not first.uid:
+        # The API server refuses an ownerReference without a uid, so only a hand-made request
+        # (a forged AdmissionReview, say) has one: never read an object by name for it, or
+        # anyone reaching the webhook could learn another namespace's policy and nodes.
+        return Resolution(first.kind, None, None, None, f"{first.describe()} has no uid")
     obj = kube.get(first.kind, namespace, first.name)
     holder = holder_of(first.kind, obj)
-    if first.uid and holder.ref.uid and first.uid != holder.ref.uid:
+    if holder.ref.uid and first.uid != holder.ref.uid:
         # Same name, new object: the pod's own controller is gone.
         return Resolution(first.kind, None, None, None, f"{first.describe()} was replaced")
     chain = [holder.ref]

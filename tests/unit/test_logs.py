@@ -40,13 +40,21 @@ def template_event(pod: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "event",
-    [apiserver_event(POD), failing_event(BARE), template_event(POD)],
-    ids=["a pod event", "a bare pod's failing event", "a workload's template"],
+    [apiserver_event(POD), template_event(POD)],
+    ids=["a pod event", "a workload's template"],
 )
 def test_no_literal_env_value_and_no_managed_fields_survive_redaction(event: Any) -> None:
     text = json.dumps(logs.redact(event))
     for secret in SECRETS:
         assert secret in json.dumps(event)
+        assert secret not in text
+    assert "managedFields" not in text
+
+
+def test_a_bare_pods_failing_event_carries_no_literal_env_value_in_the_first_place() -> None:
+    # The Broker and the dead-letter sink keep whole events; the snapshot is for people only.
+    text = json.dumps(failing_event(BARE))
+    for secret in SECRETS:
         assert secret not in text
     assert "managedFields" not in text
 

@@ -26,6 +26,17 @@ def test_an_orphaned_pod_carrying_only_our_stamp_has_no_policy() -> None:
     assert resolution.policy_ref is None
 
 
+def test_an_owner_reference_without_a_uid_is_never_looked_up_by_name() -> None:
+    # The API server refuses such a reference, so only a forged AdmissionReview carries one:
+    # reading the named object would tell its sender another namespace's policy and nodes.
+    forged = pods.new_pod()
+    del forged["metadata"]["ownerReferences"][0]["uid"]
+    resolution = resolve(NO_API, "bank", forged)
+    assert resolution.holder is None
+    assert resolution.policy is None
+    assert "has no uid" in resolution.why
+
+
 def test_a_bare_pod_reads_its_policy_from_the_users_own_key() -> None:
     bare = pods.pod("debug-shell", owner=None, stamp=None, annotations={"scheduling-retries": "2"})
     resolution = resolve(NO_API, "shop", bare)
