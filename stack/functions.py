@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from localcluster.procs import Proc
 from stack.webhook import ClientTLS
 
@@ -122,6 +123,8 @@ class FunctionServer:
 def environment(kubeconfig: Path, **extra: str) -> dict[str, str]:
     """The environment a function gets locally: the cluster's credentials plus settings."""
     env = {"KUBECONFIG": str(kubeconfig), "KN_RESCHEDULER_LOG_LEVEL": "INFO"}
+    # The fake kubelet retries on a compressed clock; the functions' thresholds follow it.
+    env.update(LOCAL_FUNCTION_SETTINGS)
     env.update(extra)
     # The local demo namespace list must not include the test namespaces by accident.
     env.setdefault(

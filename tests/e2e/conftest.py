@@ -66,6 +66,14 @@ class Webhook:
         webhook_setup.register(self.api_client, body)
 
 
+@pytest.fixture(autouse=True)
+def local_function_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Functions loaded in-process (functions-framework's test client) read their settings
+    from the environment: give them the fake kubelet's compressed clock too."""
+    for key, value in LOCAL_FUNCTION_SETTINGS.items():
+        monkeypatch.setenv(key, value)
+
+
 @pytest.fixture(scope="session")
 def webhook(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     """mutate-admission over TLS, registered with the API server for the whole session."""
