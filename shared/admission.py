@@ -9,6 +9,13 @@ The stamps are ours (`kn-rescheduler.io/...`), never the user's `scheduling-retr
 without a policy gets stale stamps removed, and a policy of 0 (or one we cannot read) is
 stamped but excludes no node, so turning rescheduling off also stops the recorded exclusions.
 
+With the policy stamp goes the label `kn-rescheduler.io/opted-in: "true"`, which the
+ApiServerSource selects on: the API server then sends the pipeline no event for a pod that
+never opted in. The label follows the policy stamp exactly (set with it, removed with it), so
+every pod that could ever matter to detect-failures carries it: one that opted in, one with a
+policy of 0 or an unreadable one (detect-failures warns about those), and every pod our
+exclusions could keep Pending (exclusions are only stamped together with a policy).
+
 The API server applies the JSON Patch we return after our webhook answered, and
 `failurePolicy: Ignore` does not cover a patch that fails to apply: a wrong patch rejects the
 pod. So the patch is never written by hand: we change a deep copy and let `jsonpatch` diff the
@@ -33,6 +40,8 @@ from shared.constants import (
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
     OPT_OUT_LABEL,
+    OPTED_IN_LABEL,
+    OPTED_IN_VALUE,
     POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
@@ -109,7 +118,8 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
 
     An owner without a policy gets stale stamps (copied from a template or another pod)
     removed, so the pod does not look opted in. With a policy of 0 (or one we cannot read)
-    the policy is stamped, so detect-failures can tell, but no node is excluded.
+    the policy is stamped, so detect-failures can tell, but no node is excluded. The
+    `OPTED_IN_LABEL` goes and comes with the policy stamp.
     """
     labels = pod.get("metadata", {}).get("labels") or {}
     if OPT_OUT_LABEL in labels:
@@ -158,6 +168,16 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     if annotations != (meta.get("annotations") or {}):
         meta["annotations"] = annotations
 
+    # The label goes with the policy stamp, whatever the policy's value: the ApiServerSource
+    # selects on it, so without it the pod's events never reach detect-failures.
+    new_labels = dict(meta.get("labels") or {})
+    if owner.policy is None:
+        _remove(new_labels, OPTED_IN_LABEL, reasons)
+    else:
+        _set(new_labels, OPTED_IN_LABEL, OPTED_IN_VALUE, reasons)
+    if new_labels != (meta.get("labels") or {}):
+        meta["labels"] = new_labels
+
     if nodes:
         spec = changed.setdefault("spec", {})
         if spec.get("nodeName"):
@@ -199,15 +219,17 @@ def _nodes_to_exclude(owner: OwnerFacts, reasons: list[str]) -> tuple[str, ...]:
     return nodes
 
 
-def _set(annotations: dict[str, str], key: str, value: str, reasons: list[str]) -> None:
-    if annotations.get(key) != value:
-        annotations[key] = value
+def _set(values: dict[str, str], key: str, value: str, reasons: list[str]) -> None:
+    """Set an annotation or label of ours."""
+    if values.get(key) != value:
+        values[key] = value
         reasons.append(f"stamped {key}={value}")
 
 
-def _remove(annotations: dict[str, str], key: str, reasons: list[str]) -> None:
-    if key in annotations:
-        del annotations[key]
+def _remove(values: dict[str, str], key: str, reasons: list[str]) -> None:
+    """Remove an annotation or label of ours."""
+    if key in values:
+        del values[key]
         reasons.append(f"removed stale {key}")
 
 

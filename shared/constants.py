@@ -74,3 +74,11 @@ REASON_REPLACEMENT_NOT_ALLOWED: Final = "ReplacementNotAllowed"
 # The API server refuses the replacement of a bare pod for another reason (a quota, a
 # LimitRange, an admission policy, validation); the move is not charged and is tried again.
 REASON_REPLACEMENT_REFUSED: Final = "ReplacementRefused"
+
+# Label the webhook sets on every pod it stamps with a policy (0 and unreadable values too),
+# and removes from a pod whose owner has none (a copied template). The ApiServerSource selects
+# on it (knative/sources.yaml), so pods that never opted in produce no event at all: the
+# API server filters its watch, before the adapter or detect-failures spend anything on them.
+# A label, not an annotation: only labels can be selected on.
+OPTED_IN_LABEL: Final = PREFIX + "opted-in"
+OPTED_IN_VALUE: Final = "true"

@@ -7,14 +7,16 @@ covers failures to reach us, not a patch that fails to apply, so patches come fr
 ``shared.admission``, correct by construction).
 
 For an opted-in pod it copies the policy, the owner's stuck-after and the excluded nodes from
-the owner's state onto the pod and adds the node affinity that keeps the scheduler off them
-(none when the policy is 0 or unreadable). A bare pod replaced by update-annotations carries
-the state in its own annotations, so it needs no lookup. Node names in a state that Kubernetes
-would refuse are skipped and logged, never patched in: the API server would refuse the pod.
+the owner's state onto the pod, adds the node affinity that keeps the scheduler off them
+(none when the policy is 0 or unreadable), and sets the `kn-rescheduler.io/opted-in` label
+the ApiServerSource selects on: pods without it never produce a pod event for the pipeline.
+A bare pod replaced by update-annotations carries the state in its own annotations, so it
+needs no lookup. Node names in a state that Kubernetes would refuse are skipped and logged,
+never patched in: the API server would refuse the pod.
 A state that is a copy of another object's (a ReplicaSet born with its Deployment's copy after
 `kubectl rollout undo`; see "Whose state" in `shared.state`) gives no exclusions: they are
 another ReplicaSet's. A pod that did not opt in only loses stale stamps of ours copied from
-elsewhere.
+elsewhere (the label included).
 """
 
 from __future__ import annotations
@@ -103,8 +105,9 @@ class Admitter:
             stuck_after=holder.annotations.get(STUCK_AFTER_ANNOTATION),
             max_retries=self.cfg.max_retries,
         )
-        # Also for pods that did not opt in: stamps copied from a template or another pod are
-        # removed, so such a pod never looks opted in to detect-failures.
+        # Also for pods that did not opt in: stamps and the opted-in label copied from a
+        # template or another pod are removed, so such a pod never looks opted in to
+        # detect-failures, and its events are not even sent.
         mutation = mutate(pod, facts)
         if resolution.policy is not None or mutation.changed:
             log.info(

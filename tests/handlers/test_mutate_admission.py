@@ -9,7 +9,13 @@ from typing import Any, cast
 
 import jsonpatch
 
-from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_STAMP_ANNOTATION, STATE_ANNOTATION
+from shared.constants import (
+    EXCLUDED_NODES_ANNOTATION,
+    OPT_OUT_LABEL,
+    OPTED_IN_LABEL,
+    POLICY_STAMP_ANNOTATION,
+    STATE_ANNOTATION,
+)
 from tests.handlers.conftest import ClientFactory
 from tests.unit import pods
 from tests.unit.apivalidation import api_server_errors
@@ -53,13 +59,15 @@ def test_a_bare_pod_with_a_policy_is_stamped_without_any_lookup(
     bare = pods.pod(owner=None, node=None, stamp=None, annotations={"scheduling-retries": "2"})
     answer = client.post("/", json=review(obj=bare)).get_json()["response"]
     assert answer["allowed"] is True
-    # The user's own annotation is the policy; the stamp is ours, next to it. No exclusions yet.
-    assert patch_of(answer) == [
+    # The user's own annotation is the policy; the stamp is ours, next to it, and the label
+    # the ApiServerSource selects on. No exclusions yet.
+    assert sorted(patch_of(answer), key=lambda op: str(op["path"])) == [
         {
             "op": "add",
             "path": "/metadata/annotations/kn-rescheduler.io~1scheduling-retries",
             "value": "2",
-        }
+        },
+        {"op": "add", "path": "/metadata/labels/kn-rescheduler.io~1opted-in", "value": "true"},
     ]
 
 
@@ -110,6 +118,7 @@ def test_a_policy_of_zero_stamps_the_pod_but_injects_no_exclusions(
     created = jsonpatch.apply_patch(bare, patch_of(answer))
     assert "affinity" not in created["spec"]
     assert created["metadata"]["annotations"][POLICY_STAMP_ANNOTATION] == "0"
+    assert created["metadata"]["labels"][OPTED_IN_LABEL] == "true"
     assert EXCLUDED_NODES_ANNOTATION not in created["metadata"]["annotations"]
 
 
@@ -143,13 +152,38 @@ def test_a_bare_pods_replacement_keeps_the_exclusions_of_the_state_it_carries(
 def test_a_bare_pod_carrying_only_our_stamp_loses_it(
     function_client: ClientFactory, unreachable_kubeconfig: Path
 ) -> None:
-    # e.g. an orphaned pod's manifest applied again: our stamp is not the user's policy.
+    # e.g. an orphaned pod's manifest applied again: our stamp is not the user's policy, and
+    # without the label the pod's events stay out of the pipeline.
     client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
-    copied = pods.pod(owner=None, node=None, stamp="3", excluded=["node-a"])
+    copied = pods.pod(
+        owner=None,
+        node=None,
+        stamp="3",
+        excluded=["node-a"],
+        labels={"app": "web", OPTED_IN_LABEL: "true"},
+    )
     answer = client.post("/", json=review(obj=copied)).get_json()["response"]
     created = jsonpatch.apply_patch(copied, patch_of(answer))
     assert POLICY_STAMP_ANNOTATION not in created["metadata"].get("annotations", {})
     assert EXCLUDED_NODES_ANNOTATION not in created["metadata"].get("annotations", {})
+    assert created["metadata"]["labels"] == {"app": "web"}
+
+
+def test_an_opted_out_pod_is_admitted_without_a_patch(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    # The webhook's objectSelector keeps such pods away in a cluster; a review that arrives
+    # anyway (another registration, a hand-made call) changes nothing either: no stamp, no label.
+    client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
+    bare = pods.pod(
+        owner=None,
+        node=None,
+        stamp=None,
+        annotations={"scheduling-retries": "2"},
+        labels={"app": "web", OPT_OUT_LABEL: "true"},
+    )
+    answer = client.post("/", json=review(obj=bare)).get_json()["response"]
+    assert answer == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
 
 
 def test_other_operations_and_kinds_are_allowed_untouched(

@@ -17,6 +17,13 @@ from . import pods
 from .apivalidation import api_server_errors
 
 STAMP = "kn-rescheduler.io/scheduling-retries"
+OPTED_IN = "kn-rescheduler.io/opted-in"
+OPT_OUT = "kn-rescheduler.io/ignore"
+ADD_OPTED_IN = {
+    "op": "add",
+    "path": "/metadata/labels/kn-rescheduler.io~1opted-in",
+    "value": "true",
+}
 EXCLUDE_AB = OwnerFacts(policy="3", excluded_nodes=("node-a", "node-b"))
 NOT_A = {"key": "metadata.name", "operator": "NotIn", "values": ["node-a"]}
 NOT_B = {"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}
@@ -32,10 +39,17 @@ def checked_mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     assert api_server_errors(mutation.pod) == [], "the API server would refuse the patched pod"
     patched = jsonpatch.apply_patch(pod, list(mutation.patch))
     assert patched == mutation.pod, "the patch must turn the pod into exactly the changed copy"
-    if (pod.get("metadata") or {}).get("annotations") is not None:
-        assert all(op["path"] != "/metadata/annotations" for op in mutation.patch), (
-            "an existing annotations map must be patched key by key, never replaced"
-        )
+    for field in ("annotations", "labels"):
+        if (pod.get("metadata") or {}).get(field) is not None:
+            assert all(op["path"] != f"/metadata/{field}" for op in mutation.patch), (
+                f"an existing {field} map must be patched key by key, never replaced"
+            )
+    created = mutation.pod.get("metadata") or {}
+    if OPT_OUT not in ((pod.get("metadata") or {}).get("labels") or {}):
+        # The ApiServerSource selects on the label: it must say exactly what the stamp says.
+        assert (OPTED_IN in (created.get("labels") or {})) == (
+            STAMP in (created.get("annotations") or {})
+        ), "the opted-in label goes and comes with the policy stamp"
     assert json.loads(mutation.patch_json()) == list(mutation.patch)
     return mutation
 
@@ -185,6 +199,7 @@ def test_no_exclusions_means_no_affinity_change_but_the_policy_is_stamped() -> N
     assert mutation.pod["spec"] == pod["spec"]
     assert mutation.patch == (
         {"op": "add", "path": "/metadata/annotations", "value": {STAMP: "3"}},
+        ADD_OPTED_IN,
     )
 
 
@@ -193,6 +208,7 @@ def test_the_stamp_is_ours_and_the_users_own_key_is_left_alone() -> None:
     pod = pods.new_pod(annotations={"scheduling-retries": "9"})
     mutation = checked_mutate(pod, OwnerFacts(policy="3"))
     assert mutation.patch == (
+        ADD_OPTED_IN,
         {
             "op": "add",
             "path": "/metadata/annotations/kn-rescheduler.io~1scheduling-retries",
@@ -205,6 +221,7 @@ def test_the_owners_policy_replaces_a_different_stamp_from_the_template() -> Non
     pod = pods.new_pod(annotations={STAMP: "9"})
     mutation = checked_mutate(pod, OwnerFacts(policy="3"))
     assert mutation.patch == (
+        ADD_OPTED_IN,
         {
             "op": "replace",
             "path": "/metadata/annotations/kn-rescheduler.io~1scheduling-retries",
@@ -368,6 +385,7 @@ def test_stamps_that_would_overflow_the_annotations_leave_the_pod_unchanged() ->
     mutation = checked_mutate(pod, OwnerFacts("3", tuple(f"node-{i:03d}" for i in range(32))))
     assert mutation.patch == ()
     assert "annotations past" in mutation.reasons[0]
+    assert OPTED_IN not in mutation.pod["metadata"]["labels"]
 
 
 # Pods whose owner has no policy never look opted in.
@@ -418,3 +436,77 @@ def test_a_stale_stuck_after_is_replaced_or_removed() -> None:
 def test_an_overlong_stuck_after_is_not_copied() -> None:
     mutation = checked_mutate(pods.new_pod(), OwnerFacts("3", stuck_after="1" * 65 + "s"))
     assert mutation.pod["metadata"]["annotations"] == {STAMP: "3"}
+
+
+# The opted-in label: the ApiServerSource selects on it, so it follows the policy stamp.
+
+LABELS = {"app": "web", "pod-template-hash": "7d9c8b6f4"}
+LABEL_CASES = {
+    # case: (the owner, labels the pod is submitted with, labels it is created with)
+    "an opted-in pod gets it next to its own labels": (
+        OwnerFacts("3", ("node-a",)),
+        LABELS,
+        {**LABELS, OPTED_IN: "true"},
+    ),
+    "a policy of 0 is stamped, so labelled too": (
+        OwnerFacts("0", ("node-a",)),
+        LABELS,
+        {**LABELS, OPTED_IN: "true"},
+    ),
+    "an unreadable policy too (detect-failures warns about it)": (
+        OwnerFacts("three"),
+        LABELS,
+        {**LABELS, OPTED_IN: "true"},
+    ),
+    "another value copied from a template is set right": (
+        OwnerFacts("3"),
+        {**LABELS, OPTED_IN: "false"},
+        {**LABELS, OPTED_IN: "true"},
+    ),
+    "a copy from a template goes when the owner has no policy": (
+        OwnerFacts(None),
+        {**LABELS, OPTED_IN: "true"},
+        LABELS,
+    ),
+    "no policy, no label: nothing to do": (OwnerFacts(None), LABELS, LABELS),
+}
+
+
+@pytest.mark.parametrize("case", LABEL_CASES.values(), ids=LABEL_CASES.keys())
+def test_the_opted_in_label_follows_the_policy_stamp(
+    case: tuple[OwnerFacts, dict[str, str], dict[str, str]],
+) -> None:
+    owner, submitted, created = case
+    mutation = checked_mutate(pods.new_pod(labels=submitted), owner)
+    assert mutation.pod["metadata"]["labels"] == created
+
+
+def test_the_label_is_added_key_by_key_or_as_a_new_map() -> None:
+    labelled = checked_mutate(pods.new_pod(labels={"app": "web"}), OwnerFacts("3"))
+    assert ADD_OPTED_IN in labelled.patch
+    unlabelled = pods.new_pod()
+    del unlabelled["metadata"]["labels"]
+    mutation = checked_mutate(unlabelled, OwnerFacts("3"))
+    assert {"op": "add", "path": "/metadata/labels", "value": {OPTED_IN: "true"}} in mutation.patch
+
+
+def test_a_stale_label_goes_with_the_stale_stamps_of_a_copied_pod() -> None:
+    # `kubectl get pod -o yaml` of an opted-in pod, created again as a bare pod without policy.
+    pod = pods.new_pod(
+        owner=None,
+        name="copy",
+        labels={"app": "web", OPTED_IN: "true"},
+        annotations={STAMP: "3", "kn-rescheduler.io/excluded-nodes": '["node-a"]'},
+    )
+    mutation = checked_mutate(pod, OwnerFacts(policy=None))
+    assert mutation.pod["metadata"]["labels"] == {"app": "web"}
+    assert {"op": "remove", "path": "/metadata/labels/kn-rescheduler.io~1opted-in"} in (
+        mutation.patch
+    )
+    assert "removed stale kn-rescheduler.io/opted-in" in mutation.reasons
+
+
+def test_an_opted_out_pod_gets_no_label_and_keeps_what_it_has() -> None:
+    for labels in ({"app": "web", OPT_OUT: ""}, {"app": "web", OPT_OUT: "true", OPTED_IN: "true"}):
+        pod = pods.new_pod(labels=labels)
+        assert checked_mutate(pod, EXCLUDE_AB).patch == ()
