@@ -1,0 +1,133 @@
+"""Property-based fuzzing (hypothesis) of every entry point and every annotation we parse.
+
+Two budgets, chosen by ``HYPOTHESIS_PROFILE``:
+
+- ``ci`` (the default, what `make test` runs): 75 examples per property, the same ones on
+  every run (``derandomize``), so a red CI is a change in the code, not a lucky draw;
+- ``fuzz`` (`make fuzz`): 1,000 per property, random, with the failing examples it finds kept
+  in ``.local/hypothesis`` so that the next run tries them first.
+
+Properties that go through the functions' HTTP entry points cost a request each (and some an
+API call refused by an unreachable server, about 0.6 s with the client's retries), so they take
+a share of the budget (`strategies.examples`). Deadlines are off where a request or a retry
+back-off makes timing meaningless, and in CI, where a shared machine makes it noise; the full
+run gives pure code 2 s an example, where a slow one is a finding (a regular expression that
+backtracks, a parse that explodes).
+
+Both end with one line of figures per property (`pytest_terminal_summary` below); bugs found
+and not fixed yet are in known.py and test_found_by_fuzzing.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+# The handler tests' fixtures: a functions-framework test client per function, and a
+# kubeconfig whose API server refuses every connection (a real transient failure).
+from tests.handlers.conftest import function_client, unreachable_kubeconfig
+
+__all__ = ["function_client", "quiet_logs", "unreachable_kubeconfig"]
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE_ENV = "HYPOTHESIS_PROFILE"
+
+# Big generated pods and bodies are the point here, and the machine is shared: neither is a
+# problem with the test.
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
+
+settings.register_profile(
+    "ci",
+    max_examples=75,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=_HEALTH,
+    print_blob=True,
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=1000,
+    database=DirectoryBasedExampleDatabase(str(ROOT / ".local" / "hypothesis")),
+    deadline=timedelta(seconds=2),
+    suppress_health_check=_HEALTH,
+    print_blob=True,
+)
+PROFILE = os.environ.get(PROFILE_ENV, "ci")
+settings.load_profile(PROFILE)
+
+
+@pytest.fixture
+def quiet_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Only warnings and errors from the functions while fuzzing: every request still takes
+    every code path (the compact line and the redacted event are built whatever the level),
+    but thousands of INFO lines would bury the one a failure needs. The variable is for a
+    function configured in this test, the level for one an earlier test configured."""
+    monkeypatch.setenv("KN_RESCHEDULER_LOG_LEVEL", "WARNING")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+# -- the figures ------------------------------------------------------------------------------
+
+# What hypothesis' own statistics say about each property (its pytest plugin attaches them to
+# the teardown report whether or not --hypothesis-show-statistics asked to print them).
+_STATS_KEY = "_hypothesis_stats"
+_CASES = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
+_KNOWN = re.compile(r"\* ([0-9.]+)%, known bug (F[0-9]+)")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per fuzzed property: examples run, failing ones, the known bugs it met (see
+    known.py) and the time it took; then the totals."""
+    seconds: dict[str, float] = {}
+    rows: list[tuple[str, int, int, str, float]] = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", "") == "call":
+                seconds[report.nodeid] = report.duration
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            stats = report.__dict__.get(_STATS_KEY)
+            if not stats or "tests/fuzz/" not in report.nodeid:
+                continue
+            counts = [tuple(int(n) for n in found) for found in _CASES.findall(stats)]
+            generated = counts[0][0] + counts[0][1] if counts else 0
+            known = ", ".join(
+                f"{bug} x{round(float(share) * generated / 100)}"
+                for share, bug in _KNOWN.findall(stats)
+            )
+            rows.append(
+                (
+                    report.nodeid.split("::")[-1],
+                    sum(passing + failing for passing, failing, _ in counts),
+                    sum(failing for _, failing, _ in counts),
+                    known,
+                    seconds.get(report.nodeid, 0.0),
+                )
+            )
+    if not rows:
+        return
+    terminalreporter.section(f"fuzzing figures (profile {PROFILE})")
+    width = max(len(row[0]) for row in rows)
+    write = terminalreporter.write_line
+    write(f"{'property':<{width}}  examples  failing  time (s)  known bugs met")
+    for name, examples, failing, known, took in sorted(rows):
+        write(f"{name:<{width}}  {examples:>8}  {failing:>7}  {took:>8.1f}  {known}")
+    write(
+        f"{'total':<{width}}  {sum(r[1] for r in rows):>8}  {sum(r[2] for r in rows):>7}  "
+        f"{sum(r[4] for r in rows):>8.1f}"
+    )
