@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean
+.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean fuzz
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -34,6 +34,13 @@ e2e: venv cluster-bins adapter-bin
 
 test: venv cluster-bins adapter-bin
 	$(PY) -m pytest -q
+
+# Property-based fuzzing of every HTTP entry point and every annotation we parse (tests/fuzz).
+# `make test` runs a short, fixed version; this one runs 1,000 examples a property, random,
+# keeps failing examples in .local/hypothesis and ends with the figures (examples, failures,
+# known bugs met, time per property). FUZZ_ARGS passes pytest options, e.g. "-k webhook".
+fuzz: venv
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests/fuzz -q --show-capture=no --timeout=3600 $(FUZZ_ARGS)
 
 # The control plane and the whole pipeline (functions, router, event source, webhook), in
 # the background; `make down` stops it all.
