@@ -33,6 +33,38 @@ Dead letters
     (None when it names none: Knative would then drop the event) and the event with the
     ``knativeerrordest``, ``knativeerrorcode`` and ``knativeerrordata`` extensions Knative adds.
 
+Chaos (off unless switched on: ``Router(..., chaos=Chaos(seed=...))``, ``set_chaos`` at run
+time, or ``--chaos-seed`` for the process)
+    Seeded faults for the chaos suite (``bench/chaos``), each where Knative really has it and
+    with the consequence Knative gives it:
+
+    - *ingress drop* (``ingress_drop``): an event of the ApiServerSource (types
+      ``dev.knative.apiserver.resource.*``, arriving at the ingress from outside) is answered
+      202 and then lost: neither archived nor delivered. This is the one loss nothing retries:
+      the adapter gives up a send after its own retries and only logs it, and an in-memory
+      channel loses what it held when it restarts. Only the periodic sweep finds the pod again.
+      Replies are never dropped at the ingress (the dispatcher treats a refused reply as a
+      failed delivery, see above), nor are the sweep's events.
+    - *attempt drop* (``attempt_drop``): a Trigger delivery attempt fails before it reaches the
+      subscriber, as a refused connection or a timeout does (status None). It is a failed
+      attempt like any other: retried with the Trigger's backoff.
+    - *answer loss* (``answer_loss``): the subscriber got the event and acted on it, but its
+      answer never reaches the dispatcher (a reset connection, the attempt's timeout). Also a
+      failed attempt, retried: the subscriber sees the same event again, having already acted.
+      A reply in the lost answer is lost with it, as in Knative.
+    - *duplicate* (``duplicate``): an event delivered successfully is delivered once more to
+      the same subscriber, up to ``max_delay`` seconds later, with the same id (at-least-once
+      delivery: a dispatcher that redelivers after losing its acknowledgement).
+    - *reorder* (``reorder``): a delivery's first attempt is held back between half of and all
+      of ``max_delay`` seconds, so events accepted later overtake it (Knative delivers in no
+      particular order).
+
+    Attempt drops and answer losses never hit the last attempt the delivery spec allows: what is
+    dead-lettered is always the subscriber's own last answer, which is what the chaos suite's
+    dead-letter invariant judges. The dice are one seeded ``random.Random``: the same seed
+    rolls the same sequence, though which delivery gets which roll depends on thread timing.
+    ``chaos_stats()`` counts what was injected.
+
 Run as a library (``Router(...).start()``) or a process (``python -m pipeline.router``).
 """
 
@@ -42,6 +74,7 @@ import argparse
 import base64
 import concurrent.futures
 import contextlib
+import dataclasses
 import email.utils
 import functools
 import heapq
@@ -50,6 +83,7 @@ import http.server
 import itertools
 import json
 import logging
+import random
 import signal
 import socket
 import sys
@@ -74,6 +108,9 @@ ARRIVAL_ATTRIBUTE = "knativearrivaltime"
 DEFAULT_TTL = 255
 ERROR_DATA_MAX = 1024
 RETRIABLE = frozenset({404, 408, 409, 429})
+# Event types the ApiServerSource sends: the only ones an ingress drop (chaos) may lose.
+SOURCE_TYPE_PREFIX = "dev.knative.apiserver.resource."
+CHAOS_COUNTERS = ("ingress_dropped", "attempts_dropped", "answers_lost", "duplicated", "reordered")
 
 
 def _now_text() -> str:
@@ -98,6 +135,46 @@ def _retry_after(headers: Mapping[str, str]) -> float:
     return max(0.0, when.timestamp() - time.time())
 
 
+@dataclass(frozen=True)
+class Chaos:
+    """Seeded faults in the data plane (see the module docstring); probabilities per event
+    (ingress drop) or per delivery attempt (the rest). The defaults are a moderate storm."""
+
+    seed: int
+    ingress_drop: float = 0.05
+    attempt_drop: float = 0.1
+    answer_loss: float = 0.05
+    duplicate: float = 0.1
+    reorder: float = 0.1
+    max_delay: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("ingress_drop", "attempt_drop", "answer_loss", "duplicate", "reorder"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"chaos {name} must be a probability, got {value!r}")
+        if self.max_delay < 0:
+            raise ValueError(f"chaos max_delay must be >= 0, got {self.max_delay!r}")
+
+
+class _Dice:
+    """One seeded random sequence shared by every thread of the router."""
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def roll(self, probability: float) -> bool:
+        if probability <= 0.0:
+            return False
+        with self._lock:
+            return self._random.random() < probability
+
+    def uniform(self, low: float, high: float) -> float:
+        with self._lock:
+            return self._random.uniform(low, high)
+
+
 @dataclass
 class _Outcome:
     status: int | None
@@ -117,6 +194,8 @@ class _Delivery:
     spec: triggers.Delivery
     attempts: int = 0
     started: float = field(default_factory=time.monotonic)
+    # A copy made by the chaos duplicate fault (never duplicated again).
+    duplicate: bool = False
 
 
 class Router:
@@ -139,6 +218,7 @@ class Router:
         namespace: str = DEFAULT_NAMESPACE,
         broker: str = "default",
         workers: int = 16,
+        chaos: Chaos | None = None,
     ) -> None:
         self.namespace = namespace
         self.broker_name = broker
@@ -178,6 +258,11 @@ class Router:
             ),
             0,
         )
+        self._chaos: Chaos | None = None
+        self._dice: _Dice | None = None
+        self._chaos_stats: dict[str, int] = dict.fromkeys(CHAOS_COUNTERS, 0)
+        if chaos is not None:
+            self.set_chaos(chaos)
         self.url = ""
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -279,7 +364,52 @@ class Router:
 
     def publish(self, event: Event) -> tuple[int, str]:
         """Hand an event to the ingress in-process, as if POSTed; answers (status, reason)."""
-        return self._ingest(event.copy(), origin="in-process")
+        return self._ingest(event.copy(), origin="in-process", from_outside=True)
+
+    def set_chaos(self, chaos: Chaos | None) -> None:
+        """Switch the chaos faults on (with a fresh sequence from ``chaos.seed``) or off."""
+        was = self._chaos
+        self._dice = _Dice(chaos.seed) if chaos is not None else None
+        self._chaos = chaos
+        if chaos is not None:
+            log.warning(
+                "chaos on: deliveries may be dropped, duplicated and reordered",
+                extra={"chaos": dataclasses.asdict(chaos)},
+            )
+        elif was is not None:
+            log.info("chaos off", extra={"chaos_stats": self.chaos_stats()})
+
+    @property
+    def chaos(self) -> Chaos | None:
+        return self._chaos
+
+    def chaos_stats(self) -> dict[str, int]:
+        """How many faults of each kind chaos injected so far (all zero when it never ran)."""
+        with self._idle_cv:
+            return dict(self._chaos_stats)
+
+    def _chaos_roll(self, what: str) -> bool:
+        """Roll for one chaos fault (``what`` names the Chaos field); count it when it hits."""
+        chaos, dice = self._chaos, self._dice
+        if chaos is None or dice is None or not dice.roll(getattr(chaos, what)):
+            return False
+        counter = {
+            "ingress_drop": "ingress_dropped",
+            "attempt_drop": "attempts_dropped",
+            "answer_loss": "answers_lost",
+            "duplicate": "duplicated",
+            "reorder": "reordered",
+        }[what]
+        with self._idle_cv:
+            self._chaos_stats[counter] += 1
+        return True
+
+    def _chaos_delay(self, low_share: float = 0.0) -> float:
+        """Seconds between ``low_share`` of ``max_delay`` and all of it."""
+        chaos, dice = self._chaos, self._dice
+        if chaos is None or dice is None:
+            return 0.0
+        return dice.uniform(chaos.max_delay * low_share, chaos.max_delay)
 
     # -- ingress -----------------------------------------------------------------------------
 
@@ -287,12 +417,25 @@ class Router:
         with self._idle_cv:
             self._stats[key] += n
 
-    def _ingest(self, event: Event, *, origin: str, ttl: int | None = None) -> tuple[int, str]:
+    def _ingest(
+        self, event: Event, *, origin: str, ttl: int | None = None, from_outside: bool = False
+    ) -> tuple[int, str]:
         try:
             cloudevent.validate(event)
         except cloudevent.InvalidEvent as exc:
             self._count("rejected")
             return 400, str(exc)
+        if (
+            from_outside
+            and event.type.startswith(SOURCE_TYPE_PREFIX)
+            and self._chaos_roll("ingress_drop")
+        ):
+            # Accepted and lost: what the source's sender sees when the broker loses an event.
+            log.warning(
+                "chaos: event lost at the ingress",
+                extra={"ce_id": event.id, "ce_type": event.type, "origin": origin},
+            )
+            return 202, "accepted"
         attrs = event.attributes
         if ttl is not None:
             attrs[TTL_ATTRIBUTE] = str(ttl)
@@ -342,8 +485,19 @@ class Router:
             with self._idle_cv:
                 self._pending += 1
                 self._stats["matched"] += 1
-            self._submit(functools.partial(self._attempt, delivery))
+            self._first_attempt(delivery)
         return 202, "accepted"
+
+    def _first_attempt(self, d: _Delivery) -> None:
+        if self._chaos_roll("reorder"):
+            wait = self._chaos_delay(0.5)
+            log.info(
+                "chaos: delivery held back",
+                extra={"trigger": d.trigger.name, "ce_id": d.event.id, "hold_s": round(wait, 3)},
+            )
+            self._later(wait, functools.partial(self._attempt, d))
+            return
+        self._submit(functools.partial(self._attempt, d))
 
     def _append(self, path: Path, record: Mapping[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
@@ -402,7 +556,14 @@ class Router:
     def _attempt(self, d: _Delivery) -> None:
         d.attempts += 1
         self._count("attempts")
-        outcome = self._post(d)
+        # Chaos never fails the last attempt the delivery spec allows (module docstring).
+        retries_left = d.attempts <= d.spec.retry
+        if retries_left and self._chaos_roll("attempt_drop"):
+            outcome = _Outcome(None, "chaos: attempt dropped before reaching the subscriber")
+        else:
+            outcome = self._post(d)
+            if outcome.ok and retries_left and self._chaos_roll("answer_loss"):
+                outcome = _Outcome(None, "chaos: the subscriber's answer was lost")
         if self._stopping:
             log.info("delivery abandoned: router stopping", extra={"trigger": d.trigger.name})
             self._done()
@@ -428,6 +589,8 @@ class Router:
                 self._count("replies")
             self._count("delivered")
             log.info("delivered", extra=fields)
+            if not d.duplicate and self._chaos_roll("duplicate"):
+                self._duplicate(d)
             self._done()
             return
         retries_done = d.attempts - 1
@@ -445,6 +608,19 @@ class Router:
         log.warning("delivery failed for good", extra={**fields, "reason": outcome.reason})
         self._dead_letter(d, outcome, d.url)
         self._done()
+
+    def _duplicate(self, d: _Delivery) -> None:
+        copy = _Delivery(
+            trigger=d.trigger, url=d.url, event=d.event, ttl=d.ttl, spec=d.spec, duplicate=True
+        )
+        wait = self._chaos_delay()
+        log.info(
+            "chaos: delivering the event once more",
+            extra={"trigger": d.trigger.name, "ce_id": d.event.id, "in_s": round(wait, 3)},
+        )
+        with self._idle_cv:
+            self._pending += 1
+        self._later(wait, functools.partial(self._attempt, copy))
 
     def _post(self, d: _Delivery) -> _Outcome:
         if d.spec.format == "json":
@@ -574,7 +750,7 @@ def _handler_for(router: Router) -> type[http.server.BaseHTTPRequestHandler]:
                 log.warning("refusing request: %s", exc)
                 self._answer(400, json.dumps({"error": str(exc)}).encode())
                 return
-            status, reason = router._ingest(event, origin=self.client_address[0])
+            status, reason = router._ingest(event, origin=self.client_address[0], from_outside=True)
             if status >= 300:
                 self._answer(status, json.dumps({"error": reason}).encode())
             else:
@@ -614,6 +790,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     parser.add_argument("--broker", default="default")
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument(
+        "--chaos-seed",
+        type=int,
+        help="switch chaos on (drops, duplicates, reorders; see the module docstring)",
+    )
     args = parser.parse_args(argv)
     logs.configure("router")
     try:
@@ -627,6 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             namespace=args.namespace,
             broker=args.broker,
             workers=args.workers,
+            chaos=Chaos(seed=args.chaos_seed) if args.chaos_seed is not None else None,
         )
     except (triggers.InvalidManifest, filters.InvalidFilter, OSError) as exc:
         print(f"router: {exc}", file=sys.stderr)
