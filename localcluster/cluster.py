@@ -196,6 +196,85 @@ class Cluster:
     def pids(self) -> dict[str, int]:
         return {p.name: p.pid for p in self.procs}
 
+    def restart(self, name: str, *, kill: bool = False, timeout: float = 60.0) -> float:
+        """Stops one process of the control plane and starts it again; the seconds until it
+        serves again.
+
+        ``kill`` sends SIGKILL, as a crash or an OOM kill would; otherwise SIGTERM, as a
+        rolling restart does. The process comes back with the same command line: same ports,
+        certificates and etcd data (etcd's data directory outlives it), so clients reconnect
+        to the same address. "Serves again" is etcd's ``/health`` for etcd, then the API
+        server's ``/readyz`` (which checks etcd); ``/readyz`` for the API server; running for
+        the others. Other processes may exit meanwhile: the controller manager and the
+        scheduler give up when they cannot renew their leader lease for 10 s (a kubelet
+        restarts them, being static pods); ``revive`` does that here.
+
+        Call it from the thread that started the cluster (see ``start``): the restarted
+        process dies with the thread that started it.
+        """
+        index = next((i for i, p in enumerate(self.procs) if p.name == name), None)
+        if index is None:
+            raise ValueError(f"no process {name!r}; processes are {[p.name for p in self.procs]}")
+        t0 = time.monotonic()
+        old = self.procs[index]
+        if kill:
+            old.kill()
+            old.wait(10.0)
+        else:
+            old.stop(grace=10.0)
+        self._say(f"restarting {name} ({'SIGKILL' if kill else 'SIGTERM'})")
+        self.procs[index] = old.respawn()
+        self._wait_serving(name, time.monotonic() + timeout)
+        return time.monotonic() - t0
+
+    def revive(self, timeout: float = 60.0) -> list[str]:
+        """Starts again every process of the control plane that exited (what a kubelet does
+        for static pods); the names of those restarted, once they serve again."""
+        revived = []
+        for i, proc in enumerate(self.procs):
+            if not proc.alive():
+                self._say(f"{proc.name} exited with {proc.returncode}: starting it again")
+                self.procs[i] = proc.respawn()
+                revived.append(proc.name)
+        deadline = time.monotonic() + timeout
+        for name in revived:
+            self._wait_serving(name, deadline)
+        return revived
+
+    def _wait_serving(self, name: str, deadline: float) -> None:
+        """Wait until the process ``name`` serves (see ``restart``); only its own exit fails."""
+        proc = next(p for p in self.procs if p.name == name)
+        checks: list[tuple[str, Callable[[], bool]]] = []
+        if name == "etcd":
+            assert self.ports is not None
+            pki_ = self._require_pki()
+            etcd = Rest(
+                f"http://127.0.0.1:{self.ports.etcd}",
+                ca_file=pki_.ca_crt,
+                cert_file=pki_.admin_crt,
+                key_file=pki_.admin_key,
+            )
+            checks.append(("etcd", lambda: '"health":"true"' in etcd.text("/health", 1.0)[1]))
+        if name in ("etcd", "kube-apiserver"):
+            checks.append(
+                ("kube-apiserver /readyz", lambda: self.rest.text("/readyz", 2.0) == (200, "ok"))
+            )
+        for what, check in checks:
+            while True:
+                if not proc.alive():
+                    raise ClusterError(
+                        f"{name} exited with code {proc.returncode} after a restart; last log "
+                        f"lines ({proc.log_path}):\n{proc.log_tail()}"
+                    )
+                try:
+                    if check():
+                        break
+                except ApiError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"timed out waiting for {what} after restarting {name}")
+                time.sleep(0.1)
+
     def start(self) -> Cluster:
         """Starts everything and returns once the cluster is ready (see ``wait_ready``).
 

@@ -68,6 +68,9 @@ class Proc:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        # What it was started with beyond our own environment, for respawn().
+        self.env = dict(env or {})
+        self.cwd = cwd
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = dict(os.environ)
         if env:
@@ -91,6 +94,12 @@ class Proc:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def respawn(self) -> Proc:
+        """The same command started again (same environment, directory and log file, which
+        gets a new "starting" line), as a supervisor restarts a process that exited. Like any
+        Proc, the new one dies with the thread that calls this."""
+        return Proc(self.name, self.argv, self.log_path, env=self.env, cwd=self.cwd)
 
     @property
     def returncode(self) -> int | None:

@@ -1,26 +1,34 @@
 """Each function as its own process, started exactly as its container starts it.
 
 The command is the image's command (gunicorn with functions/gunicorn.conf.py and
-functions-framework's app factory), so what the tests exercise is what ships. A TLS server can
+functions-framework's app factory), so what the tests exercise is what ships. A server whose
+process died (killed, crashed) can be started again on the same port (``restart``), as the
+kubelet restarts a container: its URL, the one the router delivers to, stays valid. A TLS server can
 also require client certificates (``client_tls``: its CA goes to TLS_CLIENT_CA_FILE, and the
 readiness check presents the client certificate, as the API server would).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import signal
 import socket
 import ssl
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
 from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from localcluster.procs import Proc
 from stack.webhook import ClientTLS
+
+log = logging.getLogger(__name__)
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 FUNCTIONS: Final = ("detect-failures", "update-annotations", "mutate-admission", "sweep-failures")
@@ -73,6 +81,8 @@ class FunctionServer:
                 raise ValueError("client certificates need a TLS server")
             self.env["TLS_CLIENT_CA_FILE"] = str(client_tls.ca)
         self.proc: Proc | None = None
+        # How often the process was started again after it died.
+        self.restarts = 0
 
     @property
     def url(self) -> str:
@@ -108,6 +118,21 @@ class FunctionServer:
             context.load_cert_chain(str(self.client_tls.crt), str(self.client_tls.key))
         return context
 
+    def exited(self) -> bool:
+        """True when the process was started, not stopped by us, and is gone (killed, crashed)."""
+        return self.proc is not None and not self.proc.alive()
+
+    def restart(self, timeout: float = 30.0) -> FunctionServer:
+        """Start the function again on the same port after its process died."""
+        if self.proc is not None:
+            # Whatever is left of its process group (workers of a killed master) goes too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10.0)
+            self.proc = None
+        self.restarts += 1
+        return self.start(timeout)
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop(grace=5.0)
@@ -118,6 +143,63 @@ class FunctionServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Watchdog:
+    """Starts again every server of ``servers`` whose process died, as the kubelet restarts a
+    container: polled every ``every`` seconds, a failed restart tried again on the next round.
+
+    A restarted process dies with the thread that started it (PR_SET_PDEATHSIG), here the
+    watchdog's own: ``stop()`` the servers first (``stop(then=...)`` does it in that order),
+    then the watchdog.
+    """
+
+    def __init__(self, servers: Mapping[str, FunctionServer], every: float = 0.1) -> None:
+        self.servers = servers
+        self.every = every
+        # Held during a restart, so that stopping never races one.
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Watchdog:
+        self._thread = threading.Thread(target=self._loop, name="function-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, then: Callable[[], None] | None = None) -> None:
+        """No restart after this returns; ``then`` runs before the thread ends (stop the
+        servers there: the processes it restarted die with it)."""
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        try:
+            if then is not None:
+                then()
+        finally:
+            if self._thread is not None:
+                self._thread.join(timeout=35)
+                self._thread = None
+
+    def _loop(self) -> None:
+        failed: set[str] = set()
+        while not self._wake.wait(self.every):
+            for name, server in list(self.servers.items()):
+                with self._lock:
+                    if self._stopping:
+                        return
+                    if not server.exited() and name not in failed:
+                        continue
+                    code = server.proc.returncode if server.proc is not None else None
+                    log.warning("function %s exited (%s): starting it again", name, code)
+                    try:
+                        server.restart()
+                    except (RuntimeError, TimeoutError, OSError) as exc:
+                        log.warning("could not restart %s: %s", name, exc)
+                        failed.add(name)
+                    else:
+                        failed.discard(name)
 
 
 def environment(kubeconfig: Path, **extra: str) -> dict[str, str]:

@@ -5,7 +5,9 @@
     update-annotations -> router;   kube-apiserver -> mutate-admission (TLS, registered);
     a timer (the PingSource) -> sweep-failures -> router.
 
-Each function is its own gunicorn process started with the image's command line. ``Stack``
+Each function is its own gunicorn process started with the image's command line; one that dies
+(killed, crashed) is started again on the same port within a fraction of a second, as the
+kubelet restarts a container (``restart_functions``, on by default). ``Stack``
 is used by the end-to-end tests and the demo in-process, and by ``python -m stack.run`` as a
 component of the ``make up`` supervisor.
 """
@@ -27,7 +29,7 @@ from kubernetes import client as k8s
 from pipeline.router import Router
 from pipeline.source import ApiServerSource
 from stack import webhook as webhook_setup
-from stack.functions import ROOT, FunctionServer, environment, free_port
+from stack.functions import ROOT, FunctionServer, Watchdog, environment, free_port
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class Stack:
         settings: Mapping[str, str] | None = None,
         sweep_every: float | None = 300.0,
         triggers_dir: Path = ROOT / "knative",
+        restart_functions: bool = True,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.api_client = api_client
@@ -75,6 +78,8 @@ class Stack:
         self.source: ApiServerSource | None = None
         self._ping_stop = threading.Event()
         self._ping_thread: threading.Thread | None = None
+        self.restart_functions = restart_functions
+        self._watchdog: Watchdog | None = None
         self.broker_url = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -120,8 +125,18 @@ class Stack:
         if self.sweep_every:
             self._ping_thread = threading.Thread(target=self._ping_loop, daemon=True)
             self._ping_thread.start()
+        if self.restart_functions:
+            self._watchdog = Watchdog(self.servers).start()
 
     def stop(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            # No restart from now on; the functions it restarted stop before its thread ends.
+            watchdog.stop(then=self._stop)
+        else:
+            self._stop()
+
+    def _stop(self) -> None:
         self._ping_stop.set()
         if self._ping_thread is not None:
             self._ping_thread.join(timeout=5)
@@ -144,6 +159,12 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- what the kubelet does -------------------------------------------------------------------
+
+    def restarts(self) -> dict[str, int]:
+        """How often each function was started again after its process died."""
+        return {name: server.restarts for name, server in self.servers.items()}
 
     # -- what the PingSource does ---------------------------------------------------------------
 
