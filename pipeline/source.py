@@ -18,6 +18,16 @@ configured the way the controller configures its Deployment:
   taken the adapter runs on without probes (the error is ignored), so several adapters, or an
   adapter and anything else on 8080, can coexist, whoever binds 8080 first keeps it.
 
+What it watches comes from the ApiServerSource in ``knative/sources.yaml``
+(:func:`from_manifest`, :meth:`ApiServerSource.from_manifest`), translated the way Knative's
+controller translates it (``pkg/reconciler/apiserversource/resources/receive_adapter.go``): a
+resource's ``apiVersion``/``kind`` become the guessed plural resource
+(``meta.UnsafeGuessKindToResource``), its ``selector`` the label selector string
+(``metav1.LabelSelectorAsSelector(...).String()``), which the adapter hands to its list and
+watch so the API server filters what it sends; an empty ``namespaceSelector`` means every
+namespace, none the source's own. So the local stack watches exactly the pods a cluster's
+source would, label selector included.
+
 The events are Knative's, byte for byte: binary mode, ``dev.knative.apiserver.resource.add``,
 ``.update`` or ``.delete``, a fresh UUID ``id``, ``subject`` ``/apis/v1/namespaces/NS/pods/NAME``,
 the extensions ``kind``, ``apiversion``, ``name``, ``namespace``, the whole object as JSON data.
@@ -36,12 +46,18 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from shared.constants import DEFAULT_NAMESPACE
 
 ROOT: Final = Path(__file__).resolve().parents[1]
+# The project's pod event source: the ApiServerSource the local stack reproduces.
+MANIFEST: Final = ROOT / "knative" / "sources.yaml"
+MANIFEST_SOURCE: Final = "pod-events"
 BUILD_SCRIPT: Final = ROOT / "hack" / "build-adapter.sh"
 # Overrides the binary (for a prebuilt adapter); otherwise hack/build-adapter.sh finds or builds it.
 BINARY_ENV: Final = "KN_RESCHEDULER_ADAPTER"
@@ -81,6 +97,110 @@ def gvr(resource: str) -> dict[str, str]:
     if len(parts) == 3:
         return {"Group": parts[0], "Version": parts[1], "Resource": parts[2]}
     raise ValueError(f"expected VERSION/RESOURCE or GROUP/VERSION/RESOURCE, got {resource!r}")
+
+
+# apimachinery's unpluralizedSuffixes (pkg/api/meta/restmapper.go).
+_UNPLURALIZED: Final = ("endpoints",)
+_OPERATORS: Final = {"In": " in ", "NotIn": " notin ", "Exists": "", "DoesNotExist": ""}
+
+
+def guess_resource(api_version: str, kind: str) -> str:
+    """``apiVersion``/``kind`` as ``[GROUP/]VERSION/RESOURCE``, pluralised as Knative's controller
+    does it (apimachinery's ``UnsafeGuessKindToResource``, no discovery): ``Pod`` -> ``pods``."""
+    if not kind:
+        raise SourceError(f"a resource of {api_version!r} without a kind")
+    singular = kind.lower()
+    if singular.endswith(_UNPLURALIZED):
+        plural = singular
+    elif singular.endswith("s"):
+        plural = singular + "es"
+    elif singular.endswith("y"):
+        plural = singular[:-1] + "ies"
+    else:
+        plural = singular + "s"
+    return f"{api_version.strip('/')}/{plural}"
+
+
+def selector_string(selector: Mapping[str, Any] | None) -> str:
+    """A ``metav1.LabelSelector`` as the string the adapter gets (apimachinery's
+    ``LabelSelectorAsSelector(...).String()``): requirements sorted by key, values of ``in`` and
+    ``notin`` sorted; ``""`` (everything) for an absent or empty selector."""
+    if not selector:
+        return ""
+    requirements: list[tuple[str, str]] = []
+    for key, value in (selector.get("matchLabels") or {}).items():
+        requirements.append((str(key), f"{key}={value}"))
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = str(expression.get("key", "")), str(expression.get("operator", ""))
+        values = sorted(str(v) for v in expression.get("values") or [])
+        if operator not in _OPERATORS or not key:
+            raise SourceError(f"not a valid label selector requirement: {expression!r}")
+        if operator in ("In", "NotIn"):
+            if not values:
+                raise SourceError(f"{operator} needs values: {expression!r}")
+            requirements.append((key, f"{key}{_OPERATORS[operator]}({','.join(values)})"))
+        elif values:
+            raise SourceError(f"{operator} takes no values: {expression!r}")
+        else:
+            requirements.append((key, key if operator == "Exists" else f"!{key}"))
+    return ",".join(text for _, text in sorted(requirements, key=lambda r: r[0]))
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What an ApiServerSource manifest asks its adapter to watch."""
+
+    name: str
+    namespace: str
+    # Empty: every namespace (one cluster-wide watch).
+    namespaces: tuple[str, ...]
+    resources: tuple[str, ...]
+    # One selector for every resource (all the local adapter runner supports).
+    label_selector: str
+    mode: str
+    owner: Mapping[str, str] | None = None
+    filters: tuple[Mapping[str, Any], ...] = ()
+
+
+def from_manifest(path: str | Path = MANIFEST, name: str = MANIFEST_SOURCE) -> SourceSpec:
+    """The ApiServerSource named ``name`` in ``path``, as its adapter would be configured."""
+    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if isinstance(d, dict)]
+    found = [
+        d
+        for d in docs
+        if d.get("kind") == "ApiServerSource" and (d.get("metadata") or {}).get("name") == name
+    ]
+    if len(found) != 1:
+        raise SourceError(f"{path}: expected one ApiServerSource {name!r}, found {len(found)}")
+    meta, spec = found[0].get("metadata") or {}, found[0].get("spec") or {}
+    namespace = str(meta.get("namespace") or DEFAULT_NAMESPACE)
+    if "namespaceSelector" not in spec or spec["namespaceSelector"] is None:
+        namespaces: tuple[str, ...] = (namespace,)
+    elif selector_string(spec["namespaceSelector"]) == "":
+        namespaces = ()
+    else:
+        # The controller lists the matching namespaces once per reconcile; not reproduced here.
+        raise SourceError(f"{name}: a namespaceSelector with labels is not supported locally")
+    resources, selectors = [], set()
+    for resource in spec.get("resources") or []:
+        resources.append(guess_resource(str(resource.get("apiVersion", "")), resource.get("kind")))
+        selectors.add(selector_string(resource.get("selector")))
+    if not resources:
+        raise SourceError(f"{name}: no resources")
+    if len(selectors) != 1:
+        raise SourceError(f"{name}: different selectors per resource are not supported locally")
+    owner = spec.get("owner")
+    return SourceSpec(
+        name=name,
+        namespace=namespace,
+        namespaces=namespaces,
+        resources=tuple(resources),
+        label_selector=selectors.pop(),
+        # The API's default (apiserver_defaults.go).
+        mode=str(spec.get("mode") or "Reference"),
+        owner={str(k): str(v) for k, v in owner.items()} if isinstance(owner, dict) else None,
+        filters=tuple(spec.get("filters") or ()),
+    )
 
 
 def source_config(
@@ -154,6 +274,8 @@ class ApiServerSource:
         resources: Sequence[str] = ("v1/pods",),
         mode: str = "Resource",
         label_selector: str = "",
+        owner: Mapping[str, str] | None = None,
+        filters: Sequence[Mapping[str, Any]] = (),
         name: str = "kn-rescheduler-pods",
         namespace: str = DEFAULT_NAMESPACE,
         log_path: str | Path | None = None,
@@ -163,8 +285,14 @@ class ApiServerSource:
         self.sink = sink
         self.name = name
         self.namespace = namespace
+        self.label_selector = label_selector
         self.config = source_config(
-            namespaces=namespaces, resources=resources, mode=mode, label_selector=label_selector
+            namespaces=namespaces,
+            resources=resources,
+            mode=mode,
+            label_selector=label_selector,
+            owner=owner,
+            filters=filters,
         )
         # One reflector per resource, times one per namespace when namespaces are listed.
         self._reflectors = len(resources) * max(1, len(namespaces))
@@ -173,6 +301,34 @@ class ApiServerSource:
         self._log_path = Path(log_path) if log_path else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    @classmethod
+    def from_manifest(
+        cls,
+        kubeconfig: str | Path,
+        sink: str,
+        *,
+        manifest: str | Path = MANIFEST,
+        source: str = MANIFEST_SOURCE,
+        **kwargs: Any,
+    ) -> ApiServerSource:
+        """The adapter of the ApiServerSource ``source`` in ``manifest`` (by default the
+        project's pod-events source): the same resources, label selector, namespaces and mode
+        a cluster's would watch. ``kwargs`` go to the constructor (``log_path``, ``binary``)."""
+        spec = from_manifest(manifest, source)
+        return cls(
+            kubeconfig,
+            sink,
+            namespaces=spec.namespaces,
+            resources=spec.resources,
+            mode=spec.mode,
+            label_selector=spec.label_selector,
+            owner=spec.owner,
+            filters=spec.filters,
+            name=spec.name,
+            namespace=spec.namespace,
+            **kwargs,
+        )
 
     @property
     def log_path(self) -> Path | None:

@@ -1,7 +1,8 @@
 """The whole event pipeline on a local control plane, wired as Knative wires it.
 
-    kube-apiserver -> ApiServerSource adapter (Knative's own) -> router (the Broker: Triggers
-    from knative/, retries, dead letters, archive) -> detect-failures -> router ->
+    kube-apiserver -> ApiServerSource adapter (Knative's own, configured from the
+    ApiServerSource of knative/sources.yaml: opted-in pods only) -> router (the Broker:
+    Triggers from knative/, retries, dead letters, archive) -> detect-failures -> router ->
     update-annotations -> router;   kube-apiserver -> mutate-admission (TLS, registered);
     a timer (the PingSource) -> sweep-failures -> router.
 
@@ -118,8 +119,13 @@ class Stack:
         )
         self.router.start()
         webhook_setup.register(self.api_client, webhook_setup.configuration(hook.url, ca))
-        self.source = ApiServerSource(
-            self.kubeconfig, self.broker_url, log_path=self.log_dir / "apiserversource.log"
+        # What the cluster's ApiServerSource watches, label selector included: only pods the
+        # webhook labelled as opted in produce events.
+        self.source = ApiServerSource.from_manifest(
+            self.kubeconfig,
+            self.broker_url,
+            manifest=self.triggers_dir / "sources.yaml",
+            log_path=self.log_dir / "apiserversource.log",
         )
         self.source.start()
         if self.sweep_every:
