@@ -3,8 +3,9 @@
 The adapter binary is Knative's own (built from knative.dev/eventing by hack/build-adapter.sh);
 these tests pin down what the rest of the project relies on: the exact event shape, that objects
 existing before the source starts produce no add event, that Trigger filtering of the project's
-manifests lets add/update through to detect-failures and keeps delete out, and that stopping
-the source leaves no process behind.
+manifests lets add/update through to detect-failures and keeps delete out, that a label
+selector (what knative/sources.yaml sets) is applied by the API server to the adapter's watch,
+and that stopping the source leaves no process behind.
 """
 
 from __future__ import annotations
@@ -170,3 +171,82 @@ def test_adapter_events_reach_the_broker_in_knative_shape(
     assert not source.running
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_label_leaves(
+    control_plane: Any, tmp_path: Path
+) -> None:
+    """The adapter hands the selector to its list and watch, so the API server filters: a pod
+    without the label is never sent; a pod whose label is removed leaves the watch, which the
+    API server reports (and the adapter sends) as a delete, and nothing after that."""
+    core = k8s.CoreV1Api(control_plane.api_client())
+    ns = f"pipeline-sel-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    wait_for("default service account", lambda: core.list_namespaced_service_account(ns).items)
+
+    recorder = Recorder()
+    router = Router(
+        ROOT / "knative",
+        {"detect-failures": recorder.url},
+        tmp_path / "archive.jsonl",
+        tmp_path / "dead.jsonl",
+    )
+    url = router.start()
+    source = ApiServerSource(
+        control_plane.kubeconfig,
+        url,
+        namespaces=[ns],
+        label_selector="kn-rescheduler.io/opted-in=true",
+        log_path=tmp_path / "adapter.log",
+    )
+
+    def archived(name: str) -> list[str]:
+        lines = (tmp_path / "archive.jsonl").read_text().splitlines()
+        return [e["type"] for e in map(json.loads, lines) if e.get("name") == name]
+
+    try:
+        source.start()
+        assert json.loads(source.environment()["K_SOURCE_CONFIG"])["resources"] == [
+            {
+                "gvr": {"Group": "", "Version": "v1", "Resource": "pods"},
+                "selector": "kn-rescheduler.io/opted-in=true",
+            }
+        ]
+        plain, opted = _pod("plain"), _pod("opted")
+        opted["metadata"]["labels"]["kn-rescheduler.io/opted-in"] = "true"
+        core.create_namespaced_pod(ns, plain)
+        core.create_namespaced_pod(ns, opted)
+        for name in ("plain", "opted"):
+            core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {"n": "1"}}})
+        wait_for(
+            "the update of the labelled pod",
+            lambda: recorder.named("opted", "dev.knative.apiserver.resource.update"),
+        )
+        core.patch_namespaced_pod(
+            "opted", ns, {"metadata": {"labels": {"kn-rescheduler.io/opted-in": None}}}
+        )
+        wait_for(
+            "the labelled pod leaving the watch",
+            lambda: "dev.knative.apiserver.resource.delete" in archived("opted"),
+        )
+        core.patch_namespaced_pod("opted", ns, {"metadata": {"annotations": {"n": "2"}}})
+        core.patch_namespaced_pod("plain", ns, {"metadata": {"annotations": {"n": "2"}}})
+        time.sleep(2)
+        assert router.wait_idle(10)
+        assert archived("plain") == []
+        # Added, updated (the scheduler, the kubelet, our patch), then gone from the watch:
+        # nothing after the delete, although the pod changed again.
+        first, *middle, last = archived("opted")
+        assert first == "dev.knative.apiserver.resource.add"
+        assert middle and set(middle) == {"dev.knative.apiserver.resource.update"}
+        assert last == "dev.knative.apiserver.resource.delete"
+        # The pod still exists: the delete only says it no longer matches.
+        assert (
+            core.read_namespaced_pod("opted", ns).metadata.labels.get("kn-rescheduler.io/opted-in")
+            is None
+        )
+    finally:
+        source.stop()
+        router.stop()
+        recorder.close()
+        core.delete_namespace(ns)
