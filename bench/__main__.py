@@ -10,10 +10,16 @@ Measurements, in the order they run (``--only`` takes these names):
 - ``cold-start``: process start to first answered event, per function;
 - ``scale``: many nodes and pods, 2% of the nodes turning faulty at once.
 
-The first four share one cluster of ``Scales.nodes`` nodes; ``scale`` starts its own. The
-results go to ``DIR/<date>.json`` (``bench/results`` for a full run; a quick run writes to a
-temporary directory unless ``--out`` is given), the plots beside it, and a full run rewrites
-``bench/RESULTS.md``.
+Only when named with ``--only``:
+
+- ``source-selector``: events and CPU per 1,000 pod changes with 10 % of the pods opted in,
+  the ApiServerSource without and with its label selector, side by side.
+
+The first four share one cluster of ``Scales.nodes`` nodes; ``scale`` and ``source-selector``
+start their own. The results go to ``DIR/<date>.json`` (``DIR/<date>-<names>.json`` with
+``--only``; ``bench/results`` unless quick: a quick run writes to a temporary directory unless
+``--out`` is given), the plots beside it. A full run rewrites ``bench/RESULTS.md`` (keeping the
+source-selector section); a source-selector run that is not quick rewrites that section.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import coldstart, detect, recovery, report, scale, webhook
+from bench import coldstart, detect, recovery, report, scale, selector, webhook
 from bench.common import (
     FULL,
     JSON,
@@ -45,6 +51,8 @@ from bench.common import (
 from localcluster.cluster import Cluster
 
 NAMES = ("recovery", "detect", "webhook", "cold-start", "scale")
+# Run only when named with --only.
+EXTRA_NAMES = ("source-selector",)
 
 
 def _log(message: str) -> None:
@@ -78,12 +86,14 @@ class Run:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
-    parser.add_argument("--only", action="append", choices=NAMES, help="run only this (repeatable)")
+    parser.add_argument(
+        "--only", action="append", choices=NAMES + EXTRA_NAMES, help="run only this (repeatable)"
+    )
     parser.add_argument("--out", type=Path, help="where results and plots go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
     scales = QUICK if args.quick else FULL
-    names = [n for n in NAMES if not args.only or n in args.only]
+    names = [n for n in NAMES + EXTRA_NAMES if (n in args.only if args.only else n in NAMES)]
     out: Path = args.out or (
         Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-quick-")) if args.quick else RESULTS_DIR
     )
@@ -108,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "webhook": lambda: webhook.measure(run.cluster(), scales, workdir / "webhook", log=_log),
         "cold-start": lambda: coldstart.measure(run.cluster(), scales, workdir / "cold", log=_log),
         "scale": lambda: scale.measure(scales, workdir / "scale", log=_log, before=run.close),
+        "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
     }
     try:
         for name in names:
@@ -122,13 +133,26 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         run.close()
     results["runtime_s"] = round(time.monotonic() - started, 1)
-    name = stamp.strftime("%Y-%m-%d") + ("-quick" if args.quick else "")
+    name = stamp.strftime("%Y-%m-%d")
+    if args.only:
+        # A partial run must not overwrite the full run of the same day.
+        name += "-" + "-".join(names)
+    name += "-quick" if args.quick else ""
     path = out / f"{name}.json"
     write_json(path, results)
     if "recovery" in results["measurements"]:
         recovery.plot_cdf(results["measurements"]["recovery"], out / f"{name}-recovery-cdf.png")
+    results_md = ROOT / "bench" / "RESULTS.md"
     if not args.quick and not args.only:
-        report.write(results, path, ROOT / "bench" / "RESULTS.md")
+        report.write(results, path, results_md)
+    if not args.quick and "source-selector" in results["measurements"]:
+        section = selector.render(
+            results["measurements"]["source-selector"],
+            path.name,
+            results["date"],
+            str((results.get("code") or {}).get("commit") or ""),
+        )
+        results_md.write_text(selector.place(section, results_md.read_text()))
     _log(f"results: {path} ({results['runtime_s']} s)")
     if args.keep:
         _log(f"work directory kept: {workdir}")

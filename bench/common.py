@@ -77,6 +77,13 @@ class Scales:
     scale_budget: float = 900.0
     # 7: cold start.
     cold_start_runs: int = 3
+    # 8 (only with --only source-selector): the ApiServerSource's label selector, 10 % of the
+    # pods opted in; about 1,000 pod changes per round.
+    selector_nodes: int = 4
+    selector_deployments: int = 20
+    selector_replicas: int = 10
+    selector_opted_in: int = 2
+    selector_rounds: int = 5
 
 
 FULL: Final = Scales()
@@ -102,6 +109,10 @@ QUICK: Final = Scales(
     scale_faulty_share=0.1,
     scale_budget=120.0,
     cold_start_runs=1,
+    selector_deployments=10,
+    selector_replicas=3,
+    selector_opted_in=1,
+    selector_rounds=2,
 )
 
 

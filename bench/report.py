@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import selector
 from bench.common import JSON, ROOT
 
 TARGET_RECOVERY_FROM_THRESHOLD_S = 5.0
@@ -301,7 +302,12 @@ def write(results: JSON, results_path: Path, target: Path, notes: str = "") -> N
     notes_file = ROOT / "bench" / "NOTES.md"
     if notes_file.exists():
         text += "\n" + notes_file.read_text()
-    target.write_text(text + notes)
+    text += notes
+    # The source-selector section comes from its own run (--only source-selector): kept.
+    kept = selector.kept_section(target.read_text()) if target.exists() else None
+    if kept is not None:
+        text = selector.place(kept, text)
+    target.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
