@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,7 @@ from tests.handlers.conftest import ClientFactory
 from tests.unit import pods
 from tests.unit.apivalidation import api_server_errors
 
-# The client is made once per test and reused by every example: it keeps no state between
-# requests that matters here, and making it costs more than most requests.
+# The client is made once per test and reused by every example (the `clients` fixture).
 HTTP = settings(
     deadline=None,
     suppress_health_check=[
@@ -50,10 +50,25 @@ pytestmark = pytest.mark.usefixtures("quiet_logs")
 EVENT_ANSWERS = {200, 202, 400}
 
 
-def client_for(factory: ClientFactory, name: str, **env: str) -> flask.testing.FlaskClient:
-    client = factory(name, **env)
-    client.application.config["PROPAGATE_EXCEPTIONS"] = True
-    return client
+Clients = Callable[..., flask.testing.FlaskClient]
+
+
+@pytest.fixture
+def clients(function_client: ClientFactory) -> Clients:
+    """The test client of a function with the given environment, made once per test and
+    reused by every example (importing a function costs more than most requests, and keeps
+    nothing between requests that matters here)."""
+    made: dict[tuple[str, tuple[tuple[str, str], ...]], flask.testing.FlaskClient] = {}
+
+    def get(name: str, **env: str) -> flask.testing.FlaskClient:
+        key = (name, tuple(sorted(env.items())))
+        if key not in made:
+            client = function_client(name, **env)
+            client.application.config["PROPAGATE_EXCEPTIONS"] = True
+            made[key] = client
+        return made[key]
+
+    return get
 
 
 def answer(
@@ -89,9 +104,9 @@ def error_of(response: Any) -> str:
 @HTTP
 @given(request=s.cloudevents(s.mutated_pods | s.well_typed_pods))
 def test_detect_failures_answers_any_event_with_200_202_or_400(
-    function_client: ClientFactory, request: tuple[dict[str, str], bytes]
+    clients: Clients, request: tuple[dict[str, str], bytes]
 ) -> None:
-    client = client_for(function_client, "detect-failures")
+    client = clients("detect-failures")
     response = answer(client, request, ill_typed=True)
     if response is None:
         return
@@ -104,9 +119,9 @@ def test_detect_failures_answers_any_event_with_200_202_or_400(
 @HTTP
 @given(request=s.wellformed_events(s.KNOWN_POD_TYPES, s.well_typed_pods))
 def test_detect_failures_answers_any_pod_a_broker_delivers_with_200_202_or_400(
-    function_client: ClientFactory, request: tuple[dict[str, str], bytes]
+    clients: Clients, request: tuple[dict[str, str], bytes]
 ) -> None:
-    client = client_for(function_client, "detect-failures")
+    client = clients("detect-failures")
     response = answer(client, request)
     if response is None:
         return
@@ -122,13 +137,11 @@ def test_detect_failures_answers_any_pod_a_broker_delivers_with_200_202_or_400(
     | s.wellformed_events(st.just(EVENT_POD_FAILING), s.failing_data)
 )
 def test_update_annotations_answers_any_event_with_202_400_or_503(
-    function_client: ClientFactory,
+    clients: Clients,
     unreachable_kubeconfig: Path,
     request: tuple[dict[str, str], bytes],
 ) -> None:
-    client = client_for(
-        function_client, "update-annotations", KUBECONFIG=str(unreachable_kubeconfig)
-    )
+    client = clients("update-annotations", KUBECONFIG=str(unreachable_kubeconfig))
     response = answer(client, request)
     if response is None:
         return
@@ -138,12 +151,11 @@ def test_update_annotations_answers_any_event_with_202_400_or_503(
 @settings(HTTP, max_examples=s.examples(0.25))
 @given(request=s.cloudevents(s.json_values))
 def test_sweep_failures_answers_any_tick_with_400_or_503(
-    function_client: ClientFactory,
+    clients: Clients,
     unreachable_kubeconfig: Path,
     request: tuple[dict[str, str], bytes],
 ) -> None:
-    client = client_for(
-        function_client,
+    client = clients(
         "sweep-failures",
         KUBECONFIG=str(unreachable_kubeconfig),
         K_SINK="http://127.0.0.1:9/",
@@ -162,9 +174,9 @@ def test_sweep_failures_answers_any_tick_with_400_or_503(
     path=st.sampled_from(["/", "/metrics", "/x"]),
 )
 def test_event_functions_refuse_other_methods_without_failing(
-    function_client: ClientFactory, unreachable_kubeconfig: Path, name: str, method: str, path: str
+    clients: Clients, unreachable_kubeconfig: Path, name: str, method: str, path: str
 ) -> None:
-    client = client_for(function_client, name, KUBECONFIG=str(unreachable_kubeconfig))
+    client = clients(name, KUBECONFIG=str(unreachable_kubeconfig))
     response = client.open(path, method=method)
     assert response.status_code < 500, error_of(response)
 
@@ -252,9 +264,9 @@ def expected_uid(body: bytes) -> str | None:
 @HTTP
 @given(body=review_bodies)
 def test_the_webhook_allows_every_review_with_a_uid_and_refuses_the_rest_with_400(
-    function_client: ClientFactory, unreachable_kubeconfig: Path, body: bytes
+    clients: Clients, unreachable_kubeconfig: Path, body: bytes
 ) -> None:
-    client = client_for(function_client, "mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
+    client = clients("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
     response = answer(client, ({"content-type": "application/json"}, body))
     if response is None:
         return
@@ -282,10 +294,9 @@ LIMIT = 4096
 @settings(HTTP, max_examples=s.examples(0.5))
 @given(size=st.sampled_from([LIMIT - 1, LIMIT, LIMIT + 1]) | st.integers(2, 3 * LIMIT))
 def test_the_webhook_answers_413_exactly_past_its_size_limit(
-    function_client: ClientFactory, unreachable_kubeconfig: Path, size: int
+    clients: Clients, unreachable_kubeconfig: Path, size: int
 ) -> None:
-    client = client_for(
-        function_client,
+    client = clients(
         "mutate-admission",
         KUBECONFIG=str(unreachable_kubeconfig),
         KN_RESCHEDULER_WEBHOOK_MAX_BODY_BYTES=str(LIMIT),
