@@ -284,18 +284,12 @@ class Rescheduler:
         for note in settled.notes:
             trace.note(f"pod {ns}/{name}: {note}")
         resolution = settled.resolution
-        if resolution.holder is None:
-            trace.note(f"pod {ns}/{name} is left alone: {resolution.why}")
+        found = self._retries(resolution, ns, name, trace)
+        if found is None:
             return None
-        retries = parse_retries(resolution.policy, self.cfg.max_retries)
-        if retries is None:
-            trace.note(f"pod {ns}/{name}: no scheduling-retries policy on its owners")
-            return None
-        if isinstance(retries, InvalidPolicy):
-            self._invalid_policy(resolution, retries, trace)
-            return None
+        holder, retries = found
 
-        failure = self._current_failure(live, failing, resolution.holder, trace)
+        failure = self._current_failure(live, failing, holder, trace)
         if failure is None:
             return None
         bare = resolution.owner_kind == BARE
@@ -314,7 +308,6 @@ class Rescheduler:
         if failure.node and is_terminal_failure(live):
             self._redirect_replacements(live, failure.node, resolution, trace)
         said = moved(done, failure, name)
-        holder = resolution.holder
         # Keyed by the pod's uid: a redelivery that removes nothing more records nothing more.
         self._event(
             holder.ref,
@@ -324,6 +317,24 @@ class Rescheduler:
             repeat=False,
         )
         return self._reply(failing, said.action, done, resolution, message=said.message)
+
+    def _retries(
+        self, resolution: Resolution, ns: str, name: str, trace: Trace
+    ) -> tuple[Holder, int] | None:
+        """The state's holder and the moves the pod's workload allows, or None (with the
+        reason traced, and an InvalidPolicy Event for a value we cannot read) when nothing is
+        to be done."""
+        if resolution.holder is None:
+            trace.note(f"pod {ns}/{name} is left alone: {resolution.why}")
+            return None
+        retries = parse_retries(resolution.policy, self.cfg.max_retries)
+        if retries is None:
+            trace.note(f"pod {ns}/{name}: no scheduling-retries policy on its owners")
+            return None
+        if isinstance(retries, InvalidPolicy):
+            self._invalid_policy(resolution, retries, trace)
+            return None
+        return resolution.holder, retries
 
     # -- terminal failures: the controller replaced the pod before we recorded it ---------------
 
@@ -353,16 +364,10 @@ class Rescheduler:
             "StatefulSet already replaced it: recording the failure from the event"
         )
         resolution = resolve(self.api, ns, view)
-        if resolution.holder is None:
-            trace.note(f"pod {ns}/{name} is left alone: {resolution.why}")
+        found = self._retries(resolution, ns, name, trace)
+        if found is None:
             return None
-        retries = parse_retries(resolution.policy, self.cfg.max_retries)
-        if retries is None:
-            trace.note(f"pod {ns}/{name}: no scheduling-retries policy on its owners")
-            return None
-        if isinstance(retries, InvalidPolicy):
-            self._invalid_policy(resolution, retries, trace)
-            return None
+        holder, retries = found
         done = self._record(view, failing.failure, resolution, retries, False, trace)
         if isinstance(done, Deferral) or not done.delete_pod:
             if isinstance(done, Plan):
@@ -375,11 +380,8 @@ class Rescheduler:
             # nothing was removed now, so there is nothing new to say.
             return None
         said = moved(done, failing.failure, name)
-        assert resolution.holder is not None
         message = f"{said.message} (its StatefulSet had already deleted the failed pod)"
-        self._event(
-            resolution.holder.ref, said.event_reason, message, key=failing.uid, repeat=False
-        )
+        self._event(holder.ref, said.event_reason, message, key=failing.uid, repeat=False)
         return self._reply(failing, said.action, done, resolution, message=message)
 
     def _redirect_replacements(
