@@ -1,0 +1,118 @@
+"""What the chaos suite (bench/chaos) found, each as a focused reproduction on the real control
+plane: update-annotations dies at one exact moment, then the event is delivered again, as the
+Broker does after a delivery that got no answer.
+
+A process dies at an exact point only on demand, which no real server can arrange: the API
+client here is the real one, raising a ``BaseException`` (nothing in the handler catches it,
+as nothing runs after a SIGKILL) at the moment the process would die. Everything before that
+moment really happened on the API server.
+
+Found by ``python -m bench.chaos --quick`` (seed 11): a SIGKILL landing after the pod's removal
+and before its ``Rescheduled`` Event. The redelivery finds the pod gone (or being deleted),
+says "nothing to do", and the move, counted in the workload's state, never gets its Event:
+the chaos invariant ``removed-pods-recorded`` fails for that pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shared.constants import POLICY_ANNOTATION, REASON_RESCHEDULED
+from shared.kube import Kube
+from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
+from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only
+
+pytestmark = pytest.mark.e2e
+
+RETRIES = {POLICY_ANNOTATION: "3"}
+
+
+class Killed(BaseException):
+    """The process died here (SIGKILL): nothing after this point runs."""
+
+
+class DiesBeforeTheMovesEvent(Kube):
+    """The real API server; the process dies when it is about to record a move's Event,
+    i.e. right after the pod's removal went through."""
+
+    def __init__(self, api: Kube) -> None:
+        super().__init__(api._api)
+
+    def create(self, kind: str, namespace: str | None, body: Any, **kw: Any) -> Any:
+        if kind == "Event" and body.get("reason") == REASON_RESCHEDULED:
+            raise Killed()
+        return super().create(kind, namespace, body, **kw)
+
+
+def bare_pod(api: Kube, namespace: str, bad: str) -> None:
+    template = pod_template({"app": "solo"}, bad)
+    api.create(
+        "Pod",
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "solo", "annotations": RETRIES, **template["metadata"]},
+            "spec": template["spec"],
+        },
+    )
+
+
+def deployment(api: Kube, namespace: str, bad: str) -> None:
+    api.create(
+        "Deployment",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web", "annotations": RETRIES},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": pod_template({"app": "web"}, bad),
+            },
+        },
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a redelivery that finds the pod already removed records no Rescheduled Event",
+)
+@pytest.mark.parametrize("kind", ["Deployment", "bare Pod"])
+def test_a_move_whose_process_died_before_its_event_still_gets_its_event_on_redelivery(
+    kind: str,
+    cluster: Any,
+    namespace: str,
+    api: Kube,
+    loop: Loop,
+    faults: Callable[..., None],
+) -> None:
+    bad = cluster.nodes[0]
+    faults("crashloop", bad)
+    (deployment if kind == "Deployment" else bare_pod)(api, namespace, bad)
+    pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
+    meta = pod["metadata"]
+    event = loop.failing_event(pod)
+    assert event is not None
+
+    with pytest.raises(Killed):
+        Loop(DiesBeforeTheMovesEvent(api), loop.cfg).deliver(event)
+    # Everything before the death happened: the move is counted and the pod removed.
+    wait_for("the pod removed", lambda: gone(api, namespace, meta["name"], meta["uid"]))
+    if kind == "Deployment":
+        holder = only(api, "ReplicaSet", namespace)["metadata"]["name"]
+        assert state_of(api, "ReplicaSet", namespace, holder).handled == (meta["uid"],)
+    else:
+        holder = meta["name"]  # a bare pod's Events are about the pod itself
+
+    # The Broker got no answer and delivers the event again (the sweep would, too).
+    loop.deliver(event)
+    said = events_for(api, namespace, holder, REASON_RESCHEDULED)
+    assert len(said) == 1, f"a removed pod without its Rescheduled Event ({kind})"
+    # ...and only once, however often the event comes back.
+    loop.deliver(event)
+    assert len(events_for(api, namespace, holder, REASON_RESCHEDULED)) == 1
