@@ -146,13 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick and not args.only:
         report.write(results, path, results_md)
     if not args.quick and "source-selector" in results["measurements"]:
-        section = selector.render(
-            results["measurements"]["source-selector"],
-            path.name,
-            results["date"],
-            str((results.get("code") or {}).get("commit") or ""),
-        )
-        results_md.write_text(selector.place(section, results_md.read_text()))
+        selector.write_section(results, path, results_md)
     _log(f"results: {path} ({results['runtime_s']} s)")
     if args.keep:
         _log(f"work directory kept: {workdir}")

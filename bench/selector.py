@@ -28,7 +28,9 @@ selector does not remove; the webhook's CPU is not counted (the same for both, a
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from bench.common import (
     JSON,
+    ROOT,
     Scales,
     cpu_seconds,
     create_namespace,
@@ -51,7 +54,7 @@ from pipeline.router import Router
 from pipeline.source import ApiServerSource, from_manifest
 from shared.constants import OPTED_IN_LABEL, POLICY_ANNOTATION
 from stack import webhook as webhook_setup
-from stack.functions import ROOT, FunctionServer, environment
+from stack.functions import FunctionServer, environment
 
 NAMESPACE = "bench-selector"
 IMAGE = "registry.example.com/shop/web:1.4.2"
@@ -320,12 +323,17 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def render(result: JSON, results_name: str, date: str, commit: str) -> str:
-    """The RESULTS.md section, between its markers."""
+def render(result: JSON, results_name: str, date: str, code: str) -> str:
+    """The RESULTS.md section, between its markers; ``code`` says which code ran."""
     m = result["medians_per_1000_pod_changes"]
     ns, s, q = m["no_selector"], m["selector"], m["ratio_no_selector_to_selector"]
     rounds = result["rounds"]
     changes = [r["pod_changes"] for r in rounds]
+    per_round = (
+        f"{changes[0]:,} each"
+        if min(changes) == max(changes)
+        else f"{min(changes):,} to {max(changes):,}"
+    )
 
     def total(mode: str, key: str) -> float:
         return float(sum(r[mode][key] for r in rounds))
@@ -337,14 +345,15 @@ def render(result: JSON, results_name: str, date: str, commit: str) -> str:
         SECTION_START,
         "## 8. Pod events selected by label (`python -m bench --only source-selector`)",
         "",
-        f"A separate run, {date}, commit `{commit[:12]}` (raw: "
+        f"A separate run, {date}, {code} (raw: "
         f"[`{results_name}`](results/{results_name})). {result['nodes']} kwok nodes, the webhook "
         f"registered; {len(rounds)} rounds, each {result['deployments']} Deployments x "
         f"{result['replicas']} pods created, Ready, deleted; {result['opted_in_deployments']} "
         f"of them opted in ({m['opted_in_share'] * 100:.0f} % of the pods carried the label). "
         "Two pipelines saw the same pod changes at once: Knative's adapter without a selector "
         f"and as shipped (`{result['label_selector']}`), each with its own detect-failures. "
-        f"Pod changes per round: {min(changes):,} to {max(changes):,} (watch events).",
+        f"Pod changes per round: {per_round} (watch events: added, modified, deleted; deletes "
+        "are never delivered to detect-failures, its Trigger keeps them out).",
         "",
         "| per 1,000 pod changes (median of the rounds) | no selector | selector | ratio |",
         "| --- | --- | --- | --- |",
@@ -361,10 +370,40 @@ def render(result: JSON, results_name: str, date: str, commit: str) -> str:
         f"{total('no_selector', 'adapter_cpu_s'):.1f} vs {total('selector', 'adapter_cpu_s'):.1f}"
         f" CPU-s; detect-failures {total('no_selector', 'detect_failures_cpu_s'):.1f} vs "
         f"{total('selector', 'detect_failures_cpu_s'):.1f} CPU-s. How it is measured: "
-        "`bench/selector.py`.",
+        "`bench/selector.py`; `python -m bench.selector RESULTS_JSON` writes this section "
+        "again from a saved run.",
         SECTION_END,
     ]
     return "\n".join(lines) + "\n"
+
+
+def code_of(results: JSON) -> str:
+    """Which code ran, for the section: the commit and any local changes."""
+    code = results.get("code") or {}
+    text = f"commit `{str(code.get('commit') or 'unknown')[:12]}`"
+    changed = code.get("local_changes") or []
+    if changed:
+        text += f" with local changes to {', '.join(c.split()[-1] for c in changed)}"
+    return text
+
+
+def write_section(results: JSON, results_path: Path, target: Path) -> None:
+    """Put the source-selector section of ``results`` into ``target`` (bench/RESULTS.md)."""
+    section = render(
+        results["measurements"]["source-selector"],
+        results_path.name,
+        results["date"],
+        code_of(results),
+    )
+    target.write_text(place(section, target.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.selector RESULTS_JSON``: rewrite the section from a saved run."""
+    args = argv if argv is not None else sys.argv[1:]
+    path = Path(args[0]).resolve()
+    write_section(json.loads(path.read_text()), path, ROOT / "bench" / "RESULTS.md")
+    return 0
 
 
 def place(section: str, results_md: str) -> str:
@@ -385,3 +424,7 @@ def kept_section(results_md: str) -> str | None:
     if start == -1 or end == -1:
         return None
     return results_md[start : end + len(SECTION_END)] + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,7 +59,7 @@ def section(marker: str) -> str:
         "rounds": ROUNDS,
         "medians_per_1000_pod_changes": selector.medians(ROUNDS),
     }
-    return selector.render(result, f"{marker}.json", marker, "0123456789abcdef")
+    return selector.render(result, f"{marker}.json", marker, "commit `0123456789ab`")
 
 
 RESULTS = "# Benchmarks\n\n## 7. Cold start\n\n## Reading these numbers\n\ntext\n"
