@@ -55,7 +55,13 @@ EARLY_YEARS = KnownBug(
     frozenset({"StateError"}),
     says=r"is not a timestamp: '[0-9]{1,3}-",
 )
-KNOWN_BUGS = (TIMESTAMP_RANGE, DEEP_JSON, WRONG_TYPES, EARLY_YEARS)
+UIDLESS_POD = KnownBug(
+    "F7",
+    "detect-failures forwards a pod without a uid, which update-annotations refuses",
+    frozenset({"ValueError"}),
+    says="needs a non-empty string 'uid'",
+)
+KNOWN_BUGS = (TIMESTAMP_RANGE, DEEP_JSON, WRONG_TYPES, EARLY_YEARS, UIDLESS_POD)
 
 
 def patch_without_pod(pod: object) -> bool:
