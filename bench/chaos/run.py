@@ -1,0 +1,269 @@
+"""One chaos run: a local cluster, the whole pipeline, a failure storm, faults, then the verdict.
+
+cluster (faulty nodes) -> install RBAC, opt the bare pods' namespace in -> ledger watches
+-> Stack (as update-annotations, sweep on) -> router chaos on -> the storm
+-> for chaos_s: kills (on state writes, at random), API server / etcd restarts, revive
+-> chaos off -> wait until every replica is healthy (settle_s at most) -> router idle
+-> snapshot from the API server -> invariants -> figures
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.chaos import faults, invariants, scenario
+from bench.chaos.observe import Ledger, start_watches
+from localcluster.cluster import Cluster
+from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
+from localcluster.rest import ApiError
+from shared.constants import (
+    APISERVER_ADD,
+    APISERVER_UPDATE,
+    EVENT_POD_FAILING,
+    EVENT_POD_RESCHEDULED,
+    REASON_RESCHEDULED,
+)
+from stack.stack import Stack
+
+JSON = dict[str, Any]
+Log = Callable[[str], None]
+
+# Where the kinds a snapshot reads live.
+_COLLECTIONS = {
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "ReplicaSet": "/apis/apps/v1/namespaces/{ns}/replicasets",
+    "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "Pod": "/api/v1/namespaces/{ns}/pods",
+    "Event": "/api/v1/namespaces/{ns}/events",
+}
+# A message update-annotations gives a move an earlier delivery recorded and a later one
+# finished (shared.reschedule.moved): the trace of a kill between state write and delete.
+FINISHED_LATER = "recorded earlier, removed now"
+
+
+def collect(
+    cluster: Cluster, namespaces: list[str], faulty: list[str], ledger: Ledger, stack: Stack
+) -> invariants.Snapshot:
+    objects: list[JSON] = []
+    for ns in namespaces:
+        for kind, path in _COLLECTIONS.items():
+            query = {"limit": "500"}
+            while True:
+                page = cluster.rest.get(path.format(ns=ns), query)
+                objects.extend({**o, "kind": kind} for o in page.get("items", []))
+                cont = page.get("metadata", {}).get("continue")
+                if not cont:
+                    break
+                query = {**query, "continue": cont}
+    seen, gone = ledger.snapshot()
+    dead: list[JSON] = []
+    if stack.dead_letters.exists():
+        dead = [json.loads(line) for line in stack.dead_letters.read_text().splitlines() if line]
+    return invariants.Snapshot(frozenset(faulty), objects, seen, gone, dead)
+
+
+def _retrying(what: Callable[[], invariants.Snapshot], attempts: int = 20) -> invariants.Snapshot:
+    """A snapshot, retried while the API server comes back (a restart may just have ended)."""
+    for i in range(attempts):
+        try:
+            return what()
+        except ApiError:
+            if i == attempts - 1:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
+    rng = random.Random(seed)
+    started = time.monotonic()
+    log(f"starting a {scales.nodes}-node cluster")
+    cluster = Cluster(workdir / "cluster", nodes=scales.nodes, quiet=True, keep_workdir=True)
+    cluster.start()
+    stop = threading.Event()
+    stack: Stack | None = None
+    try:
+        faulty = cluster.nodes[: len(scales.fault_modes)]
+        for node, mode in zip(faulty, scales.fault_modes, strict=True):
+            cluster.set_fault(node, mode)
+        kubeconfig = scenario.install_identity(cluster, workdir / "identity")
+        namespaces = scenario.create_namespaces(cluster, workdir)
+        ledger = Ledger(namespaces)
+        watches = start_watches(cluster.rest, ledger, stop)
+        deadline = time.monotonic() + 30
+        while not all(w.relists for w in watches) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log("starting the pipeline (functions, router, ApiServerSource, webhook, sweep)")
+        stack = Stack(
+            kubeconfig,
+            cluster.api_client(),
+            workdir / "stack",
+            cluster.log_dir,
+            settings=LOCAL_FUNCTION_SETTINGS,
+            sweep_every=scales.sweep_every,
+        ).start()
+        router = stack.router
+        assert router is not None
+        killer = faults.Killer(
+            stack, random.Random(rng.random()), scales.kill_on_write, scales.min_kill_gap
+        )
+        ledger.on_state_write = killer.on_state_write
+        plan = faults.schedule(rng, scales.chaos_s, scales.apiserver_restarts, scales.etcd_restarts)
+        workloads = scenario.storm(scales, faulty)
+
+        log(f"storm: {scales.pods} failing pods in {len(workloads)} workloads; faults on")
+        router.set_chaos(scales.router_chaos(seed))
+        t0 = time.monotonic()
+        killer.t0, killer.enabled = t0, True
+        for w in workloads:
+            cluster.rest.post(w.path, w.body)
+        restarts: list[JSON] = []
+        revived: list[JSON] = []
+        next_kill = t0 + rng.expovariate(1.0 / scales.random_kill_every)
+        while (now := time.monotonic()) < t0 + scales.chaos_s:
+            if plan and now - t0 >= plan[0][0]:
+                _, name = plan.pop(0)
+                down = cluster.restart(name, kill=True)
+                restarts.append(
+                    {"at": round(now - t0, 2), "process": name, "down_s": round(down, 2)}
+                )
+                log(f"  {now - t0:5.1f}s restarted {name} (SIGKILL), back after {down:.1f}s")
+            if now >= next_kill:
+                killer.kill("random")
+                next_kill = now + rng.expovariate(1.0 / scales.random_kill_every)
+            for name in cluster.revive():
+                revived.append({"at": round(time.monotonic() - t0, 2), "process": name})
+                log(f"  {name} had exited: started again")
+            time.sleep(0.2)
+        killer.enabled = False
+        router.set_chaos(None)
+        faults_end = time.monotonic()
+        log(
+            f"faults off after {faults_end - t0:.0f}s ({len(killer.kills)} kills, "
+            f"{len(restarts)} control-plane restarts); waiting for every replica to be healthy"
+        )
+
+        healthy_after: float | None = None
+        said = time.monotonic()
+        while time.monotonic() < faults_end + scales.settle_s:
+            for name in cluster.revive():
+                revived.append({"at": round(time.monotonic() - t0, 2), "process": name})
+            snap = _retrying(lambda: collect(cluster, namespaces, faulty, ledger, stack))
+            unhealthy = invariants.replicas_healthy(snap)[0]
+            if not unhealthy:
+                healthy_after = time.monotonic() - faults_end
+                break
+            if time.monotonic() - said > 10:
+                said = time.monotonic()
+                log(f"  not yet: {'; '.join(f'{v.subject}: {v.message}' for v in unhealthy)}")
+            time.sleep(2.0)
+        log(
+            "every replica healthy "
+            + (f"{healthy_after:.0f}s after the faults" if healthy_after is not None else "NOT")
+        )
+        stack.wait_idle(60)
+        time.sleep(3.0)  # late replies and sweeps
+        stack.wait_idle(60)
+        snap = _retrying(lambda: collect(cluster, namespaces, faulty, ledger, stack))
+        verdict = invariants.check(snap)
+        landed = faults.kills_in_window(cluster.log_dir / f"{faults.TARGET}.log", killer.kills)
+        result = _figures(scales, seed, snap, verdict, stack, killer, landed, restarts, revived)
+        result["recovery"] = {
+            "fault_window_s": round(faults_end - t0, 1),
+            "healthy_after_faults_s": round(healthy_after, 1)
+            if healthy_after is not None
+            else None,
+            "runtime_s": round(time.monotonic() - started, 1),
+        }
+        result["faulty_nodes"] = dict(zip(faulty, scales.fault_modes, strict=True))
+        return result
+    finally:
+        stop.set()
+        if stack is not None:
+            stack.stop()
+        cluster.stop()
+
+
+def _figures(
+    scales: scenario.Scales,
+    seed: int,
+    snap: invariants.Snapshot,
+    verdict: invariants.Verdict,
+    stack: Stack,
+    killer: faults.Killer,
+    landed: JSON,
+    restarts: list[JSON],
+    revived: list[JSON],
+) -> JSON:
+    archived = stack.archived()
+    types = Counter(str(e.get("type")) for e in archived)
+    router = stack.router.stats() if stack.router else {}
+    chaos = stack.router.chaos_stats() if stack.router else {}
+    events = [o for o in snap.objects if o.get("kind") == "Event"]
+    rescheduled = [e for e in events if e.get("reason") == REASON_RESCHEDULED]
+    moves = invariants.moves_recorded(snap)
+    triggers = Counter(k.trigger for k in killer.kills)
+    return {
+        "seed": seed,
+        "storm": {
+            "pods": scales.pods,
+            "workloads": dict(
+                Counter(
+                    o.get("kind")
+                    for o in snap.objects
+                    if o.get("kind") in ("Deployment", "StatefulSet", "Job")
+                )
+            ),
+            "bare_pods": scales.bare_pods,
+            "pods_seen": len(snap.seen),
+            "pods_removed": len(snap.gone),
+        },
+        "faults": {
+            "update_annotations_kills": len(killer.kills),
+            "kills_on_state_write": triggers.get("state-write", 0),
+            "kills_at_random": triggers.get("random", 0),
+            "kills_between_state_write_and_delete": landed["kills_in_window"],
+            "moves_cut_by_a_kill": landed["moves_cut"],
+            "function_restarts": stack.restarts(),
+            "apiserver_restarts": sum(1 for r in restarts if r["process"] == "kube-apiserver"),
+            "etcd_restarts": sum(1 for r in restarts if r["process"] == "etcd"),
+            "control_plane_restarts": restarts,
+            "revived_after_a_restart": revived,
+            "router": chaos,
+        },
+        "events": {
+            "routed": router.get("accepted", 0),
+            "pod_events": types.get(APISERVER_ADD, 0) + types.get(APISERVER_UPDATE, 0),
+            "failing": types.get(EVENT_POD_FAILING, 0),
+            "failing_from_the_sweep": sum(
+                1
+                for e in archived
+                if e.get("type") == EVENT_POD_FAILING
+                and str(e.get("source", "")).endswith("sweep-failures")
+            ),
+            "rescheduled_replies": types.get(EVENT_POD_RESCHEDULED, 0),
+            "deliveries": router.get("attempts", 0),
+            "retries": router.get("retries", 0),
+            "dead_lettered": router.get("dead_lettered", 0),
+            "by_type": dict(types),
+        },
+        "moves": {
+            "recorded": moves,
+            "rescheduled_events": len(rescheduled),
+            "finished_by_a_later_delivery": sum(
+                1 for e in rescheduled if FINISHED_LATER in str(e.get("message", ""))
+            ),
+        },
+        "kills": [k.__dict__ for k in killer.kills],
+        "kills_in_window": landed["detail"],
+        "invariants": verdict.to_json(),
+        "violations": len(verdict.violations),
+    }

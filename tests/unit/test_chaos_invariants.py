@@ -1,0 +1,336 @@
+"""The chaos suite's invariants and its kill evidence, on worlds built by hand.
+
+A world is what the suite reads at the end of a run: a Deployment with its ReplicaSet (and the
+state annotation update-annotations wrote), live and removed pods shaped as the API server
+returns them, Events named as update-annotations names them, dead letters as the router writes
+them. Each case breaks one thing and names the one invariant that must catch it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from bench.chaos import faults, invariants
+from bench.chaos.invariants import Snapshot
+from shared.bodies import ORIGIN_ANNOTATION, event_name
+from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.owners import Ref
+from tests.unit import pods
+
+JSON = dict[str, Any]
+NS = "shop"
+RS = "web-7d9c8b6f4"
+BAD, GOOD = "node-bad", "node-good"
+
+
+def ready_pod(name: str, node: str = GOOD, **kw: Any) -> JSON:
+    return dict(pods.pod(name, NS, owner=("ReplicaSet", RS), node=node, **kw))
+
+
+def failing_pod(name: str, **kw: Any) -> JSON:
+    return dict(
+        pods.pod(
+            name, NS, owner=("ReplicaSet", RS), node=BAD, containers=[pods.crash_looping()], **kw
+        )
+    )
+
+
+def uid_of(pod: JSON) -> str:
+    return str(pod["metadata"]["uid"])
+
+
+def state(moves: int, handled: list[str], **extra: Any) -> str:
+    return json.dumps({"version": 2, "moves": moves, "handled": handled, **extra})
+
+
+def deployment(replicas: int = 2, retries: str = "2") -> JSON:
+    return {
+        "kind": "Deployment",
+        "metadata": {
+            "name": "web",
+            "namespace": NS,
+            "uid": pods.uid("Deployment/web"),
+            "annotations": {POLICY_ANNOTATION: retries},
+        },
+        "spec": {"replicas": replicas},
+    }
+
+
+def replicaset(raw_state: str | None, replicas: int = 2) -> JSON:
+    annotations = {POLICY_ANNOTATION: "2"}
+    if raw_state is not None:
+        annotations[STATE_ANNOTATION] = raw_state
+    return {
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": RS,
+            "namespace": NS,
+            "uid": pods.uid(f"ReplicaSet/{RS}"),
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": "web",
+                    "uid": pods.uid("Deployment/web"),
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"replicas": replicas},
+    }
+
+
+def moved_event(holder: Ref, pod_uid: str, reason: str = "Rescheduled") -> JSON:
+    return {
+        "kind": "Event",
+        "metadata": {"name": event_name(holder, reason, pod_uid), "namespace": NS},
+        "involvedObject": {
+            "kind": holder.kind,
+            "name": holder.name,
+            "namespace": NS,
+            "uid": holder.uid,
+        },
+        "reason": reason,
+        "message": "moved pod off node node-bad after CrashLoopBackOff",
+        "count": 1,
+    }
+
+
+RS_REF = Ref("ReplicaSet", NS, RS, pods.uid(f"ReplicaSet/{RS}"))
+
+
+def world() -> Snapshot:
+    """Two replicas healthy on a good node; one pod was moved off the bad node, recorded."""
+    moved = failing_pod("web-7d9c8b6f4-old11")
+    live = [
+        {**ready_pod("web-7d9c8b6f4-aaaa1"), "kind": "Pod"},
+        {**ready_pod("web-7d9c8b6f4-bbbb2"), "kind": "Pod"},
+    ]
+    objects = [
+        deployment(),
+        replicaset(state(1, [uid_of(moved)], excludedNodes=[BAD])),
+        *live,
+        moved_event(RS_REF, uid_of(moved)),
+    ]
+    seen = {uid_of(p): p for p in [moved, *live]}
+    return Snapshot(frozenset({BAD}), objects, seen, frozenset({uid_of(moved)}), ())
+
+
+def objects_of(s: Snapshot, kind: str) -> list[JSON]:
+    return [o for o in s.objects if o["kind"] == kind]
+
+
+def replace_state(s: Snapshot, raw: str) -> Snapshot:
+    objects = [o for o in s.objects if o["kind"] != "ReplicaSet"]
+    return Snapshot(s.faulty_nodes, [*objects, replicaset(raw)], s.seen, s.gone, s.dead_letters)
+
+
+def without_events(s: Snapshot) -> Snapshot:
+    objects = [o for o in s.objects if o["kind"] != "Event"]
+    return Snapshot(s.faulty_nodes, objects, s.seen, s.gone, s.dead_letters)
+
+
+def one_more_removed(s: Snapshot) -> Snapshot:
+    extra = failing_pod("web-7d9c8b6f4-zzzz9")
+    return Snapshot(
+        s.faulty_nodes,
+        s.objects,
+        {**s.seen, uid_of(extra): extra},
+        s.gone | {uid_of(extra)},
+        s.dead_letters,
+    )
+
+
+def moved_uid(s: Snapshot) -> str:
+    return next(iter(s.gone))
+
+
+def live_on_bad_node(s: Snapshot) -> Snapshot:
+    objects = [o for o in s.objects if not o["metadata"]["name"].endswith("bbbb2")]
+    return Snapshot(
+        s.faulty_nodes,
+        [*objects, {**ready_pod("web-7d9c8b6f4-bbbb2", node=BAD), "kind": "Pod"}],
+        s.seen,
+        s.gone,
+        s.dead_letters,
+    )
+
+
+def dead_letter(status: int | None) -> Callable[[Snapshot], Snapshot]:
+    def change(s: Snapshot) -> Snapshot:
+        record = {
+            "trigger": "update-annotations",
+            "status": status,
+            "reason": f"HTTP {status}",
+            "attempts": 6,
+            "event": {"id": "e-1", "type": "io.kn-rescheduler.pod.failing", "subject": "x"},
+        }
+        return Snapshot(s.faulty_nodes, s.objects, s.seen, s.gone, [record])
+
+    return change
+
+
+CASES: list[tuple[str, Callable[[Snapshot], Snapshot], set[str]]] = [
+    ("nothing wrong", lambda s: s, set()),
+    (
+        "a pod went away that no state records",
+        lambda s: replace_state(s, state(0, [])),
+        {"removed-pods-recorded"},
+    ),
+    ("a pod was moved without its Rescheduled Event", without_events, {"removed-pods-recorded"}),
+    (
+        "a pod went away that nobody moved",
+        one_more_removed,
+        {"removed-pods-recorded"},
+    ),
+    (
+        "more moves than the budget (2 retries x 2 replicas)",
+        lambda s: replace_state(s, state(5, [moved_uid(s)])),
+        {"within-budget", "counted-once"},
+    ),
+    (
+        "one pod counted twice in the handled list",
+        lambda s: replace_state(s, state(2, [moved_uid(s), moved_uid(s)])),
+        {"counted-once"},
+    ),
+    (
+        "one move counted twice in the move count",
+        lambda s: replace_state(s, state(2, [moved_uid(s)])),
+        {"counted-once"},
+    ),
+    (
+        "a move counted for a pod that is still there",
+        lambda s: replace_state(s, state(2, [moved_uid(s), uid_of(objects_of(s, "Pod")[0])])),
+        {"counted-once"},
+    ),
+    ("a replica Ready on a faulty node", live_on_bad_node, {"replicas-healthy"}),
+    ("a dead letter a retry could have fixed (503)", dead_letter(503), {"dead-letters-permanent"}),
+    ("a dead letter with no answer at all", dead_letter(None), {"dead-letters-permanent"}),
+    ("a dead letter the subscriber refused for good (400)", dead_letter(400), set()),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "broken"), CASES, ids=[c[0] for c in CASES])
+def test_each_invariant_catches_what_it_is_about(
+    case: str, change: Callable[[Snapshot], Snapshot], broken: set[str]
+) -> None:
+    verdict = invariants.check(change(copy.deepcopy(world())))
+    assert {v.invariant for v in verdict.violations} == broken, verdict.violations
+    # Each check looked at something: a check of nothing proves nothing.
+    assert all(
+        verdict.checked[name] > 0
+        for name in ("removed-pods-recorded", "within-budget", "replicas-healthy")
+    )
+
+
+def test_a_violation_carries_the_evidence_to_reproduce_it() -> None:
+    verdict = invariants.check(without_events(world()))
+    (v,) = verdict.violations
+    assert v.subject == f"{NS}/web-7d9c8b6f4-old11"
+    assert v.evidence["in_handled"] is True
+    assert v.evidence["node"] == BAD and v.evidence["holder"] == f"ReplicaSet {NS}/{RS}"
+
+
+def test_a_failed_statefulset_pod_its_controller_removed_is_not_ours_to_record() -> None:
+    sts_uid = pods.uid("StatefulSet/db")
+    failed = dict(pods.evicted(node=BAD, name="db-0", namespace=NS, owner=("StatefulSet", "db")))
+    namesake = {**dict(pods.pod("db-0", NS, owner=("StatefulSet", "db"), node=GOOD)), "kind": "Pod"}
+    namesake["metadata"]["uid"] = pods.uid("db-0 again")
+    sts = {
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": "db",
+            "namespace": NS,
+            "uid": sts_uid,
+            "annotations": {POLICY_ANNOTATION: "3"},
+        },
+        "spec": {"replicas": 1},
+    }
+    s = Snapshot(
+        frozenset({BAD}), [sts, namesake], {uid_of(failed): failed}, frozenset({uid_of(failed)})
+    )
+    verdict = invariants.check(s)
+    assert verdict.violations == ()
+    assert any("its StatefulSet removed it" in n for n in verdict.notes)
+
+
+def bare(name: str, node: str, *, origin: str | None = None, raw_state: str | None = None) -> JSON:
+    annotations = {POLICY_ANNOTATION: "3"}
+    if origin:
+        annotations[ORIGIN_ANNOTATION] = origin
+    if raw_state:
+        annotations[STATE_ANNOTATION] = raw_state
+    return {
+        **dict(pods.pod(name, NS, owner=None, node=node, annotations=annotations)),
+        "kind": "Pod",
+    }
+
+
+@pytest.mark.parametrize(
+    ("successors", "healthy"),
+    [(1, True), (2, False), (0, False)],
+    ids=["one successor", "a replacement created twice", "no successor"],
+)
+def test_a_bare_pod_needs_exactly_one_live_successor_that_holds_its_record(
+    successors: int, healthy: bool
+) -> None:
+    first = bare("solo", BAD)
+    record = state(1, [uid_of(first)], excludedNodes=[BAD])
+    live = [bare(f"solo-{i:05d}", GOOD, origin="solo", raw_state=record) for i in range(successors)]
+    for i, p in enumerate(live):
+        p["metadata"]["uid"] = pods.uid(f"solo successor {i}")
+    said = moved_event(Ref("Pod", NS, "solo", uid_of(first)), uid_of(first))
+    s = Snapshot(
+        frozenset({BAD}), [*live, said], {uid_of(first): first}, frozenset({uid_of(first)})
+    )
+    verdict = invariants.check(s)
+    assert (verdict.violations == ()) is healthy, verdict.violations
+
+
+# -- where the kills landed -------------------------------------------------------------------
+
+
+def line(ce: str, msg: str) -> str:
+    return json.dumps({"msg": msg, "ce_id": ce, "ce_subject": f"namespaces/{NS}/pods/{ce}"})
+
+
+LOG = "\n".join(
+    [
+        "# 11:35:59 starting: gunicorn",
+        line("a", "plan: move (node-failure): moved pod a off node n1 (move 1 of 4)"),
+        line("a", f"deleted pod {NS}/a (uid 1)"),
+        line("a", "event handled"),
+        line("b", "plan: move (node-failure): moved pod b off node n1 (move 2 of 4)"),
+        line("c", "plan: nothing (already-handled): pod c was already moved"),
+        "# 11:36:03 starting: gunicorn",
+        line("d", "plan: move (node-failure): moved pod d off node n1 (move 3 of 4)"),
+        line("d", "event handled"),
+    ]
+)
+
+
+def test_a_kill_that_cut_a_move_between_its_state_write_and_its_removal_is_found() -> None:
+    runs = faults.incarnations(LOG)
+    assert len(runs) == 2
+    cut = faults.interrupted_moves(runs[0])
+    assert [c["ce_id"] for c in cut] == ["b"]
+    # A move whose handling ended (a 503 after the state write, say) was not cut by a kill.
+    assert faults.interrupted_moves(runs[1]) == []
+
+
+def test_kills_are_matched_to_the_process_they_killed(tmp_path: Any) -> None:
+    log = tmp_path / "update-annotations.log"
+    log.write_text(LOG)
+    kills = [
+        faults.Kill(1.0, "state-write", "ReplicaSet shop/web", 100, 0),
+        faults.Kill(5.0, "random", "", 101, 1),
+    ]
+    landed = faults.kills_in_window(log, kills)
+    assert (landed["kills"], landed["kills_in_window"], landed["moves_cut"]) == (2, 1, 1)
+    assert landed["detail"][0]["trigger"] == "state-write"
