@@ -178,7 +178,10 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
 ) -> None:
     """The adapter hands the selector to its list and watch, so the API server filters: a pod
     without the label is never sent; a pod whose label is removed leaves the watch, which the
-    API server reports (and the adapter sends) as a delete, and nothing after that."""
+    API server reports (and the adapter sends) as a delete, and nothing after that.
+
+    A label of the test's own: the project's webhook (registered when other modules of the
+    session run) would rightly remove `kn-rescheduler.io/opted-in` from a pod without a policy."""
     core = k8s.CoreV1Api(control_plane.api_client())
     ns = f"pipeline-sel-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
@@ -196,7 +199,7 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
         control_plane.kubeconfig,
         url,
         namespaces=[ns],
-        label_selector="kn-rescheduler.io/opted-in=true",
+        label_selector="pipeline-source.test/watched=yes",
         log_path=tmp_path / "adapter.log",
     )
 
@@ -209,11 +212,11 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
         assert json.loads(source.environment()["K_SOURCE_CONFIG"])["resources"] == [
             {
                 "gvr": {"Group": "", "Version": "v1", "Resource": "pods"},
-                "selector": "kn-rescheduler.io/opted-in=true",
+                "selector": "pipeline-source.test/watched=yes",
             }
         ]
         plain, opted = _pod("plain"), _pod("opted")
-        opted["metadata"]["labels"]["kn-rescheduler.io/opted-in"] = "true"
+        opted["metadata"]["labels"]["pipeline-source.test/watched"] = "yes"
         core.create_namespaced_pod(ns, plain)
         core.create_namespaced_pod(ns, opted)
         for name in ("plain", "opted"):
@@ -223,7 +226,7 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
             lambda: recorder.named("opted", "dev.knative.apiserver.resource.update"),
         )
         core.patch_namespaced_pod(
-            "opted", ns, {"metadata": {"labels": {"kn-rescheduler.io/opted-in": None}}}
+            "opted", ns, {"metadata": {"labels": {"pipeline-source.test/watched": None}}}
         )
         wait_for(
             "the labelled pod leaving the watch",
@@ -241,10 +244,8 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
         assert middle and set(middle) == {"dev.knative.apiserver.resource.update"}
         assert last == "dev.knative.apiserver.resource.delete"
         # The pod still exists: the delete only says it no longer matches.
-        assert (
-            core.read_namespaced_pod("opted", ns).metadata.labels.get("kn-rescheduler.io/opted-in")
-            is None
-        )
+        labels = core.read_namespaced_pod("opted", ns).metadata.labels
+        assert "pipeline-source.test/watched" not in labels
     finally:
         source.stop()
         router.stop()
