@@ -27,7 +27,7 @@ from prometheus_client import Counter, Histogram
 
 from shared import metrics
 from shared.config import Config
-from shared.constants import OPT_OUT_LABEL
+from shared.constants import OPT_OUT_LABEL, OPTED_IN_LABEL
 from stack import webhook as local_webhook
 from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
@@ -188,13 +188,19 @@ def test_sweep_failures_is_called_every_five_minutes_and_sends_to_the_broker(
     assert sink.endswith(f"/{NAMESPACE}/default")
 
 
-def test_the_pod_event_source_watches_pods_in_every_namespace_into_the_broker(
+def test_the_pod_event_source_watches_opted_in_pods_in_every_namespace_into_the_broker(
     base: list[Obj],
 ) -> None:
     spec = find(base, "ApiServerSource", "pod-events")["spec"]
     assert spec["mode"] == "Resource"
     assert spec["namespaceSelector"] == {}
-    assert spec["resources"] == [{"apiVersion": "v1", "kind": "Pod"}]
+    assert spec["resources"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "selector": {"matchLabels": {OPTED_IN_LABEL: "true"}},
+        }
+    ]
     assert spec["serviceAccountName"] == "pod-events-source"
     assert spec["sink"]["ref"]["kind"] == "Broker"
     assert spec["sink"]["ref"]["name"] == find(base, "Broker", "default")["metadata"]["name"]

@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from shared.constants import POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION, STATE_ANNOTATION
+from shared.constants import (
+    OPTED_IN_LABEL,
+    POLICY_ANNOTATION,
+    POLICY_STAMP_ANNOTATION,
+    STATE_ANNOTATION,
+)
 from shared.kube import Kube, NotFound
 from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
 
@@ -292,7 +297,8 @@ def test_a_bare_pod_is_recreated_off_the_faulty_node_with_its_state(
     old = move_once(api, loop, namespace, bad)
     new = settled_replacement(api, namespace, old["metadata"]["uid"], bad)
     assert new["metadata"]["name"].startswith("solo-")
-    assert new["metadata"]["labels"] == {"app": "solo"}
+    # The user's labels, and ours that lets the event source see it.
+    assert new["metadata"]["labels"] == {"app": "solo", OPTED_IN_LABEL: "true"}
     state = state_of(api, "Pod", namespace, new["metadata"]["name"])
     assert (state.moves, state.excluded_nodes) == (1, (bad,))
 
