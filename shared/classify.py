@@ -35,6 +35,7 @@ from shared.constants import (
     STUCK_AFTER_ANNOTATION,
 )
 from shared.kubetypes import ContainerStatus, OwnerReference, Pod, PodCondition
+from shared.podshape import judges_pod
 from shared.policy import (
     MAX_RETRIES,
     InvalidPolicy,
@@ -120,6 +121,7 @@ def controller_of(pod: Pod) -> OwnerReference | None:
     return None
 
 
+@judges_pod
 def skip_reason(pod: Pod, cfg: Config) -> str | None:
     """Why this pod is never ours to move, or None if it may be.
 
@@ -147,6 +149,7 @@ def skip_reason(pod: Pod, cfg: Config) -> str | None:
     return None
 
 
+@judges_pod
 def excluded_nodes_of(pod: Pod) -> tuple[str, ...]:
     """The nodes the webhook stamped on this pod (empty when none or unreadable)."""
     raw = (pod.get("metadata", {}).get("annotations") or {}).get(EXCLUDED_NODES_ANNOTATION)
@@ -154,13 +157,14 @@ def excluded_nodes_of(pod: Pod) -> tuple[str, ...]:
         return ()
     try:
         nodes = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ()
     if not isinstance(nodes, list):
         return ()
     return tuple(node for node in nodes if isinstance(node, str) and node)
 
 
+@judges_pod
 def policy_of(pod: Pod, max_retries: int = MAX_RETRIES) -> int | InvalidPolicy | None:
     """The retries in force on the pod: None if it never opted in, 0 if disabled.
 
@@ -176,6 +180,7 @@ def policy_of(pod: Pod, max_retries: int = MAX_RETRIES) -> int | InvalidPolicy |
     return parse_retries(stamp, max_retries)
 
 
+@judges_pod
 def worth_forwarding(pod: Pod, cfg: Config) -> bool:
     """Whether detect-failures and the sweep pass this pod's failure on.
 
@@ -190,6 +195,7 @@ def worth_forwarding(pod: Pod, cfg: Config) -> bool:
     return policy is not None or cfg.forward_unstamped
 
 
+@judges_pod
 def classify(pod: Pod, cfg: Config, now: datetime | None = None) -> Failure | None:
     """The failure that makes this pod worth moving, or None to leave it alone.
 
@@ -253,6 +259,7 @@ def fails_everywhere(status: ContainerStatus) -> str | None:
     return None
 
 
+@judges_pod
 def unschedulable_due_to_exclusions(pod: Pod, cfg: Config) -> Failure | None:
     """A pod the scheduler cannot place while it carries exclusions from us.
 
@@ -285,6 +292,7 @@ def unschedulable_due_to_exclusions(pod: Pod, cfg: Config) -> Failure | None:
     )
 
 
+@judges_pod
 def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
     """A pod bound to a node whose kubelet has not started it for too long.
 

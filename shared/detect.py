@@ -16,6 +16,7 @@ from shared.config import Config
 from shared.constants import APISERVER_ADD, APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.failing import FailingPod
 from shared.kubetypes import Pod
+from shared.podshape import MalformedPod, judged
 
 _WATCHED: Final = frozenset({APISERVER_ADD, APISERVER_UPDATE})
 
@@ -34,18 +35,26 @@ def detect(event: events.Event, cfg: Config, now: datetime | None = None) -> eve
     if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
         raise events.BadEvent("event data is not a Kubernetes object")
     meta = pod["metadata"]
-    if not meta.get("name") or not meta.get("namespace"):
-        raise events.BadEvent("pod without metadata.name or metadata.namespace")
+    if not all(
+        isinstance(meta.get(key), str) and meta[key] for key in ("name", "namespace", "uid")
+    ):
+        # Every stored pod has all three; update-annotations needs the uid for its delete
+        # precondition, so a pod without one is refused here, one hop earlier.
+        raise events.BadEvent("pod without metadata.name, metadata.namespace or metadata.uid")
     typed: Pod = pod  # type: ignore[assignment]
-    # A pod our own exclusions keep from being scheduled is always forwarded, whatever its
-    # policy: with "0" nobody else would ever clear them.
-    failure = unschedulable_due_to_exclusions(typed, cfg)
-    if failure is None:
-        if not worth_forwarding(typed, cfg):
-            return None
-        failure = classify(typed, cfg, now)
-    if failure is None:
-        return None
+    try:
+        with judged(typed):
+            # A pod our own exclusions keep from being scheduled is always forwarded, whatever
+            # its policy: with "0" nobody else would ever clear them.
+            failure = unschedulable_due_to_exclusions(typed, cfg)
+            if failure is None:
+                if not worth_forwarding(typed, cfg):
+                    return None
+                failure = classify(typed, cfg, now)
+            if failure is None:
+                return None
+            failing = FailingPod.from_pod(typed, failure)
+    except MalformedPod as exc:
+        raise events.BadEvent(f"not a pod the API server sends: {exc}") from exc
     metrics.FAILURES.labels(reason=failure.reason).inc()
-    failing = FailingPod.from_pod(typed, failure)
     return events.Reply(type=EVENT_POD_FAILING, subject=failing.subject, data=failing.to_data())

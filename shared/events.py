@@ -131,8 +131,9 @@ def _parse_binary(headers: Mapping[str, str], body: bytes) -> Event:
             raise BadEvent(f"CloudEvent data must be JSON, not {content_type}")
         try:
             data = json.loads(body)
-        except ValueError as exc:
-            raise BadEvent(f"CloudEvent data is not JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            # RecursionError: nested deeper than any Kubernetes object (about 1,000 levels).
+            raise BadEvent(f"CloudEvent data is not JSON we can read: {exc}") from exc
     return Event(attributes["id"], attributes["source"], attributes["type"], attributes, data)
 
 
@@ -140,7 +141,7 @@ def _parse_with_sdk(headers: Mapping[str, str], body: bytes) -> Event:
     """Structured mode (and anything else): the SDK's full unmarshalling."""
     try:
         ce = from_http(dict(headers), body)
-    except (ce_exceptions.GenericException, ValueError, TypeError) as exc:
+    except (ce_exceptions.GenericException, ValueError, TypeError, RecursionError) as exc:
         raise BadEvent(f"not a CloudEvent: {exc}") from exc
     attributes = {k: str(v) for k, v in ce.get_attributes().items() if v is not None}
     for required in ("id", "source", "type"):
@@ -151,7 +152,7 @@ def _parse_with_sdk(headers: Mapping[str, str], body: bytes) -> Event:
         # The SDK hands back undecodable JSON as a string rather than failing.
         try:
             data = json.loads(data) if data else None
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise BadEvent(f"CloudEvent data is not JSON: {exc}") from exc
     return Event(
         id=attributes["id"],

@@ -94,7 +94,12 @@ def log_every_event(environ: Mapping[str, str] = os.environ) -> bool:
 _CONTAINER_LISTS: Final = frozenset({"containers", "initContainers", "ephemeralContainers"})
 
 
-def redact(value: Any) -> Any:
+# Deeper than any Kubernetes object: what lies below is replaced by a placeholder, so that a
+# hostile event nested just under json.loads' limit cannot overflow the stack while logging.
+REDACT_MAX_DEPTH: Final = 100
+
+
+def redact(value: Any, _depth: int = 0) -> Any:
     """A copy of ``value`` (an event as JSON) fit for a log line: every container's
     ``env[].value`` and every object's ``metadata.managedFields`` dropped.
 
@@ -107,6 +112,8 @@ def redact(value: Any) -> Any:
     that nothing here uses. ``value`` is removed rather than masked, so a redacted pod is
     still a valid pod.
     """
+    if _depth >= REDACT_MAX_DEPTH and isinstance(value, dict | list):
+        return f"<nested deeper than {REDACT_MAX_DEPTH} levels: not logged>"
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
@@ -115,10 +122,10 @@ def redact(value: Any) -> Any:
                 kept = {k: v for k, v in item.items() if k != "managedFields"}
             elif key in _CONTAINER_LISTS and isinstance(item, list):
                 kept = [_without_env_values(c) for c in item]
-            out[key] = redact(kept)
+            out[key] = redact(kept, _depth + 1)
         return out
     if isinstance(value, list):
-        return [redact(item) for item in value]
+        return [redact(item, _depth + 1) for item in value]
     return value
 
 

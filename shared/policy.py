@@ -67,8 +67,9 @@ def parse_retries(value: str | None, max_retries: int = MAX_RETRIES) -> int | In
             f"{POLICY_ANNOTATION} must be a whole number from 0 to {max_retries} "
             f"written with digits only, got {value!r}",
         )
-    # Checking the length first keeps int() away from absurdly long digit strings.
-    if len(value) > 6 or int(value) > max_retries:
+    # Checking the length first keeps int() away from absurdly long digit strings; leading
+    # zeros ("003") do not make a number larger.
+    if len(value.lstrip("0")) > 6 or int(value) > max_retries:
         return InvalidPolicy(
             value, f"{POLICY_ANNOTATION}={value} is more than the maximum of {max_retries}"
         )
@@ -158,18 +159,23 @@ def parse_kube_time(value: str | None) -> datetime | None:
         return None
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
+        # OverflowError: a valid offset that takes the moment out of datetime's range in UTC
+        # ("0001-01-01T00:00:00+00:01"); no API server writes it, a forged event can.
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
 
 
 def format_kube_time(value: datetime) -> str:
     """Format an aware datetime the way the API server does (second precision, Z)."""
     if value.tzinfo is None:
         raise ValueError("timestamps must be timezone-aware")
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Four-digit years whatever the platform's strftime does with years before 1000, so
+    # that what we write parses back.
+    moment = value.astimezone(UTC)
+    return f"{moment.year:04d}-" + moment.strftime("%m-%dT%H:%M:%SZ")
 
 
 class OwnerKind(StrEnum):

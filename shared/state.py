@@ -231,7 +231,7 @@ def _load(annotation_value: str | None, skipped: list[str] | None) -> WorkloadSt
         return WorkloadState()
     try:
         data = json.loads(annotation_value)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise StateError(f"state annotation is not valid JSON: {err}") from err
     if not isinstance(data, dict):
         raise StateError("state annotation must be a JSON object")

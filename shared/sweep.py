@@ -44,6 +44,7 @@ from shared.config import Config
 from shared.constants import EVENT_POD_FAILING, EVENT_SOURCE_PREFIX
 from shared.failing import FailingPod
 from shared.kubetypes import Pod
+from shared.podshape import MalformedPod
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,17 @@ def find_failures(pods: list[Pod] | Any, cfg: Config, now: datetime) -> list[Fai
     """Pure: the failing, opted-in pods among ``pods``."""
     found = []
     for pod in pods:
-        # As in detect-failures: our own exclusions are always cleared, whatever the policy.
-        failure = unschedulable_due_to_exclusions(pod, cfg)
-        if failure is None:
-            if not worth_forwarding(pod, cfg):
-                continue
-            failure = classify(pod, cfg, now) or stuck_pending(pod, cfg, now)
+        try:
+            # As in detect-failures: our own exclusions are always cleared, whatever the policy.
+            failure = unschedulable_due_to_exclusions(pod, cfg)
+            if failure is None:
+                if not worth_forwarding(pod, cfg):
+                    continue
+                failure = classify(pod, cfg, now) or stuck_pending(pod, cfg, now)
+        except MalformedPod as exc:
+            # Never from a real API server; a list that carried one is not worth a crash.
+            log.warning("skipping an object that is not a pod: %s", exc)
+            continue
         if failure is not None:
             found.append(FailingPod.from_pod(pod, failure))
     return found

@@ -89,8 +89,13 @@ class Admitter:
         namespace = request.get("namespace") or ""
         if self.cfg.is_excluded_namespace(namespace):
             return None
-        pod: Pod = request.get("object") or {}  # type: ignore[assignment]
-        meta = pod.get("metadata", {})
+        raw = request.get("object")
+        if not isinstance(raw, dict) or not isinstance(raw.get("metadata"), dict):
+            # The API server always sends the pod; only a hand-made review lacks it, and a
+            # patch computed for an empty pod would not apply to what was sent.
+            return None
+        pod: Pod = raw  # type: ignore[assignment]
+        meta = pod["metadata"]
         resolution = resolve(self.api, namespace, pod)
         if resolution.holder is None:
             return None

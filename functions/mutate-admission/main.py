@@ -108,7 +108,8 @@ def handle(request: flask.Request) -> flask.Response:
     try:
         body = json.loads(raw or b"null")
         answer = ADMITTER.review(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: JSON nested deeper than json.loads follows (no pod is).
         log.warning("malformed AdmissionReview: %s", exc)
         return flask.Response(json.dumps({"error": str(exc)}), 400, mimetype="application/json")
     finally:
