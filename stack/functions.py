@@ -83,6 +83,8 @@ class FunctionServer:
         self.proc: Proc | None = None
         # How often the process was started again after it died.
         self.restarts = 0
+        # time.monotonic() when the current process first answered; None while it does not.
+        self.ready_since: float | None = None
 
     @property
     def url(self) -> str:
@@ -102,6 +104,7 @@ class FunctionServer:
                 )
             try:
                 with urllib.request.urlopen(self.url + "metrics", timeout=1, context=context):
+                    self.ready_since = time.monotonic()
                     return self
             except OSError:
                 time.sleep(0.1)
@@ -124,6 +127,7 @@ class FunctionServer:
 
     def restart(self, timeout: float = 30.0) -> FunctionServer:
         """Start the function again on the same port after its process died."""
+        self.ready_since = None
         if self.proc is not None:
             # Whatever is left of its process group (workers of a killed master) goes too.
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -134,6 +138,7 @@ class FunctionServer:
         return self.start(timeout)
 
     def stop(self) -> None:
+        self.ready_since = None
         if self.proc is not None:
             self.proc.stop(grace=5.0)
             self.proc = None

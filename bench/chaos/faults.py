@@ -45,18 +45,19 @@ class Kill:
 
 @dataclass
 class Killer:
-    """SIGKILLs update-annotations; never twice within ``min_gap`` seconds (the function must
-    come back between kills, or every delivery would just fail for a while)."""
+    """SIGKILLs update-annotations, never a process that has served for less than
+    ``min_uptime`` seconds: a function killed again before it could work a little would just
+    be down, and every delivery would run out of retries (locally nothing buffers requests for
+    a restarting function, where Knative's activator would)."""
 
     stack: Stack
     rng: random.Random
     kill_on_write: float
-    min_gap: float
+    min_uptime: float
     t0: float = field(default_factory=time.monotonic)
     enabled: bool = False
     kills: list[Kill] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _last: float = -1e9
 
     def on_state_write(self, what: str) -> None:
         with self._lock:
@@ -67,15 +68,19 @@ class Killer:
     def kill(self, trigger: str, what: str = "") -> bool:
         with self._lock:
             now = time.monotonic()
-            if not self.enabled or now - self._last < self.min_gap:
-                return False
             server = self.stack.servers.get(TARGET)
             proc = server.proc if server is not None else None
-            if server is None or proc is None or not proc.alive():
-                return False  # down already (being restarted)
+            if (
+                not self.enabled
+                or server is None
+                or proc is None
+                or not proc.alive()
+                or server.ready_since is None
+                or now - server.ready_since < self.min_uptime
+            ):
+                return False
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            self._last = now
             self.kills.append(
                 Kill(round(now - self.t0, 3), trigger, what, proc.pid, server.restarts)
             )

@@ -82,6 +82,20 @@ def _retrying(what: Callable[[], invariants.Snapshot], attempts: int = 20) -> in
     raise AssertionError("unreachable")
 
 
+def _create(cluster: Cluster, w: scenario.Workload, attempts: int = 30) -> None:
+    """Create a workload, waiting for an API server that is coming back from a restart."""
+    for i in range(attempts):
+        try:
+            cluster.rest.post(w.path, w.body)
+            return
+        except ApiError as e:
+            if e.status == 409:
+                return  # created by an earlier attempt whose answer was lost
+            if i == attempts - 1 or (e.status and e.status < 500 and e.status != 429):
+                raise
+            time.sleep(1.0)
+
+
 def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
     rng = random.Random(seed)
     started = time.monotonic()
@@ -113,22 +127,30 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
         router = stack.router
         assert router is not None
         killer = faults.Killer(
-            stack, random.Random(rng.random()), scales.kill_on_write, scales.min_kill_gap
+            stack, random.Random(rng.random()), scales.kill_on_write, scales.min_uptime
         )
         ledger.on_state_write = killer.on_state_write
         plan = faults.schedule(rng, scales.chaos_s, scales.apiserver_restarts, scales.etcd_restarts)
         workloads = scenario.storm(scales, faulty)
 
-        log(f"storm: {scales.pods} failing pods in {len(workloads)} workloads; faults on")
+        waves = [workloads[i :: scales.waves] for i in range(scales.waves)]
+        every = scales.chaos_s * 0.6 / scales.waves
+        log(
+            f"storm: {scales.pods} failing pods in {len(workloads)} workloads, in "
+            f"{scales.waves} waves {every:.0f}s apart; faults on"
+        )
         router.set_chaos(scales.router_chaos(seed))
         t0 = time.monotonic()
         killer.t0, killer.enabled = t0, True
-        for w in workloads:
-            cluster.rest.post(w.path, w.body)
+        created = 0
         restarts: list[JSON] = []
         revived: list[JSON] = []
         next_kill = t0 + rng.expovariate(1.0 / scales.random_kill_every)
         while (now := time.monotonic()) < t0 + scales.chaos_s:
+            if created < len(waves) and now - t0 >= created * every:
+                for w in waves[created]:
+                    _create(cluster, w)
+                created += 1
             if plan and now - t0 >= plan[0][0]:
                 _, name = plan.pop(0)
                 down = cluster.restart(name, kill=True)

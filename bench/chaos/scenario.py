@@ -73,10 +73,13 @@ class Scales:
     settle_s: float
     sweep_every: float
     # update-annotations kills: on a state write (with this probability), and at random
-    # moments (exponential gaps of this mean); never two within min_kill_gap seconds.
+    # moments (exponential gaps of this mean); never a process up for less than min_uptime s.
     kill_on_write: float
     random_kill_every: float
-    min_kill_gap: float
+    min_uptime: float
+    # The storm arrives in this many waves, spread over the first 60 % of the fault window,
+    # so that there are moves to disturb while every fault happens.
+    waves: int
     # Control-plane restarts (SIGKILL, then started again), spread over the fault window.
     apiserver_restarts: int
     etcd_restarts: int
@@ -119,7 +122,8 @@ QUICK: Final = Scales(
     sweep_every=8.0,
     kill_on_write=0.8,
     random_kill_every=12.0,
-    min_kill_gap=1.5,
+    min_uptime=3.0,
+    waves=2,
     apiserver_restarts=1,
     etcd_restarts=1,
     router=dict(ROUTER_FAULTS),
@@ -139,7 +143,8 @@ FULL: Final = Scales(
     sweep_every=15.0,
     kill_on_write=0.5,
     random_kill_every=15.0,
-    min_kill_gap=2.0,
+    min_uptime=5.0,
+    waves=3,
     apiserver_restarts=3,
     etcd_restarts=3,
     router=dict(ROUTER_FAULTS),
