@@ -41,13 +41,15 @@ def test_a_killed_function_is_started_again_on_the_same_url(tmp_path: Path) -> N
     ).start()
     watchdog = Watchdog({"detect-failures": server}).start()
     try:
-        assert server.proc is not None
-        url, first = server.url, server.proc.pid
+        assert server.proc is not None and server.ready_since is not None
+        url, first, up = server.url, server.proc.pid, server.ready_since
         os.killpg(first, signal.SIGKILL)
         assert wait_until(lambda: server.proc is not None and server.proc.pid != first)
         assert wait_until(lambda: answers(url))
         assert server.url == url and server.restarts == 1
         assert not pid_alive(first)
+        # Serving again, since a later moment (what the chaos suite waits for between kills).
+        assert wait_until(lambda: (server.ready_since or 0) > up)
     finally:
         watchdog.stop(then=server.stop)
     assert server.proc is None
@@ -62,6 +64,6 @@ def test_a_function_stopped_on_purpose_is_not_started_again(tmp_path: Path) -> N
     pid = server.proc.pid
     watchdog.stop(then=server.stop)
     time.sleep(0.3)
-    assert server.proc is None and server.restarts == 0
+    assert server.proc is None and server.restarts == 0 and server.ready_since is None
     assert not pid_alive(pid)
     assert not answers(server.url)
