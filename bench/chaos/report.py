@@ -37,9 +37,12 @@ def rows(r: JSON) -> list[tuple[str, str]]:
         ),
         (
             "kills between state write and delete",
-            f"{f['kills_between_state_write_and_delete']} "
-            f"({f['moves_cut_by_a_kill']} moves cut; {m['finished_by_a_later_delivery']} finished "
-            "by a later delivery)",
+            f"{f['kills_between_state_write_and_delete']} ({f['moves_cut_by_a_kill']} moves cut "
+            "there)",
+        ),
+        (
+            "moves removed by another delivery than the one that recorded them",
+            str(m["finished_by_a_later_delivery"]),
         ),
         (
             "kube-apiserver / etcd restarts (SIGKILL)",
@@ -72,7 +75,8 @@ def rows(r: JSON) -> list[tuple[str, str]]:
         *[
             (
                 f"invariant `{name}`",
-                f"{by_invariant.get(name, 0)} violations ({checked.get(name, 0)} checked)",
+                f"{by_invariant.get(name, 0)} violations ({checked.get(name, 0)} "
+                + ("dead letters)" if name == "dead-letters-permanent" else "checked)"),
             )
             for name in INVARIANTS
         ],
