@@ -265,17 +265,17 @@ class Rescheduler:
         except kube.NotFound:
             if self._removed_by_its_statefulset(failing):
                 return self._record_removed(failing, None, trace)
-            trace.note(f"pod {ns}/{name} is gone: nothing to do")
-            return None
+            trace.note(f"pod {ns}/{name} is gone")
+            return self._said_if_ours(failing, trace)
         meta = live.get("metadata", {})
         if meta.get("uid") != failing.uid:
             if self._removed_by_its_statefulset(failing):
                 return self._record_removed(failing, live, trace)
-            trace.note(f"pod {ns}/{name} was replaced (uid {meta.get('uid')}): nothing to do")
-            return None
+            trace.note(f"pod {ns}/{name} was replaced (uid {meta.get('uid')})")
+            return self._said_if_ours(failing, trace)
         if meta.get("deletionTimestamp"):
-            trace.note(f"pod {ns}/{name} is already being deleted: nothing to do")
-            return None
+            trace.note(f"pod {ns}/{name} is already being deleted")
+            return self._said_if_ours(failing, trace)
 
         resolution = resolve(self.api, ns, live)
         # A Deployment's pod: the Deployment's policy applies, and a copy of our state on it
@@ -304,6 +304,13 @@ class Rescheduler:
             self._defer(live, removal, trace)
             return None
         if removal is Removal.GONE:
+            # Someone removed it first: an earlier delivery of ours that died before saying so
+            # (the Event below is keyed by the uid, so it is said once), or a person.
+            said = moved(done, failure, name)
+            if self._event(
+                holder.ref, said.event_reason, said.message, key=failing.uid, repeat=False
+            ):
+                return self._reply(failing, said.action, done, resolution, message=said.message)
             return None
         if failure.node and is_terminal_failure(live):
             self._redirect_replacements(live, failure.node, resolution, trace)
@@ -335,6 +342,47 @@ class Rescheduler:
             self._invalid_policy(resolution, retries, trace)
             return None
         return resolution.holder, retries
+
+    # -- a pod already gone: say the move an earlier delivery recorded and made ----------------
+
+    def _said_if_ours(self, failing: FailingPod, trace: Trace) -> events.Reply | None:
+        """The pod is gone (or going). If its move is recorded (its uid in the holder's
+        ``handled``), an earlier delivery removed it and may have died before recording the
+        `Rescheduled` Event: record it now, once (keyed by the uid). Otherwise someone else
+        removed it, and there is nothing to do."""
+        ns, name = failing.namespace, failing.name
+        view = failing.as_failed_pod()
+        owner = next((o for o in failing.owner_references if o.get("controller")), None)
+        try:
+            if owner is None:
+                # A bare pod's state went with it onto its replacement (deterministic name).
+                snapshot = {"metadata": {**dict((failing.pod or {}).get("metadata") or {})}}
+                snapshot["metadata"].update({"name": name, "uid": failing.uid})
+                replacement = self.api.get("Pod", ns, bodies.replacement_name(snapshot))
+                raw = (replacement.get("metadata", {}).get("annotations") or {}).get(
+                    STATE_ANNOTATION
+                )
+                ref = Ref("Pod", ns, name, failing.uid)
+            else:
+                resolution = resolve(self.api, ns, view)
+                if resolution.holder is None:
+                    return None
+                raw = resolution.holder.annotations.get(STATE_ANNOTATION)
+                ref = resolution.holder.ref
+        except kube.NotFound:
+            trace.note(f"pod {ns}/{name}: nothing records its move: nothing to do")
+            return None
+        if failing.uid not in _handled_uids(raw):
+            trace.note(f"pod {ns}/{name} was not moved by us: nothing to do")
+            return None
+        failure = failing.failure
+        message = (
+            f"moved pod {name} off node {failure.node} after {failure.reason}; recorded and "
+            "removed earlier by a delivery that ended before saying so"
+        )
+        if self._event(ref, REASON_RESCHEDULED, message, key=failing.uid, repeat=False):
+            trace.note(f"pod {ns}/{name}: its recorded move is now said")
+        return None
 
     # -- terminal failures: the controller replaced the pod before we recorded it ---------------
 
@@ -595,6 +643,27 @@ class Rescheduler:
             state_json = dump_state(decided.new_state)
         return bodies.replacement_pod(snapshot, state_json or "")
 
+    def _lineage_goes_on(self, live: Pod, trace: Trace) -> bool:
+        """Whether a live pod already carries this bare pod's move (its uid in the state it
+        inherited): the replacement exists, or a descendant of it does."""
+        meta = live.get("metadata", {})
+        ns, uid = meta.get("namespace", ""), meta.get("uid", "")
+        try:
+            siblings = list(self.api.list_all("Pod", ns, label_selector=label_selector(live)))
+        except kube.KubeError as exc:
+            log.warning(
+                "could not look for the replacements of %s/%s: %s", ns, meta.get("name"), exc
+            )
+            return False
+        for pod in siblings:
+            pmeta = pod.get("metadata") or {}
+            if pmeta.get("uid") == uid or pmeta.get("deletionTimestamp"):
+                continue
+            if uid in _handled_uids((pmeta.get("annotations") or {}).get(STATE_ANNOTATION)):
+                trace.note(f"pod {ns}/{pmeta.get('name')} already carries the move of {uid}")
+                return True
+        return False
+
     def _remove(self, live: Pod, decided: Plan, bare: bool, trace: Trace) -> Removal | Deferral:
         """Remove the pod whose move is recorded. A refusal here comes after the state write
         (a race with a PodDisruptionBudget or RBAC since the dry run, or a redelivery
@@ -602,6 +671,11 @@ class Rescheduler:
         the removal without counting the move again."""
         meta = live.get("metadata", {})
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+        if bare and decided.action is Action.NOTHING and self._lineage_goes_on(live, trace):
+            # A redelivery after a death between the replacement's create and this delete,
+            # and the replacement has since been moved on in its turn: creating it again would
+            # make one bare pod two.
+            bare = False
         if bare:
             body = self._replacement(live, decided)
             try:
@@ -698,10 +772,10 @@ class Rescheduler:
         warning: bool = False,
         key: str | None = None,
         repeat: bool = True,
-    ) -> None:
+    ) -> bool:
         """Record an Event, once per (object, reason, key): the message unless ``key`` says
         otherwise. Seen again, a ``repeat`` Event counts one more occurrence; one that is not
-        (one per move) is already said and left alone.
+        (one per move) is already said and left alone. True when this call created it.
 
         Best effort: an Event is for people; failing to write one (RBAC included: counting
         needs get and patch on events) is logged and must not undo or block a move.
@@ -711,13 +785,13 @@ class Rescheduler:
         name = body["metadata"]["name"]
         try:
             self.api.create("Event", ref.namespace, body)
-            return
+            return True
         except kube.AlreadyExists:
             if not repeat:
-                return
+                return False
         except kube.KubeError as exc:
             log.warning("could not record Event %s on %s: %s", reason, ref.describe(), exc)
-            return
+            return False
         for _ in range(EVENT_REPEAT_ATTEMPTS):
             try:
                 seen = self.api.get("Event", ref.namespace, name)
@@ -729,13 +803,14 @@ class Rescheduler:
                     now,
                 )
                 self.api.merge_patch("Event", ref.namespace, name, patch)
-                return
+                return False
             except kube.Conflict:
                 continue  # counted by someone else meanwhile: read again
             except kube.KubeError as exc:
                 log.warning("could not count Event %s again on %s: %s", reason, ref.describe(), exc)
-                return
+                return False
         log.info("gave up counting Event %s on %s: too busy", reason, ref.describe())
+        return False
 
 
 def _handled_uids(raw: str | None) -> tuple[str, ...]:

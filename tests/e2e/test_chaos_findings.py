@@ -85,10 +85,6 @@ def deployment(api: Kube, namespace: str, bad: str) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a redelivery that finds the pod already removed records no Rescheduled Event",
-)
 @pytest.mark.parametrize("kind", ["Deployment", "bare Pod"])
 def test_a_move_whose_process_died_before_its_event_still_gets_its_event_on_redelivery(
     kind: str,
@@ -150,10 +146,6 @@ def lineage(api: Kube, namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a bare pod whose replacement was already moved on gets a second replacement",
-)
 def test_a_bare_pod_redelivered_after_its_replacement_moved_on_is_not_replaced_twice(
     cluster: Any, namespace: str, api: Kube, loop: Loop, faults: Callable[..., None]
 ) -> None:
