@@ -14,8 +14,10 @@ back-off makes timing meaningless, and in CI, where a shared machine makes it no
 run gives pure code 2 s an example, where a slow one is a finding (a regular expression that
 backtracks, a parse that explodes).
 
-Both end with one line of figures per property (`pytest_terminal_summary` below); bugs found
-and not fixed yet are in known.py and test_found_by_fuzzing.py.
+Both end with one line of figures per property (`pytest_terminal_summary` below). What the
+fuzzers found is kept as minimal examples in test_found_by_fuzzing.py; the properties tolerate
+none of it. The one allowance they make, a pod no API server sends refused as malformed, is
+contract.py.
 """
 
 from __future__ import annotations
@@ -87,14 +89,13 @@ def quiet_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # the teardown report whether or not --hypothesis-show-statistics asked to print them).
 _STATS_KEY = "_hypothesis_stats"
 _CASES = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
-_KNOWN = re.compile(r"\* ([0-9.]+)%, known bug (F[0-9]+)")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per fuzzed property: examples run, failing ones, the known bugs it met (see
-    known.py) and the time it took; then the totals."""
+    """One line per fuzzed property: examples run, failing ones and the time it took; then
+    the totals."""
     seconds: dict[str, float] = {}
-    rows: list[tuple[str, int, int, str, float]] = []
+    rows: list[tuple[str, int, int, float]] = []
     for reports in terminalreporter.stats.values():
         for report in reports:
             if getattr(report, "when", "") == "call":
@@ -105,17 +106,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             if not stats or "tests/fuzz/" not in report.nodeid:
                 continue
             counts = [tuple(int(n) for n in found) for found in _CASES.findall(stats)]
-            generated = counts[0][0] + counts[0][1] if counts else 0
-            known = ", ".join(
-                f"{bug} x{round(float(share) * generated / 100)}"
-                for share, bug in _KNOWN.findall(stats)
-            )
             rows.append(
                 (
                     report.nodeid.split("::")[-1],
                     sum(passing + failing for passing, failing, _ in counts),
                     sum(failing for _, failing, _ in counts),
-                    known,
                     seconds.get(report.nodeid, 0.0),
                 )
             )
@@ -124,10 +119,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section(f"fuzzing figures (profile {PROFILE})")
     width = max(len(row[0]) for row in rows)
     write = terminalreporter.write_line
-    write(f"{'property':<{width}}  examples  failing  time (s)  known bugs met")
-    for name, examples, failing, known, took in sorted(rows):
-        write(f"{name:<{width}}  {examples:>8}  {failing:>7}  {took:>8.1f}  {known}")
+    write(f"{'property':<{width}}  examples  failing  time (s)")
+    for name, examples, failing, took in sorted(rows):
+        write(f"{name:<{width}}  {examples:>8}  {failing:>7}  {took:>8.1f}")
     write(
         f"{'total':<{width}}  {sum(r[1] for r in rows):>8}  {sum(r[2] for r in rows):>7}  "
-        f"{sum(r[4] for r in rows):>8.1f}"
+        f"{sum(r[3] for r in rows):>8.1f}"
     )

@@ -1,6 +1,7 @@
 """Every annotation we parse, fuzzed: the policy, durations, timestamps, the state, the
 excluded-nodes stamp, and the failing-pod event data. Users and hand edits write these; a value
-we cannot read must give a reason (InvalidPolicy, ValueError, StateError), never a crash."""
+we cannot read must give a reason (InvalidPolicy, ValueError, StateError; on a forged pod
+whose annotations are not strings, MalformedPod), never a crash."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from shared.state import (
     load_state_lenient,
 )
 from tests.fuzz import strategies as s
-from tests.fuzz.known import padded_policy, tolerating_known_bugs
+from tests.fuzz.contract import refusing_only_malformed
 from tests.unit import pods
 
 # -- scheduling-retries ---------------------------------------------------------------------
@@ -54,8 +55,6 @@ def test_a_policy_is_a_whole_number_within_the_maximum_or_an_invalid_policy(
     parsed = parse_retries(value, max_retries)
     if value is None:
         assert parsed is None
-    elif padded_policy(value, max_retries):
-        assert isinstance(parsed, InvalidPolicy)
     elif value.isascii() and value.isdigit() and int(value) <= max_retries:
         assert parsed == int(value)
     else:
@@ -74,6 +73,28 @@ def test_a_pods_policy_is_read_from_our_stamp_first_and_never_crashes(
     pod = pods.pod(stamp=None, annotations=annotations)
     expected = annotations.get(POLICY_STAMP_ANNOTATION, annotations.get(POLICY_ANNOTATION))
     assert policy_of(pod) == parse_retries(expected)
+
+
+OUR_KEYS = [POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION, EXCLUDED_NODES_ANNOTATION, "other"]
+
+
+@given(
+    annotations=st.dictionaries(st.sampled_from(OUR_KEYS), s.texts | s.json_values) | s.json_values
+)
+def test_annotations_of_any_type_are_read_or_refused_as_malformed(annotations: object) -> None:
+    # A forged pod can carry annotations that are not strings (or no map at all): read as
+    # usual, or refused as malformed; a map of strings is always read.
+    pod = pods.pod(stamp=None)
+    pod["metadata"]["annotations"] = annotations
+    ill_typed = not (
+        isinstance(annotations, dict) and all(isinstance(v, str) for v in annotations.values())
+    )
+    with refusing_only_malformed(pod, ill_typed):
+        policy = policy_of(pod)
+        assert policy is None or isinstance(policy, int | InvalidPolicy)
+    with refusing_only_malformed(pod, ill_typed):
+        nodes = excluded_nodes_of(pod)
+        assert all(isinstance(node, str) and node for node in nodes)
 
 
 # -- durations and timestamps ---------------------------------------------------------------
@@ -120,9 +141,8 @@ def test_reset_after_always_falls_back_to_a_positive_duration(value: str | None)
 
 @given(value=s.odd_timestamps | s.texts)
 def test_an_api_timestamp_is_an_aware_utc_time_or_none(value: str) -> None:
-    with tolerating_known_bugs():
-        parsed = parse_kube_time(value)
-        assert parsed is None or parsed.utcoffset() == timedelta(0)
+    parsed = parse_kube_time(value)
+    assert parsed is None or parsed.utcoffset() == timedelta(0)
 
 
 # -- the state annotation -------------------------------------------------------------------
@@ -167,38 +187,35 @@ state_texts = st.one_of(
 
 @given(state=valid_states)
 def test_a_state_we_wrote_reads_back_the_same(state: WorkloadState) -> None:
-    with tolerating_known_bugs():
-        assert load_state(dump_state(state)) == state
+    assert load_state(dump_state(state)) == state
 
 
 @given(text=state_texts)
 def test_any_state_annotation_reads_or_raises_state_error_and_rewrites_stably(text: str) -> None:
-    with tolerating_known_bugs():
-        try:
-            state = load_state(text)
-        except StateError:
-            return
-        dumped = dump_state(state)
-        assert dump_state(load_state(dumped)) == dumped
-        # What the webhook reads of a state the handlers can read: the same, nothing skipped.
-        assert load_state_lenient(text).state == state
-        assert load_state_lenient(text).skipped_nodes == ()
+    try:
+        state = load_state(text)
+    except StateError:
+        return
+    dumped = dump_state(state)
+    assert dump_state(load_state(dumped)) == dumped
+    # What the webhook reads of a state the handlers can read: the same, nothing skipped.
+    assert load_state_lenient(text).state == state
+    assert load_state_lenient(text).skipped_nodes == ()
 
 
 @given(text=state_texts)
 def test_the_webhooks_reading_of_a_state_keeps_only_valid_node_names(text: str) -> None:
-    with tolerating_known_bugs():
-        try:
-            loaded = load_state_lenient(text)
-        except StateError:
-            return
-        state = loaded.state
-        nodes = [
-            *state.excluded_nodes,
-            *(n for e in state.per_pod.values() for n in e.excluded_nodes),
-        ]
-        assert all(is_valid_node_name(node) for node in nodes)
-        assert not any(is_valid_node_name(node) for node in loaded.skipped_nodes)
+    try:
+        loaded = load_state_lenient(text)
+    except StateError:
+        return
+    state = loaded.state
+    nodes = [
+        *state.excluded_nodes,
+        *(n for e in state.per_pod.values() for n in e.excluded_nodes),
+    ]
+    assert all(is_valid_node_name(node) for node in nodes)
+    assert not any(is_valid_node_name(node) for node in loaded.skipped_nodes)
 
 
 # -- the excluded-nodes stamp ---------------------------------------------------------------
@@ -214,10 +231,9 @@ stamps = st.one_of(
 @given(raw=stamps)
 def test_the_excluded_nodes_stamp_reads_as_names_or_as_none(raw: str) -> None:
     pod = pods.pod(annotations={EXCLUDED_NODES_ANNOTATION: raw})
-    with tolerating_known_bugs():
-        nodes = excluded_nodes_of(pod)
-        assert isinstance(nodes, tuple)
-        assert all(isinstance(node, str) and node for node in nodes)
+    nodes = excluded_nodes_of(pod)
+    assert isinstance(nodes, tuple)
+    assert all(isinstance(node, str) and node for node in nodes)
 
 
 @given(names=st.lists(s.node_names))
