@@ -217,19 +217,19 @@ POD_BUILDERS: tuple[Callable[[], Pod], ...] = (
 realistic_pods = st.sampled_from(POD_BUILDERS).map(lambda build: build())
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+def paths_in(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
     """Every place inside a JSON value, parents before children."""
     if isinstance(value, dict):
         for key, item in value.items():
             yield (*prefix, key)
-            yield from _paths(item, (*prefix, key))
+            yield from paths_in(item, (*prefix, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield (*prefix, index)
-            yield from _paths(item, (*prefix, index))
+            yield from paths_in(item, (*prefix, index))
 
 
-def _parent(value: Any, path: tuple[Any, ...]) -> Any:
+def parent_of(value: Any, path: tuple[Any, ...]) -> Any:
     for step in path[:-1]:
         value = value[step]
     return value
@@ -268,7 +268,7 @@ def mutated(
     ``well_typed`` by a value of the same JSON type."""
     value = copy.deepcopy(draw(base))
     for _ in range(draw(st.integers(0, max_mutations))):
-        places = list(_paths(value))
+        places = list(paths_in(value))
         if not places:
             break
         # Most decisions read the status and the annotations: aim there more often than not.
@@ -276,7 +276,7 @@ def mutated(
         if focus and draw(st.integers(0, 2)):
             places = focus
         path = draw(st.sampled_from(places))
-        parent = _parent(value, path)
+        parent = parent_of(value, path)
         if draw(st.booleans()):
             if isinstance(parent, list) and well_typed:
                 continue  # a list keeps its items' type: shortened instead, above it
