@@ -37,8 +37,8 @@ test: venv cluster-bins adapter-bin
 
 # Property-based fuzzing of every HTTP entry point and every annotation we parse (tests/fuzz).
 # `make test` runs a short, fixed version; this one runs 1,000 examples a property, random,
-# keeps failing examples in .local/hypothesis and ends with the figures (examples, failures,
-# known bugs met, time per property). FUZZ_ARGS passes pytest options, e.g. "-k webhook".
+# keeps failing examples in .local/hypothesis and ends with the figures (examples, failures and
+# time per property). FUZZ_ARGS passes pytest options, e.g. "-k webhook".
 fuzz: venv
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests/fuzz -q --show-capture=no --timeout=3600 $(FUZZ_ARGS)
 

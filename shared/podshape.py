@@ -11,8 +11,8 @@ and the classifier leave it alone).
 What the API server really writes decides the rules: objects and lists are omitted when empty,
 never null (Go's `omitempty` on maps, slices and pointers; container states are structs that
 are always objects); only timestamps of a zero `metav1.Time` come as null (a new pod's
-`creationTimestamp` in an AdmissionReview, a terminated state's `startedAt`). So a leaf may be
-null; an object or a list, when present, must be one. Fields we never read are not checked.
+`creationTimestamp` in an AdmissionReview, a terminated state's `startedAt`). So a timestamp
+may be null; anything else, when present, has its type. Fields we never read are not checked.
 """
 
 from __future__ import annotations
@@ -23,18 +23,20 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 # A shape is a type for a leaf, a dict of field shapes for an object, a one-item list for a
-# list of that shape, or MAP_OF_STR for a string-to-string map (labels, annotations).
+# list of that shape, MAP_OF_STR for a string-to-string map (labels, annotations), or TIME for
+# a timestamp: the only leaf the API server writes as null (a zero metav1.Time).
 MAP_OF_STR: Final = "map[string]string"
+TIME: Final = "timestamp"
 
 _STATE: Final[dict[str, Any]] = {
     "waiting": {"reason": str, "message": str},
-    "running": {"startedAt": str},
+    "running": {"startedAt": TIME},
     "terminated": {
         "reason": str,
         "message": str,
         "exitCode": int,
-        "startedAt": str,
-        "finishedAt": str,
+        "startedAt": TIME,
+        "finishedAt": TIME,
     },
 }
 _CONTAINER_STATUS: Final[dict[str, Any]] = {
@@ -50,8 +52,8 @@ POD_SHAPE: Final[dict[str, Any]] = {
         "generateName": str,
         "namespace": str,
         "uid": str,
-        "creationTimestamp": str,
-        "deletionTimestamp": str,
+        "creationTimestamp": TIME,
+        "deletionTimestamp": TIME,
         "labels": MAP_OF_STR,
         "annotations": MAP_OF_STR,
         "ownerReferences": [
@@ -70,9 +72,9 @@ POD_SHAPE: Final[dict[str, Any]] = {
         "phase": str,
         "reason": str,
         "message": str,
-        "startTime": str,
+        "startTime": TIME,
         "conditions": [
-            {"type": str, "status": str, "reason": str, "message": str, "lastTransitionTime": str}
+            {"type": str, "status": str, "reason": str, "message": str, "lastTransitionTime": TIME}
         ],
         "containerStatuses": [_CONTAINER_STATUS],
         "initContainerStatuses": [_CONTAINER_STATUS],
@@ -129,7 +131,8 @@ def _check(value: object, shape: Any, where: str) -> str | None:
             return f"{where} must be an object, not {_kind(value)}"
         for key, inner in shape.items():
             if key in value:
-                problem = _check_field(value[key], inner, f"{where}.{key}")
+                # Only a timestamp may be null: Go's omitempty leaves anything else out.
+                problem = _check(value[key], inner, f"{where}.{key}")
                 if problem:
                     return problem
         return None
@@ -141,6 +144,8 @@ def _check(value: object, shape: Any, where: str) -> str | None:
             if problem:
                 return problem
         return None
+    if shape == TIME:
+        return None if value is None or isinstance(value, str) else f"{where} must be a time"
     if shape == MAP_OF_STR:
         if not isinstance(value, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -152,13 +157,6 @@ def _check(value: object, shape: Any, where: str) -> str | None:
     else:
         ok = isinstance(value, shape)
     return None if ok else f"{where} must be {shape.__name__}, not {_kind(value)}"
-
-
-def _check_field(value: object, shape: Any, where: str) -> str | None:
-    # A leaf may be null (a zero timestamp); an object or a list never is.
-    if value is None and not isinstance(shape, dict | list) and shape != MAP_OF_STR:
-        return None
-    return _check(value, shape, where)
 
 
 def _kind(value: object) -> str:

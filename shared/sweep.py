@@ -44,7 +44,7 @@ from shared.config import Config
 from shared.constants import EVENT_POD_FAILING, EVENT_SOURCE_PREFIX
 from shared.failing import FailingPod
 from shared.kubetypes import Pod
-from shared.podshape import MalformedPod
+from shared.podshape import MalformedPod, judged
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +70,13 @@ def find_failures(pods: list[Pod] | Any, cfg: Config, now: datetime) -> list[Fai
                 if not worth_forwarding(pod, cfg):
                     continue
                 failure = classify(pod, cfg, now) or stuck_pending(pod, cfg, now)
+            if failure is not None:
+                with judged(pod):
+                    found.append(FailingPod.from_pod(pod, failure))
         except MalformedPod as exc:
             # Never from a real API server; a list that carried one is not worth a crash.
             log.warning("skipping an object that is not a pod: %s", exc)
             continue
-        if failure is not None:
-            found.append(FailingPod.from_pod(pod, failure))
     return found
 
 

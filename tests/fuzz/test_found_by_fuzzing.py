@@ -7,8 +7,7 @@ These tests keep the shrunk example of each, so a regression shows up here by na
 as a random draw of `make fuzz`; the fuzzers hold the product to the same contracts on any
 input.
 
-F1 to F7 are fixed. F8 and F9 are not yet: their tests are strict xfails, which fail the day
-the fix lands; then remove the marker, and the bug's entry in test_one_field_fuzz.PINNED.
+All nine are fixed; a new finding is pinned here as a strict xfail until its fix lands.
 """
 
 from __future__ import annotations
@@ -331,26 +330,22 @@ def test_detect_failures_answers_a_failing_pod_without_a_uid_with_400(
 
 # -- F8: a null restart count -----------------------------------------------------------------
 
-# The shape check lets any leaf be null (podshape._check_field), but only a timestamp can be:
+# The shape check let any leaf be null, but only a timestamp can be:
 # metav1.Time marshals its zero value as null, while restartCount is a plain int32 the API
 # server always writes. So a pod with `"restartCount": null` counts as well shaped, the
 # crash-loop rule's `in_a_row < restarts` raises TypeError, and it is re-raised as a bug of
-# ours: detect-failures answers 500. Found by test_one_field_fuzz.py. Proposed fix: in
-# shared/podshape.py, let null pass only for timestamp fields (a TIME leaf shape for
-# creationTimestamp, deletionTimestamp, startTime, startedAt, finishedAt,
-# lastTransitionTime); every other leaf refuses it. The pod is then malformed: MalformedPod,
-# 400, skipped by the sweep, like F3.
+# ours: detect-failures answered 500. Found by test_one_field_fuzz.py. Fixed in
+# shared/podshape.py: null passes only for timestamp fields (the TIME leaf shape); the pod is
+# then malformed: MalformedPod, 400, skipped by the sweep, like F3.
 NULL_RESTART_COUNT = ("status", "containerStatuses", 0, "restartCount")
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="F8: a null restartCount crashes")
 def test_classify_refuses_a_pod_whose_restart_count_is_null_as_malformed() -> None:
     pod = with_field(NULL_RESTART_COUNT, None)
     with pytest.raises(MalformedPod, match=r"restartCount must be int, not null"):
         classify(pod, Config(), NOW)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="F8 through detect-failures: a 500, retried for nothing")
 def test_detect_failures_answers_a_pod_whose_restart_count_is_null_with_400(
     function_client: ClientFactory,
 ) -> None:
@@ -362,14 +357,13 @@ def test_detect_failures_answers_a_pod_whose_restart_count_is_null_with_400(
 # -- F9: the sweep and a malformed stamp on a failing pod -----------------------------------
 
 
-# find_failures catches MalformedPod around the decisions, but builds the failing-pod event
+# find_failures caught MalformedPod around the decisions, but built the failing-pod event
 # (FailingPod.from_pod, which reads the excluded-nodes stamp) outside that try: a failing pod
 # whose stamp is not a string raises MalformedPod out of the sweep, which then judges none of
 # the other pods of its page. detect-failures builds it inside and answers 400. The sweep
 # lists pods from the API server, whose annotations are always strings, so only a caller of
-# find_failures with other data meets it. Found by test_one_field_fuzz.py. Proposed fix: in
-# shared/sweep.py, build FailingPod.from_pod inside the try, as detect does.
-@pytest.mark.xfail(strict=True, raises=MalformedPod, reason="F9: MalformedPod out of the sweep")
+# find_failures with other data meets it. Found by test_one_field_fuzz.py. Fixed: the sweep
+# builds FailingPod.from_pod inside the try, as detect does.
 def test_the_sweep_skips_a_failing_pod_whose_excluded_nodes_stamp_is_not_a_string() -> None:
     stamped = with_field(("metadata", "annotations", EXCLUDED_NODES_ANNOTATION), 7)
     failing = pods.pod("db-0", owner=("StatefulSet", "db"), containers=[pods.crash_looping()])
