@@ -77,6 +77,8 @@ class Killer:
                 or not proc.alive()
                 or server.ready_since is None
                 or now - server.ready_since < self.min_uptime
+                # Killed already, not reaped yet: the same process is not killed twice.
+                or any(k.pid == proc.pid for k in self.kills)
             ):
                 return False
             with contextlib.suppress(ProcessLookupError):
