@@ -87,7 +87,9 @@ def rows(r: JSON) -> list[tuple[str, str]]:
 def _workloads(r: JSON) -> str:
     w = r["storm"]["workloads"]
     parts = [f"{w.get(k, 0)} {k}s" for k in ("Deployment", "StatefulSet", "Job")]
-    return ", ".join([*parts, f"{r['storm']['bare_pods']} bare pods"])
+    extra = r["storm"].get("extra_waves", 0)
+    more = [f"{extra} extra waves"] if extra else []
+    return ", ".join([*parts, f"{r['storm']['bare_pods']} bare pods", *more])
 
 
 def _seconds(value: float | None) -> str:

@@ -146,7 +146,24 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
         restarts: list[JSON] = []
         revived: list[JSON] = []
         next_kill = t0 + rng.expovariate(1.0 / scales.random_kill_every)
-        while (now := time.monotonic()) < t0 + scales.chaos_s:
+        target_log = cluster.log_dir / f"{faults.TARGET}.log"
+        deadline, extra = t0 + scales.chaos_s, 0
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                landed = faults.kills_in_window(target_log, killer.kills)["kills_in_window"]
+                if landed >= scales.min_kills_in_window or extra >= scales.max_extra_waves:
+                    break
+                extra += 1
+                more = scenario.storm(scales, faulty, generation=extra)[:: scales.waves]
+                log(
+                    f"  {now - t0:5.1f}s {landed} kills between a state write and its delete "
+                    f"so far: one more wave ({len(more)} workloads)"
+                )
+                for w in more:
+                    _create(cluster, w)
+                workloads += more
+                deadline = now + scales.chaos_s / 2
             if created < len(waves) and now - t0 >= created * every:
                 for w in waves[created]:
                     _create(cluster, w)
@@ -197,7 +214,8 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
         snap = _retrying(lambda: collect(cluster, namespaces, faulty, ledger, stack))
         verdict = invariants.check(snap)
         landed = faults.kills_in_window(cluster.log_dir / f"{faults.TARGET}.log", killer.kills)
-        result = _figures(scales, seed, snap, verdict, stack, killer, landed, restarts, revived)
+        result = _figures(workloads, seed, snap, verdict, stack, killer, landed, restarts, revived)
+        result["storm"]["extra_waves"] = extra
         result["recovery"] = {
             "fault_window_s": round(faults_end - t0, 1),
             "healthy_after_faults_s": round(healthy_after, 1)
@@ -215,7 +233,7 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
 
 
 def _figures(
-    scales: scenario.Scales,
+    workloads: list[scenario.Workload],
     seed: int,
     snap: invariants.Snapshot,
     verdict: invariants.Verdict,
@@ -236,15 +254,9 @@ def _figures(
     return {
         "seed": seed,
         "storm": {
-            "pods": scales.pods,
-            "workloads": dict(
-                Counter(
-                    o.get("kind")
-                    for o in snap.objects
-                    if o.get("kind") in ("Deployment", "StatefulSet", "Job")
-                )
-            ),
-            "bare_pods": scales.bare_pods,
+            "pods": sum(w.pods for w in workloads),
+            "workloads": dict(Counter(w.kind for w in workloads if w.kind != "Pod")),
+            "bare_pods": sum(1 for w in workloads if w.kind == "Pod"),
             "pods_seen": len(snap.seen),
             "pods_removed": len(snap.gone),
         },

@@ -85,6 +85,12 @@ class Scales:
     etcd_restarts: int
     # The router's faults (seeded from the run's seed).
     router: JSON = field(default_factory=dict)
+    # A run in which fewer kills than this landed between a state write and the removal it
+    # was for (read from the function's log) gets one more wave and half a window more, at
+    # most max_extra_waves times: the moment is a race, and a run that never hit it proves
+    # nothing about it.
+    min_kills_in_window: int = 1
+    max_extra_waves: int = 2
 
     @property
     def pods(self) -> int:
@@ -120,9 +126,9 @@ QUICK: Final = Scales(
     chaos_s=50.0,
     settle_s=80.0,
     sweep_every=8.0,
-    kill_on_write=0.8,
-    random_kill_every=12.0,
-    min_uptime=3.0,
+    kill_on_write=1.0,
+    random_kill_every=20.0,
+    min_uptime=2.0,
     waves=2,
     apiserver_restarts=1,
     etcd_restarts=1,
@@ -200,6 +206,13 @@ class Workload:
     body: JSON
 
     @property
+    def pods(self) -> int:
+        spec = self.body.get("spec") or {}
+        if self.kind == "Pod":
+            return 1
+        return int(spec.get("parallelism" if self.kind == "Job" else "replicas", 1))
+
+    @property
     def path(self) -> str:
         group = {
             "Deployment": "apis/apps/v1",
@@ -216,9 +229,11 @@ class Workload:
         return f"/{base}/namespaces/{self.namespace}/{plural[self.kind]}"
 
 
-def storm(scales: Scales, faulty: list[str]) -> list[Workload]:
-    """The workloads, each preferring one faulty node (round robin), with budgets to recover."""
+def storm(scales: Scales, faulty: list[str], generation: int = 0) -> list[Workload]:
+    """The workloads, each preferring one faulty node (round robin), with budgets to recover.
+    A later ``generation`` (an extra wave) has names of its own."""
     f = len(faulty)
+    g = f"g{generation}-" if generation else ""
     out: list[Workload] = []
     k = 0
 
@@ -228,7 +243,7 @@ def storm(scales: Scales, faulty: list[str]) -> list[Workload]:
         return faulty[(k - 1) % f]
 
     for i in range(scales.deployments):
-        name, node = f"web-{i}", prefer()
+        name, node = f"web-{g}{i}", prefer()
         # A ReplicaSet's budget is retries x replicas, shared: a move per faulty node per pod.
         retries = f + 1
         body = {
@@ -243,7 +258,7 @@ def storm(scales: Scales, faulty: list[str]) -> list[Workload]:
         }
         out.append(Workload("Deployment", NAMESPACES["Deployment"], name, node, retries, body))
     for i in range(scales.statefulsets):
-        name, node = f"db-{i}", prefer()
+        name, node = f"db-{g}{i}", prefer()
         retries = f + 2  # per pod
         body = {
             "apiVersion": "apps/v1",
@@ -259,7 +274,7 @@ def storm(scales: Scales, faulty: list[str]) -> list[Workload]:
         }
         out.append(Workload("StatefulSet", NAMESPACES["StatefulSet"], name, node, retries, body))
     for i in range(scales.jobs):
-        name, node = f"report-{i}", prefer()
+        name, node = f"report-{g}{i}", prefer()
         retries = scales.job_parallelism * f + 2  # one budget for the whole Job
         body = {
             "apiVersion": "batch/v1",
@@ -276,7 +291,7 @@ def storm(scales: Scales, faulty: list[str]) -> list[Workload]:
         }
         out.append(Workload("Job", NAMESPACES["Job"], name, node, retries, body))
     for i in range(scales.bare_pods):
-        name, node = f"solo-{i}", prefer()
+        name, node = f"solo-{g}{i}", prefer()
         retries = f + 2
         body = {
             "apiVersion": "v1",

@@ -1,10 +1,12 @@
-"""The short chaos run (``python -m bench.chaos --quick``, about two and a half minutes) holds
+"""The short chaos run (``python -m bench.chaos --quick``, about a minute and a half) holds
 every invariant, and its faults really happened.
 
 The run starts its own local control plane (six nodes, two of them faulty) and the whole
 pipeline, creates a storm of failing pods across Deployments, StatefulSets, Jobs and bare pods,
 and for 50 s SIGKILLs update-annotations (on state writes and at random), restarts
-kube-apiserver and etcd, and has the router lose, drop, duplicate and reorder deliveries. Then
+kube-apiserver and etcd, and has the router lose, drop, duplicate and reorder deliveries (25 s
+and one more wave of pods at a time, twice at most, until a kill has landed between a state
+write and the removal it was for: that moment is a race). Then
 it waits for every replica to be healthy and judges the invariants on what the API server says
 (bench/chaos/invariants.py). A run that injected no fault of some kind proves nothing about
 it, so each kind is counted here too.
