@@ -58,10 +58,11 @@ def test_every_page_of_the_sweeps_pod_list_comes_from_the_watch_cache(
 
     pages = -(-result.listed // PAGE)
     assert result.listed >= PODS
-    assert grew(before, after, "apiserver_cache_list_total") == pages
-    # No page was a list against etcd (the only etcd request is the consistent read's revision).
+    # At least our pages (the counters are the API server's: other clients of the shared test
+    # cluster may list pods meanwhile, from the cache too).
+    assert grew(before, after, "apiserver_cache_list_total") >= pages
+    # No page was a list against etcd (a consistent read only asks etcd for its revision).
     etcd_lists = [
         k for k in after if k.startswith("etcd_requests_total") and 'operation="list' in k
     ]
-    assert grew(before, after, "etcd_requests_total") <= 1
     assert all(after[k] == before.get(k, 0.0) for k in etcd_lists)
