@@ -113,6 +113,23 @@ def node_exclusion_requirements(nodes: Iterable[str]) -> list[NodeSelectorRequir
     return [{"key": NODE_NAME_FIELD, "operator": "NotIn", "values": [node]} for node in nodes]
 
 
+_OUR_ANNOTATIONS: Final = (
+    POLICY_STAMP_ANNOTATION,
+    STUCK_AFTER_ANNOTATION,
+    EXCLUDED_NODES_ANNOTATION,
+    KSE_SCHEDULED_HOSTS_ANNOTATION,
+)
+
+
+def _carries_our_marks(pod: Pod) -> bool:
+    """Whether the pod carries a stamp or label of ours (copied from a template, say)."""
+    meta = pod.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    return OPTED_IN_LABEL in (meta.get("labels") or {}) or any(
+        key in annotations for key in _OUR_ANNOTATIONS
+    )
+
+
 def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     """The patch that stamps the owner's policy and exclusions onto a pod being created.
 
@@ -124,6 +141,10 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     labels = pod.get("metadata", {}).get("labels") or {}
     if OPT_OUT_LABEL in labels:
         return Mutation(reasons=(f"pod has the {OPT_OUT_LABEL} label",), pod=pod)
+    if owner.policy is None and not _carries_our_marks(pod):
+        # Most pods of a cluster: nothing to stamp, nothing stale to remove. Every pod create
+        # comes here, so no copy and no diff for them.
+        return Mutation(reasons=("not opted in",), pod=pod)
     changed = copy.deepcopy(pod)
     reasons: list[str] = []
     meta = changed.setdefault("metadata", {})

@@ -231,9 +231,12 @@ def test_the_owners_policy_replaces_a_different_stamp_from_the_template() -> Non
 
 
 def test_an_owner_without_policy_or_exclusions_changes_nothing() -> None:
-    mutation = checked_mutate(pods.new_pod(), OwnerFacts(policy=None))
+    pod = pods.new_pod()
+    mutation = checked_mutate(pod, OwnerFacts(policy=None))
     assert mutation.patch == ()
-    assert mutation.reasons == ("nothing to change",)
+    assert mutation.reasons == ("not opted in",)
+    # Every pod create in the cluster comes here: no copy, no diff.
+    assert mutation.pod is pod
 
 
 def test_a_stale_exclusions_stamp_is_removed() -> None:
