@@ -82,3 +82,23 @@ REASON_REPLACEMENT_REFUSED: Final = "ReplacementRefused"
 # A label, not an annotation: only labels can be selected on.
 OPTED_IN_LABEL: Final = PREFIX + "opted-in"
 OPTED_IN_VALUE: Final = "true"
+
+# Per-workload opt-in, on a Job (its CronJob's jobTemplate copies it) or on a CronJob: at the
+# Job's creation the webhook gives a Job with restartPolicy Never and no podFailurePolicy of its
+# own the rule `Ignore` on the `DisruptionTarget` condition, so a move (an eviction) does not
+# count against its backoffLimit. The field is immutable once the Job exists.
+IGNORE_DISRUPTIONS_ANNOTATION: Final = PREFIX + "ignore-disruptions"
+# A move would make the Job controller fail the Job (its backoffLimit, a per-index limit, or a
+# FailJob rule of its pod failure policy): the pod is left where it is.
+REASON_MOVE_WOULD_FAIL_JOB: Final = "MoveWouldFailJob"
+# A move counted against the Job's backoffLimit used its last retry: one more failed pod, from
+# any cause, fails the Job.
+REASON_JOB_RETRIES_SPENT: Final = "JobRetriesSpent"
+
+# Kubernetes' own names that the Job logic reads (pkg/controller/job, k8s.io/api/batch/v1).
+# The finalizer the Job controller keeps on its pods until it has counted them.
+JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
+# On an Indexed Job's pod (backoffLimitPerIndex): the failures counted for its index so far.
+JOB_INDEX_FAILURE_COUNT_ANNOTATION: Final = "batch.kubernetes.io/job-index-failure-count"
+# The pod condition the Eviction API sets (reason EvictionByEvictionAPI) before deleting.
+DISRUPTION_TARGET_CONDITION: Final = "DisruptionTarget"

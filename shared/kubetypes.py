@@ -27,6 +27,7 @@ class ObjectMeta(TypedDict, total=False):
     ownerReferences: list[OwnerReference]
     deletionTimestamp: str
     creationTimestamp: str
+    finalizers: list[str]
 
 
 class ContainerStateWaiting(TypedDict, total=False):
@@ -96,6 +97,61 @@ class Pod(TypedDict, total=False):
     metadata: ObjectMeta
     spec: PodSpec
     status: PodStatus
+
+
+# A Job, as far as the cost of moving one of its pods goes (pkg/controller/job).
+class PodFailurePolicyOnExitCodes(TypedDict, total=False):
+    containerName: str
+    operator: str
+    values: list[int]
+
+
+class PodFailurePolicyOnPodCondition(TypedDict, total=False):
+    type: str
+    status: str
+
+
+class PodFailurePolicyRule(TypedDict, total=False):
+    action: str
+    onExitCodes: PodFailurePolicyOnExitCodes
+    onPodConditions: list[PodFailurePolicyOnPodCondition]
+
+
+class PodFailurePolicy(TypedDict, total=False):
+    rules: list[PodFailurePolicyRule]
+
+
+class PodTemplate(TypedDict, total=False):
+    metadata: ObjectMeta
+    spec: PodSpec
+
+
+class JobSpec(TypedDict, total=False):
+    backoffLimit: int
+    backoffLimitPerIndex: int
+    completionMode: str
+    managedBy: str
+    podFailurePolicy: PodFailurePolicy
+    podReplacementPolicy: str
+    template: PodTemplate
+
+
+class UncountedTerminatedPods(TypedDict, total=False):
+    succeeded: list[str]
+    failed: list[str]
+
+
+class JobStatus(TypedDict, total=False):
+    failed: int
+    uncountedTerminatedPods: UncountedTerminatedPods
+
+
+class Job(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    spec: JobSpec
+    status: JobStatus
 
 
 class AdmissionRequest(TypedDict, total=False):
