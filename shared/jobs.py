@@ -40,6 +40,7 @@ move only, lists the Job's pods.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -396,6 +397,10 @@ class JobMutation:
     @property
     def changed(self) -> bool:
         return bool(self.patch)
+
+    def patch_json(self) -> bytes:
+        """The patch as the AdmissionResponse wants it (before base64)."""
+        return json.dumps(list(self.patch), separators=(",", ":")).encode()
 
 
 def ignore_disruptions(job: Job, *, opted_in: bool, asked: bool) -> JobMutation:

@@ -17,6 +17,13 @@ A state that is a copy of another object's (a ReplicaSet born with its Deploymen
 `kubectl rollout undo`; see "Whose state" in `shared.state`) gives no exclusions: they are
 another ReplicaSet's. A pod that did not opt in only loses stale stamps of ours copied from
 elsewhere (the label included).
+
+It is also called on Job CREATE (a second webhook of the same registration): a Job that asks
+with ``kn-rescheduler.io/ignore-disruptions: "true"`` (on itself, its CronJob's jobTemplate,
+or its CronJob) and opted in gets the pod failure policy that makes our moves free
+(``shared.jobs.ignore_disruptions``); the field is immutable afterwards, so creation is the
+only moment. A CronJob's own annotations are not copied onto its Jobs: reading them costs one
+GET per Job a CronJob creates, and none for any other Job.
 """
 
 from __future__ import annotations
@@ -28,17 +35,24 @@ from typing import Any
 
 from shared import kube, metrics
 from shared.admission import Mutation, OwnerFacts, mutate
+from shared.classify import controller_of
 from shared.config import Config
-from shared.constants import STATE_ANNOTATION, STUCK_AFTER_ANNOTATION
-from shared.kubetypes import Pod
+from shared.constants import (
+    IGNORE_DISRUPTIONS_ANNOTATION,
+    POLICY_ANNOTATION,
+    STATE_ANNOTATION,
+    STUCK_AFTER_ANNOTATION,
+)
+from shared.jobs import JobMutation, ignore_disruptions
+from shared.kubetypes import Job, Pod
 from shared.owners import Holder, resolve
-from shared.policy import OwnerKind
+from shared.policy import OwnerKind, parse_retries
 from shared.state import StateError, exclusions_for, foreign_copy, load_state_lenient
 
 log = logging.getLogger(__name__)
 
 
-def review_response(uid: str, mutation: Mutation | None = None) -> dict[str, Any]:
+def review_response(uid: str, mutation: Mutation | JobMutation | None = None) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if mutation is not None and mutation.changed:
         response["patchType"] = "JSONPatch"
@@ -83,8 +97,13 @@ class Admitter:
         ).inc()
         return review_response(uid, mutation)
 
-    def decide(self, request: Mapping[str, Any]) -> Mutation | None:
-        if request.get("operation") != "CREATE" or (request.get("kind") or {}).get("kind") != "Pod":
+    def decide(self, request: Mapping[str, Any]) -> Mutation | JobMutation | None:
+        if request.get("operation") != "CREATE":
+            return None
+        kind = request.get("kind") or {}
+        if kind.get("group") == "batch" and kind.get("kind") == "Job":
+            return self.decide_job(request)
+        if kind.get("kind") != "Pod":
             return None
         namespace = request.get("namespace") or ""
         if self.cfg.is_excluded_namespace(namespace):
@@ -123,6 +142,44 @@ class Admitter:
                     "reasons": list(mutation.reasons),
                 },
             )
+        return mutation
+
+    def decide_job(self, request: Mapping[str, Any]) -> JobMutation | None:
+        """A Job being created: the Ignore DisruptionTarget rule, when asked and opted in."""
+        namespace = request.get("namespace") or ""
+        if self.cfg.is_excluded_namespace(namespace):
+            return None
+        raw = request.get("object")
+        if not isinstance(raw, dict) or not isinstance(raw.get("metadata"), dict):
+            return None
+        job: Job = raw  # type: ignore[assignment]
+        meta = job["metadata"]
+        annotations = dict(meta.get("annotations") or {})
+        wanted = (POLICY_ANNOTATION, IGNORE_DISRUPTIONS_ANNOTATION)
+        owner = controller_of(job)  # type: ignore[arg-type]
+        from_cron = owner is not None and owner.get("kind") == "CronJob" and owner.get("name")
+        if from_cron and any(key not in annotations for key in wanted):
+            # The jobTemplate's annotations are on the Job already; the CronJob's own are not,
+            # and fill in what the Job lacks.
+            assert owner is not None
+            cron = self.api.get("CronJob", namespace, str(owner["name"]))
+            for key, value in ((cron.get("metadata") or {}).get("annotations") or {}).items():
+                if key in wanted:
+                    annotations.setdefault(key, value)
+        asked = annotations.get(IGNORE_DISRUPTIONS_ANNOTATION, "").strip().lower() == "true"
+        if not asked:
+            return JobMutation(reasons=("not asked",), job=job)
+        retries = parse_retries(annotations.get(POLICY_ANNOTATION), self.cfg.max_retries)
+        mutation = ignore_disruptions(
+            job, opted_in=isinstance(retries, int) and retries > 0, asked=True
+        )
+        log.info(
+            "admitted job",
+            extra={
+                "job": f"{namespace}/{meta.get('name') or meta.get('generateName', '')}",
+                "reasons": list(mutation.reasons),
+            },
+        )
         return mutation
 
     def _exclusions(self, holder: Holder, owner_kind: str, pod_name: str | None) -> tuple[str, ...]:

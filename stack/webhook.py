@@ -59,46 +59,54 @@ def configuration(
     url: str, ca_crt: Path, *, name: str = NAME, timeout_seconds: int = 5
 ) -> dict[str, Any]:
     """The MutatingWebhookConfiguration, as knative/ ships it but reached by URL."""
+    pods = _webhook("pods.kn-rescheduler.io", url, ca_crt, timeout_seconds, "", "pods")
+    # The same function, for Jobs being created (a Job asking for free moves gets its pod
+    # failure policy; see shared/jobs.py). A separate webhook, so each rule stays obvious.
+    jobs = _webhook("jobs.kn-rescheduler.io", url, ca_crt, timeout_seconds, "batch", "jobs")
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [
+        "webhooks": [pods, jobs],
+    }
+
+
+def _webhook(
+    name: str, url: str, ca_crt: Path, timeout_seconds: int, group: str, resource: str
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "clientConfig": {
+            "url": url,
+            "caBundle": base64.b64encode(ca_crt.read_bytes()).decode(),
+        },
+        "rules": [
             {
-                "name": "pods.kn-rescheduler.io",
-                "clientConfig": {
-                    "url": url,
-                    "caBundle": base64.b64encode(ca_crt.read_bytes()).decode(),
-                },
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                # Never block pod creation: a webhook that is down or slow is skipped.
-                "failurePolicy": "Ignore",
-                "timeoutSeconds": timeout_seconds,
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "reinvocationPolicy": "Never",
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        {
-                            "key": "kubernetes.io/metadata.name",
-                            "operator": "NotIn",
-                            "values": ["kube-system", DEFAULT_NAMESPACE],
-                        }
-                    ]
-                },
-                "objectSelector": {
-                    "matchExpressions": [{"key": OPT_OUT_LABEL, "operator": "DoesNotExist"}]
-                },
+                "apiGroups": [group],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": [resource],
+                "scope": "Namespaced",
             }
         ],
+        # Never block pod creation: a webhook that is down or slow is skipped.
+        "failurePolicy": "Ignore",
+        "timeoutSeconds": timeout_seconds,
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "reinvocationPolicy": "Never",
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": ["kube-system", DEFAULT_NAMESPACE],
+                }
+            ]
+        },
+        "objectSelector": {
+            "matchExpressions": [{"key": OPT_OUT_LABEL, "operator": "DoesNotExist"}]
+        },
     }
 
 

@@ -214,18 +214,26 @@ def test_the_webhook_registration_is_the_local_one_reached_through_the_clusterip
 ) -> None:
     ca = tmp_path / "ca.crt"
     ca.write_text("not used")
-    local = local_webhook.configuration("https://127.0.0.1:1/", ca)["webhooks"][0]
+    local = local_webhook.configuration("https://127.0.0.1:1/", ca)["webhooks"]
     shipped = copy.deepcopy(find(base, "MutatingWebhookConfiguration", local_webhook.NAME))
-    (hook,) = shipped["webhooks"]
-    client = hook.pop("clientConfig")
-    local.pop("clientConfig")
-    assert hook == local
-    assert client == {
-        "service": {"name": WEBHOOK_SERVICE, "namespace": NAMESPACE, "port": 443, "path": "/"}
-    }
-    assert hook["objectSelector"]["matchExpressions"] == [
-        {"key": OPT_OUT_LABEL, "operator": "DoesNotExist"}
+    # Pods, then Jobs being created (the ignore-disruptions rule).
+    assert [hook["name"] for hook in shipped["webhooks"]] == [
+        "pods.kn-rescheduler.io",
+        "jobs.kn-rescheduler.io",
     ]
+    assert len(local) == len(shipped["webhooks"])
+    for hook, ours in zip(shipped["webhooks"], local, strict=True):
+        client = hook.pop("clientConfig")
+        ours.pop("clientConfig")
+        assert hook == ours
+        assert client == {
+            "service": {"name": WEBHOOK_SERVICE, "namespace": NAMESPACE, "port": 443, "path": "/"}
+        }
+        assert hook["failurePolicy"] == "Ignore"
+        assert hook["objectSelector"]["matchExpressions"] == [
+            {"key": OPT_OUT_LABEL, "operator": "DoesNotExist"}
+        ]
+    assert shipped["webhooks"][1]["rules"][0]["resources"] == ["jobs"]
 
 
 def test_the_clusterip_service_targets_the_tls_port_of_the_webhook_pods(base: list[Obj]) -> None:
