@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from shared.classify import controller_of
 from shared.constants import POLICY_ANNOTATION
+from shared.jobs import JobFacts
 from shared.kube import Kube
 from shared.policy import OwnerKind
 from shared.state import StatefulSetRange
@@ -75,6 +76,9 @@ class Holder:
     # The holder's own controller (a ReplicaSet's Deployment) as its ownerReference names it;
     # not read. None for a holder without one.
     controller: Ref | None = None
+    # A Job holder's spec and status as far as the cost of a move goes (shared.jobs); None
+    # for other kinds. Re-read with the holder, so a re-plan sees the Job's latest counts.
+    job: JobFacts | None = field(default=None, compare=False)
 
     @property
     def statefulset(self) -> StatefulSetRange | None:
@@ -135,6 +139,7 @@ def holder_of(kind: str, obj: Mapping[str, Any]) -> Holder:
         replicas=replicas if type(replicas) is int and replicas >= 0 else None,
         start_ordinal=start,
         controller=_ref(str(meta.get("namespace", "")), controller) if controller else None,
+        job=JobFacts.from_job(obj) if kind == JOB else None,
     )
 
 

@@ -48,7 +48,13 @@ from enum import StrEnum
 from typing import Any, Final
 
 from shared import bodies, events, kube, metrics, rollouts
-from shared.classify import Failure, FailureKind, classify, unschedulable_due_to_exclusions
+from shared.classify import (
+    Failure,
+    FailureKind,
+    classify,
+    controller_of,
+    unschedulable_due_to_exclusions,
+)
 from shared.config import Config
 from shared.constants import (
     DEFAULT_NAMESPACE,
@@ -67,7 +73,7 @@ from shared.constants import (
 )
 from shared.failing import FailingPod
 from shared.kubetypes import Pod
-from shared.owners import BARE, Holder, Ref, Resolution, holder_of, resolve
+from shared.owners import BARE, JOB, Holder, Ref, Resolution, holder_of, resolve
 from shared.policy import InvalidPolicy, OwnerKind, Policy, parse_reset_after, parse_retries
 from shared.replacements import is_terminal_failure, label_selector, redirects
 from shared.state import Action, FailureFacts, Plan, StateError, dump_state, load_state, plan
@@ -625,7 +631,7 @@ class Rescheduler:
                     raise
                 trace.note(f"dry run: the replacement of {ns}/{name} would be refused: {exc}")
                 return refused
-        if self.cfg.use_eviction:
+        if self._evicts(live):
             try:
                 dry.evict(ns, name, uid=uid)
             except (kube.NotFound, kube.Conflict):
@@ -690,7 +696,7 @@ class Rescheduler:
                 trace.note(f"the replacement of {ns}/{name} was refused: {exc}")
                 return refused
         try:
-            if self.cfg.use_eviction:
+            if self._evicts(live):
                 self.api.evict(ns, name, uid=uid)
                 trace.note(f"evicted pod {ns}/{name}")
             else:
@@ -707,6 +713,14 @@ class Rescheduler:
             trace.note(f"evicting {ns}/{name} was refused after the move was recorded: {exc}")
             return self._deferral(Step.EVICTION, exc, ns, name, charged=True) or Removal.GONE
         return Removal.REMOVED
+
+    def _evicts(self, live: Pod) -> bool:
+        """Whether the pod is removed with the Eviction API rather than a DELETE: with
+        ``use_eviction``, and always for a Job's pod, whose eviction sets the
+        ``DisruptionTarget`` condition a pod failure policy can ignore (``shared.jobs``; a
+        DELETE sets none, and the Job counts the pod against its backoffLimit)."""
+        owner = controller_of(live)
+        return self.cfg.use_eviction or (owner is not None and owner.get("kind") == JOB)
 
     def _deferral(
         self, step: Step, error: kube.KubeError, ns: str, name: str, *, charged: bool
