@@ -30,6 +30,15 @@ know is refused, since acting on it could undo a newer release's bookkeeping)::
 Per-pod entries (StatefulSets only) leave out an empty `excludedNodes` and a false
 `exhaustedRecorded`, so a thousand pods fit easily.
 
+What a move records. A move charges one move and excludes the node the pod failed on. For a
+budget kept for the whole workload (a ReplicaSet, a Job) it also excludes, free of charge, the
+nodes where other pods of the same controller are failing now for a reason another node could
+fix (`also_failing`, listed by update-annotations). Without them a replacement admitted before
+the second faulty node is recorded is drawn to it (a preferred affinity, or an emptied node
+scoring best) and fails again: one move wasted per race. A StatefulSet's exclusions are its
+pods' own (web-0 failing somewhere says nothing about where web-1 may run: its own volume, its
+own identity), so nothing is added there; a bare pod has no siblings.
+
 Whose state. Annotations get copied: `kubectl rollout undo` copies a ReplicaSet's annotations
 onto its Deployment, and the Deployment controller copies a Deployment's annotations onto the
 ReplicaSets it creates; a manifest exported with `kubectl get -o yaml` and applied as a new
@@ -74,7 +83,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -598,6 +607,10 @@ class Plan:
     pruned: tuple[str, ...] = ()
     # Why the stored state was not the holder's own and was ignored (`foreign_copy`), if so.
     ignored_copy: str | None = None
+    # Nodes this move excluded besides the failing pod's own, because other pods of the
+    # workload are failing there now (`also_failing`); no move is counted for them. Only the
+    # ones not excluded before.
+    also_excluded: tuple[str, ...] = ()
 
 
 def plan(
@@ -609,6 +622,7 @@ def plan(
     holder_uid: str = "",
     handled_limit: int = DEFAULT_HANDLED_LIMIT,
     statefulset: StatefulSetRange | None = None,
+    also_failing: Iterable[str] = (),
 ) -> Plan:
     """Decide what to do about one failing pod, given the workload's state and policy.
 
@@ -616,6 +630,9 @@ def plan(
     another object is a copy and counts as empty (`foreign_copy`), and every state written
     records it. `statefulset` is the range of pods a StatefulSet wants now (from its spec);
     entries of other pod names are pruned. Without it nothing is pruned for its name.
+    `also_failing` are the nodes where other pods of the same controller are failing now for
+    a reason another node could fix: a move of a workload-wide budget excludes them too,
+    uncharged (see "What a move records" in the module docstring); otherwise they are ignored.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -783,7 +800,11 @@ def plan(
     ran_for = failure.ran_for
     # Unknown means "do not reset": keeping the node excluded is the conservative reading.
     reset = ran_for is not None and ran_for > policy.reset_after
+    siblings: tuple[str, ...] = ()
     if ran_for is not None and reset:
+        # No sibling's node is recorded either: a reset hands placement back to the default
+        # scheduler in full (not even the node this pod failed on is kept), and a sibling's
+        # node is recorded when that sibling itself moves.
         # The container ran fine for a long time: the nodes excluded before it was placed say
         # nothing about today's cluster, so let the default scheduler choose freely.
         new_excluded: tuple[str, ...] = ()
@@ -792,11 +813,21 @@ def plan(
             f"{format_duration(policy.reset_after)}), so the exclusions were cleared"
         )
     else:
+        if not per_pod and failure.owner_kind is not OwnerKind.POD:
+            siblings = _sibling_nodes(also_failing, failure.node)
         # Most recent last: a node failing again moves to the end, and the bound keeps the
-        # most recent ones.
-        kept = tuple(node for node in excluded if node != failure.node)
-        new_excluded = (*kept, failure.node)[-MAX_EXCLUDED_NODES:]
+        # most recent ones; the failing pod's own node is the most recent of all.
+        recorded = {*siblings, failure.node}
+        kept = tuple(node for node in excluded if node not in recorded)
+        new_excluded = (*kept, *siblings, failure.node)[-MAX_EXCLUDED_NODES:]
+        siblings = tuple(n for n in siblings if n in new_excluded and n not in excluded)
         detail = f"excluded nodes now: {', '.join(new_excluded)}"
+        if siblings:
+            them = "it" if len(siblings) == 1 else "them"
+            detail = (
+                f"also excluded {_nodes_word(siblings)} {', '.join(siblings)}, where other pods "
+                f"of the workload are failing now (no move counted for {them}); {detail}"
+            )
     new_moves = moves + 1
     return decided(
         Plan(
@@ -811,5 +842,22 @@ def plan(
             budget=budget,
             excluded_nodes=new_excluded,
             exclusions_cleared=reset,
+            also_excluded=siblings,
         )
     )
+
+
+def _sibling_nodes(also_failing: Iterable[str], failing_node: str) -> tuple[str, ...]:
+    """The valid, distinct nodes of `also_failing` other than the failing pod's, in order.
+
+    A name Kubernetes would refuse would make every new pod invalid (see the module
+    docstring): it is dropped, never written."""
+    seen: dict[str, None] = {}
+    for node in also_failing:
+        if node != failing_node and is_valid_node_name(node):
+            seen.setdefault(node, None)
+    return tuple(seen)
+
+
+def _nodes_word(nodes: tuple[str, ...]) -> str:
+    return "node" if len(nodes) == 1 else "nodes"

@@ -1088,3 +1088,167 @@ def test_a_state_without_a_holder_uid_is_written_without_one() -> None:
     result = plan(WorkloadState(), failed(), THREE, NOW)
     assert result.new_state is not None
     assert "holderUid" not in json.loads(dump_state(result.new_state))
+
+
+# -- what a move records besides its own node: where the workload's other pods fail now ---------
+
+
+class Siblings(NamedTuple):
+    state: WorkloadState
+    failure: FailureFacts
+    policy: Policy
+    also_failing: tuple[str, ...]
+    action: Action
+    excluded: tuple[str, ...]
+    also_excluded: tuple[str, ...]
+
+
+JOB = OwnerKind.JOB
+SIBLINGS = {
+    "a move also excludes the node where another pod of the workload is failing now": Siblings(
+        WorkloadState(),
+        failed(node="node-a"),
+        THREE,
+        ("node-b",),
+        Action.MOVE,
+        ("node-b", "node-a"),
+        ("node-b",),
+    ),
+    "sibling nodes are listed once, and the failing pod's own node last": Siblings(
+        WorkloadState(),
+        failed(node="node-a"),
+        THREE,
+        ("node-b", "node-a", "node-c", "node-b"),
+        Action.MOVE,
+        ("node-b", "node-c", "node-a"),
+        ("node-b", "node-c"),
+    ),
+    "a sibling node excluded before becomes recent again and is not announced as new": Siblings(
+        WorkloadState(moves=1, excluded_nodes=("node-b", "node-x"), updated_at=NOW),
+        failed(node="node-a"),
+        THREE,
+        ("node-b",),
+        Action.MOVE,
+        ("node-x", "node-b", "node-a"),
+        (),
+    ),
+    "a Job's move excludes its other pods' failing nodes too": Siblings(
+        WorkloadState(),
+        failed(node="node-a", name="report-5xk2p", kind=JOB),
+        Policy(3, JOB, replicas=4),
+        ("node-b",),
+        Action.MOVE,
+        ("node-b", "node-a"),
+        ("node-b",),
+    ),
+    "a StatefulSet pod's exclusions stay its own": Siblings(
+        WorkloadState(),
+        failed(node="node-a", name="db-0", kind=STS),
+        Policy(3, STS, replicas=3),
+        ("node-b",),
+        Action.MOVE,
+        ("node-a",),
+        (),
+    ),
+    "a bare pod has no siblings": Siblings(
+        WorkloadState(),
+        failed(node="node-a", name="debug-shell", kind=OwnerKind.POD),
+        Policy(1, OwnerKind.POD),
+        ("node-b",),
+        Action.MOVE,
+        ("node-a",),
+        (),
+    ),
+    "a reset records no sibling's node either": Siblings(
+        WorkloadState(moves=1, excluded_nodes=("node-x",), updated_at=NOW),
+        failed(node="node-a", ran_for=timedelta(hours=2)),
+        THREE,
+        ("node-b",),
+        Action.MOVE,
+        (),
+        (),
+    ),
+    "a name Kubernetes would refuse is dropped, never written": Siblings(
+        WorkloadState(),
+        failed(node="node-a"),
+        THREE,
+        ("Node_B", "", "node-c", "x" * 254),
+        Action.MOVE,
+        ("node-c", "node-a"),
+        ("node-c",),
+    ),
+    "a spent budget records its exhaustion and nothing more": Siblings(
+        WorkloadState(moves=3, excluded_nodes=("node-x",), updated_at=NOW),
+        failed(node="node-a"),
+        THREE,
+        ("node-b",),
+        Action.EXHAUSTED,
+        ("node-x",),
+        (),
+    ),
+    "a duplicate event of a pod already moved records nothing": Siblings(
+        WorkloadState(moves=1, excluded_nodes=("node-a",), handled=("uid-1",), updated_at=NOW),
+        failed(node="node-a"),
+        THREE,
+        ("node-b",),
+        Action.NOTHING,
+        ("node-a",),
+        (),
+    ),
+    "clearing exclusions that made a pod unschedulable adds none back": Siblings(
+        WorkloadState(moves=1, excluded_nodes=("node-a",), updated_at=NOW),
+        failed(unschedulable=True),
+        THREE,
+        ("node-b",),
+        Action.CLEAR_AND_MOVE,
+        (),
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SIBLINGS.values(), ids=SIBLINGS.keys())
+def test_what_a_move_records_besides_its_own_node(case: Siblings) -> None:
+    result = plan(
+        case.state,
+        case.failure,
+        case.policy,
+        NOW,
+        statefulset=DB if case.policy.owner_kind is STS else None,
+        also_failing=case.also_failing,
+    )
+    assert result.action is case.action
+    assert result.excluded_nodes == case.excluded
+    assert result.also_excluded == case.also_excluded
+    alone = plan(case.state, case.failure, case.policy, NOW)
+    # Sibling nodes are never charged: the count is what the move alone would have made it.
+    assert result.moves == alone.moves
+    if result.new_state is not None:
+        assert alone.new_state is not None
+        assert result.new_state.moves == alone.new_state.moves
+        assert exclusions_for(result.new_state, case.policy.owner_kind, "db-0") == case.excluded
+    for node in case.also_excluded:
+        assert node in result.message
+    if case.also_excluded:
+        assert "no move counted" in result.message
+
+
+def test_a_moves_record_of_sibling_nodes_is_bounded_and_keeps_the_failing_node() -> None:
+    state = WorkloadState(moves=1, excluded_nodes=("node-old",), updated_at=NOW)
+    siblings = tuple(f"node-{i:02d}" for i in range(40))
+    result = plan(state, failed(node="node-a"), THREE, NOW, also_failing=siblings)
+    assert result.excluded_nodes == (*siblings[-(MAX_EXCLUDED_NODES - 1) :], "node-a")
+    assert result.also_excluded == siblings[-(MAX_EXCLUDED_NODES - 1) :]
+    assert result.moves == 2
+
+
+def test_recording_sibling_nodes_twice_equals_recording_them_once() -> None:
+    first = plan(WorkloadState(), failed("u1", "node-a"), THREE, NOW, also_failing=("node-b",))
+    state = apply(WorkloadState(), first)
+    again = plan(state, failed("u1", "node-a"), THREE, NOW, also_failing=("node-b",))
+    assert again.action is Action.NOTHING and again.new_state is None
+    # The other pod, failing on node-b, moves in its turn: one more move, no node lost.
+    other = plan(state, failed("u2", "node-b"), THREE, NOW, also_failing=("node-a",))
+    assert other.moves == 2
+    assert other.excluded_nodes == ("node-a", "node-b")
+    assert other.also_excluded == ()
