@@ -98,6 +98,8 @@ REASON_JOB_RETRIES_SPENT: Final = "JobRetriesSpent"
 # Kubernetes' own names that the Job logic reads (pkg/controller/job, k8s.io/api/batch/v1).
 # The finalizer the Job controller keeps on its pods until it has counted them.
 JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
+# The label the Job controller puts on its pods (and selects them by): the Job's uid.
+JOB_CONTROLLER_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 # On an Indexed Job's pod (backoffLimitPerIndex): the failures counted for its index so far.
 JOB_INDEX_FAILURE_COUNT_ANNOTATION: Final = "batch.kubernetes.io/job-index-failure-count"
 # The pod condition the Eviction API sets (reason EvictionByEvictionAPI) before deleting.

@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from shared import bodies, events, kube, metrics, rollouts
+from shared import bodies, events, jobs, kube, metrics, rollouts
 from shared.classify import (
     Failure,
     FailureKind,
@@ -60,8 +60,10 @@ from shared.constants import (
     DEFAULT_NAMESPACE,
     EVENT_POD_EXHAUSTED,
     EVENT_POD_RESCHEDULED,
+    JOB_CONTROLLER_UID_LABEL,
     REASON_EXCLUSIONS_CLEARED,
     REASON_INVALID_POLICY,
+    REASON_JOB_RETRIES_SPENT,
     REASON_MOVE_DEFERRED,
     REASON_REPLACEMENT_NOT_ALLOWED,
     REASON_REPLACEMENT_REDIRECTED,
@@ -106,6 +108,8 @@ class Trace:
 
     steps: list[str] = field(default_factory=list)
     plan: Plan | None = None
+    # What the move costs the pod's Job, when it is a Job's pod (shared.jobs).
+    job_cost: jobs.MoveCost | None = None
 
     def note(self, message: str, **extra: Any) -> None:
         self.steps.append(message)
@@ -329,6 +333,16 @@ class Rescheduler:
             key=failing.uid,
             repeat=False,
         )
+        spent = trace.job_cost
+        if spent is not None and spent.verdict is jobs.Verdict.LAST_RETRY:
+            self._event(
+                holder.ref,
+                REASON_JOB_RETRIES_SPENT,
+                f"{spent.message}: one more failed pod, from any cause, fails the Job",
+                warning=True,
+                key=failing.uid,
+                repeat=False,
+            )
         return self._reply(failing, said.action, done, resolution, message=said.message)
 
     def _retries(
@@ -640,6 +654,29 @@ class Rescheduler:
                 trace.note(f"dry run: evicting {ns}/{name} would be refused: {exc}")
                 return self._deferral(Step.EVICTION, exc, ns, name, charged=False)
         return None
+
+    def _job_cost(self, live: Pod, decided: Plan, holder: Holder) -> jobs.MoveCost | None:
+        """What removing ``live`` costs its Job (``shared.jobs``), for a Job's pod about to be
+        removed by a move planned now; None otherwise.
+
+        A move the Job ignores (an eviction its pod failure policy ignores) costs one
+        judgement and no API call. One the Job counts needs the failures not yet in
+        ``status.failed``: one LIST of the Job's pods, by the controller-uid label the Job
+        controller puts on them (KubeErrors propagate: without the count, no counted move).
+        """
+        facts = holder.job
+        if facts is None or decided.new_state is None or not decided.delete_pod:
+            return None
+        if not facts.builtin:
+            return None  # another controller decides what a removed pod costs
+        evicting = self._evicts(live)
+        if jobs.judge_removal(facts, live, evicting=evicting).outcome is jobs.Outcome.IGNORED:
+            return jobs.move_cost(facts, live, evicting=evicting, pending=frozenset())
+        ns = holder.ref.namespace
+        selector = f"{JOB_CONTROLLER_UID_LABEL}={holder.ref.uid}"
+        pods: list[Any] = list(self.api.list_all("Pod", ns, label_selector=selector))
+        pending = jobs.pending_failures(facts, pods, decided.new_state.handled)
+        return jobs.move_cost(facts, live, evicting=evicting, pending=pending)
 
     def _replacement(self, live: Pod, decided: Plan) -> dict[str, Any]:
         meta = live.get("metadata", {})
