@@ -38,12 +38,13 @@ record one (RBAC included) is logged and never undoes or blocks a move.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
@@ -76,8 +77,16 @@ from shared.constants import (
 from shared.failing import FailingPod
 from shared.kubetypes import Pod
 from shared.owners import BARE, JOB, Holder, Ref, Resolution, holder_of, resolve
-from shared.policy import InvalidPolicy, OwnerKind, Policy, parse_reset_after, parse_retries
+from shared.policy import (
+    BudgetScope,
+    InvalidPolicy,
+    OwnerKind,
+    Policy,
+    parse_reset_after,
+    parse_retries,
+)
 from shared.replacements import is_terminal_failure, label_selector, redirects
+from shared.siblings import failing_siblings, nodes_of, sibling_selector
 from shared.state import Action, FailureFacts, Plan, StateError, dump_state, load_state, plan
 
 log = logging.getLogger(__name__)
@@ -531,13 +540,22 @@ class Rescheduler:
         trace: Trace,
     ) -> Plan | Deferral:
         """Plan, check that the removal would go through, and write the state,
-        compare-and-swap on resourceVersion."""
+        compare-and-swap on resourceVersion.
+
+        A move of a workload-wide budget (a ReplicaSet's or a Job's pod) also records the nodes
+        where other pods of the same controller are failing now (`_failing_elsewhere`): one
+        LIST of pods per move, made once the first plan says "move" (a re-plan after a
+        conflict reuses it); none for an event that moves nothing (a duplicate, an exhausted
+        budget), a StatefulSet's pod or a bare pod.
+        """
         holder = resolution.holder
         assert holder is not None
         owner_kind = OwnerKind(resolution.owner_kind)
         facts = FailureFacts.from_pod(live, failure, owner_kind)
         attempt = 0
         checked = False
+        # The nodes of the pods of the workload failing elsewhere; None until listed.
+        also_failing: tuple[str, ...] | None = None
         while True:
             attempt += 1
             reset = parse_reset_after(
@@ -559,7 +577,8 @@ class Rescheduler:
                     f"{holder.ref.describe()} has a state annotation we cannot read ({exc}); "
                     "refusing to act rather than overwrite it"
                 ) from exc
-            decided = plan(
+            decide = functools.partial(
+                plan,
                 state,
                 facts,
                 policy,
@@ -568,6 +587,17 @@ class Rescheduler:
                 handled_limit=self.cfg.handled_uids_max,
                 statefulset=holder.statefulset,
             )
+            decided = decide(also_failing=also_failing or ())
+            if (
+                decided.action is Action.MOVE
+                and also_failing is None
+                and policy.scope is BudgetScope.WORKLOAD
+                and not bare
+            ):
+                # Listed only now that a move is decided: nothing else needs it.
+                also_failing = self._failing_elsewhere(live, policy.reset_after, trace)
+                if also_failing:
+                    decided = decide(also_failing=also_failing)
             trace.plan = decided
             if decided.new_state is None:
                 trace.note(f"plan: {decided.action} ({decided.reason}): {decided.message}")
@@ -610,6 +640,40 @@ class Rescheduler:
                     warning=decided.action is Action.EXHAUSTED,
                 )
             return decided
+
+    def _failing_elsewhere(
+        self, live: Pod, reset_after: timedelta, trace: Trace
+    ) -> tuple[str, ...]:
+        """The nodes where other pods of the failing pod's controller are failing now, for a
+        reason another node could fix (shared.siblings): one LIST of the pod's namespace by
+        its labels (a page per 500 pods).
+
+        Best effort: a failed LIST is logged and the move records its own node only. A node
+        left out costs at most one more move of a replacement that lands there, never a
+        record.
+        """
+        meta = live.get("metadata", {})
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        selector = sibling_selector(live)
+        if selector is None:
+            return ()
+        try:
+            candidates = list(self.api.list_all("Pod", ns, label_selector=selector))
+        except kube.KubeError as exc:
+            log.warning(
+                "could not list the other pods of %s/%s (%s): recording its own node only",
+                ns,
+                name,
+                exc,
+            )
+            trace.note(f"pod {ns}/{name}: the other pods of its workload could not be listed")
+            return ()
+        found = failing_siblings(live, candidates, self.cfg, self.clock(), reset_after=reset_after)
+        if found:
+            said = ", ".join(f"{s.name} on {s.node} ({s.reason})" for s in found[:10])
+            more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+            trace.note(f"pod {ns}/{name}: other pods of its workload failing now: {said}{more}")
+        return nodes_of(found)
 
     def _reread(self, holder: Holder) -> Holder:
         obj = self.api.get(holder.ref.kind, holder.ref.namespace, holder.ref.name)

@@ -1,0 +1,174 @@
+"""Which other pods of a workload say that their node is failing it now (shared.siblings)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from typing import Any, NamedTuple, cast
+
+import pytest
+
+from shared.config import Config
+from shared.kubetypes import Pod
+from shared.siblings import (
+    JOB_COMPLETION_INDEX_LABEL,
+    FailingSibling,
+    failing_siblings,
+    nodes_of,
+    sibling_selector,
+)
+
+from . import pods
+from .pods import NOW
+
+RESET_AFTER = Config().reset_after
+# The pod being moved: crash-looping on node-a.
+MOVING = pods.pod("web-7d9c8b6f4-x2x9z", node="node-a", containers=[pods.crash_looping(restarts=4)])
+
+
+def sibling(
+    name: str = "web-7d9c8b6f4-k8m2p",
+    *,
+    node: str | None = "node-b",
+    restarts: int = 4,
+    **kwargs: Any,
+) -> Pod:
+    """Another pod of web's ReplicaSet, crash-looping past the threshold on node-b unless told
+    otherwise."""
+    kwargs.setdefault("containers", [pods.crash_looping(restarts=restarts, pod_name=name)])
+    return pods.pod(name, node=node, **kwargs)
+
+
+def ran_long_then_evicted(node: str) -> Pod:
+    """Evicted after its container had run for two hours."""
+    evicted = copy.deepcopy(pods.evicted(node=node, name="web-7d9c8b6f4-l0ng1"))
+    status = cast(dict[str, Any], evicted["status"])
+    terminated = status["containerStatuses"][0]["state"]["terminated"]
+    terminated["startedAt"] = pods.ts(NOW - timedelta(hours=2))
+    return evicted
+
+
+class Case(NamedTuple):
+    candidate: Pod
+    counts: bool
+
+
+CASES = {
+    "a pod of the same ReplicaSet crash-looping on another node": Case(sibling(), True),
+    "a pod of the same ReplicaSet the kubelet evicted from another node": Case(
+        pods.evicted(node="node-c", name="web-7d9c8b6f4-e4v1c"), True
+    ),
+    "a pod still below the crash-loop threshold": Case(sibling(restarts=1), False),
+    "a pod crash-looping beside a container no node can start": Case(
+        sibling(
+            containers=[
+                pods.crash_looping(restarts=4),
+                pods.waiting("CreateContainerConfigError", 'secret "db" not found', "sidecar"),
+            ]
+        ),
+        False,
+    ),
+    "a healthy pod": Case(sibling(containers=[pods.running()]), False),
+    "a pod of another ReplicaSet (an older rollout)": Case(
+        sibling(owner=("ReplicaSet", "web-55d8f9c7b")), False
+    ),
+    "a pod without a controller": Case(sibling(owner=None), False),
+    "a pod already being deleted": Case(sibling(deleting=True), False),
+    "a pod failing on the moving pod's own node": Case(sibling(node="node-a"), False),
+    "a pod no node has taken yet": Case(pods.unschedulable(excluded=["node-a"]), False),
+    "a pod that opted out": Case(sibling(labels={"kn-rescheduler.io/ignore": "true"}), False),
+    "a pod whose container ran past reset-after before it failed": Case(
+        ran_long_then_evicted("node-c"), False
+    ),
+    "the moving pod itself": Case(MOVING, False),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_only_another_pod_of_the_controller_failing_where_a_node_is_to_blame_counts(
+    case: Case,
+) -> None:
+    found = failing_siblings(MOVING, [case.candidate], Config(), NOW, reset_after=RESET_AFTER)
+    assert bool(found) is case.counts
+    if case.counts:
+        (only,) = found
+        assert only.node == case.candidate["spec"]["nodeName"]
+        assert only.name == case.candidate["metadata"]["name"]
+
+
+def test_the_nodes_are_listed_once_each_in_order() -> None:
+    candidates = [
+        sibling("web-7d9c8b6f4-c2", node="node-c"),
+        sibling("web-7d9c8b6f4-b2", node="node-b"),
+        sibling("web-7d9c8b6f4-c1", node="node-c"),
+        sibling("web-7d9c8b6f4-h1", node="node-h", containers=[pods.running()]),
+    ]
+    found = failing_siblings(MOVING, candidates, Config(), NOW, reset_after=RESET_AFTER)
+    assert [(s.node, s.name) for s in found] == [
+        ("node-b", "web-7d9c8b6f4-b2"),
+        ("node-c", "web-7d9c8b6f4-c1"),
+        ("node-c", "web-7d9c8b6f4-c2"),
+    ]
+    assert {s.reason for s in found} == {"CrashLoopBackOff"}
+    assert nodes_of(found) == ("node-b", "node-c")
+
+
+def test_the_crash_loop_threshold_is_the_one_configured() -> None:
+    candidate = sibling(restarts=2)
+    assert not failing_siblings(MOVING, [candidate], Config(), NOW, reset_after=RESET_AFTER)
+    lenient = Config(crashloop_restart_threshold=2)
+    assert failing_siblings(MOVING, [candidate], lenient, NOW, reset_after=RESET_AFTER)
+
+
+def test_a_shorter_reset_after_leaves_out_a_pod_that_ran_longer() -> None:
+    evicted = pods.evicted(node="node-c", name="web-7d9c8b6f4-e4v1c")
+    assert failing_siblings(MOVING, [evicted], Config(), NOW, reset_after=RESET_AFTER)
+    # Its container ran 3 s (pods.terminated): longer than a reset-after of 1 s.
+    assert not failing_siblings(MOVING, [evicted], Config(), NOW, reset_after=timedelta(seconds=1))
+
+
+def test_a_bare_pod_has_no_siblings() -> None:
+    bare = pods.pod("debug-shell", owner=None, node="node-a", containers=[pods.crash_looping()])
+    assert (
+        failing_siblings(bare, [sibling(owner=None)], Config(), NOW, reset_after=RESET_AFTER) == ()
+    )
+
+
+SELECTORS = {
+    "a Deployment's pod: its template labels and pod-template-hash": (
+        {"app": "web", "pod-template-hash": "7d9c8b6f4"},
+        "app=web,pod-template-hash=7d9c8b6f4",
+    ),
+    "an Indexed Job's pod: every label but its completion index": (
+        {
+            "batch.kubernetes.io/controller-uid": "0b6a1f0e-1c2d-4e5f-8a9b-0c1d2e3f4a5b",
+            "batch.kubernetes.io/job-name": "render",
+            JOB_COMPLETION_INDEX_LABEL: "3",
+            "controller-uid": "0b6a1f0e-1c2d-4e5f-8a9b-0c1d2e3f4a5b",
+            "job-name": "render",
+        },
+        "batch.kubernetes.io/controller-uid=0b6a1f0e-1c2d-4e5f-8a9b-0c1d2e3f4a5b,"
+        "batch.kubernetes.io/job-name=render,"
+        "controller-uid=0b6a1f0e-1c2d-4e5f-8a9b-0c1d2e3f4a5b,job-name=render",
+    ),
+}
+
+
+@pytest.mark.parametrize(("labels", "selector"), SELECTORS.values(), ids=SELECTORS.keys())
+def test_the_selector_finds_every_pod_of_the_controller(
+    labels: dict[str, str], selector: str
+) -> None:
+    assert sibling_selector(pods.pod(labels=labels)) == selector
+
+
+def test_a_pod_without_labels_has_no_selector() -> None:
+    unlabelled = copy.deepcopy(MOVING)
+    cast(dict[str, Any], unlabelled["metadata"])["labels"] = {}
+    assert sibling_selector(unlabelled) is None
+    only_index = pods.pod(labels={JOB_COMPLETION_INDEX_LABEL: "0"})
+    assert sibling_selector(only_index) is None
+
+
+def test_a_failing_sibling_says_where_and_why() -> None:
+    (found,) = failing_siblings(MOVING, [sibling()], Config(), NOW, reset_after=RESET_AFTER)
+    assert found == FailingSibling("web-7d9c8b6f4-k8m2p", "node-b", "CrashLoopBackOff")
