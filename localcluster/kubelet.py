@@ -1,8 +1,8 @@
 """The fake kubelet: the only writer of pod status on the local cluster's kwok nodes.
 
-kwok keeps the nodes alive (status, heartbeats, leases) and finalises pod deletions; this
-controller does what a kubelet does between binding and deletion. It watches pods bound to the
-cluster's nodes and, for each new pod:
+kwok keeps the nodes alive (status, heartbeats, leases); this controller does what a kubelet
+does for a pod from binding to removal. It watches pods bound to the cluster's nodes and, for
+each new pod:
 
 1. reads the pod's node as it was when the pod was bound (an exact-revision read at the pod's
    resourceVersion of that moment) and decides the pod's fate once: the node's
@@ -11,7 +11,17 @@ cluster's nodes and, for each new pod:
    The decision is stamped on the pod as the annotation of the same key;
 2. writes the statuses a kubelet would write for that fate, step by step (``pods/status``
    strategic merge patches with a uid precondition, like the kubelet's status manager), and for
-   crash loops keeps raising ``restartCount`` every ``restart_interval`` seconds.
+   crash loops keeps raising ``restartCount`` every ``restart_interval`` seconds;
+3. once the pod is deleted (a deletionTimestamp), stops it as a kubelet does: ``stop_after``
+   seconds later its containers have exited (SIGTERM, exit 143) and it is written terminal
+   (:func:`~localcluster.podstatus.terminated_status`: Failed, or Succeeded if every container
+   exited 0), and only then is it removed for good, by a delete with grace period 0 and the
+   pod's uid as precondition, as the kubelet's status manager does. Finalizers (the Job
+   controller's ``batch.kubernetes.io/job-tracking``) hold it, terminal, until their owners
+   remove them; the API server then removes it itself (its grace period is already 0).
+
+A pod must be terminal before it goes: the Job controller, with a pod failure policy, replaces
+a pod and releases its finalizer only once the pod is Failed or Succeeded.
 
 Being the single writer of pod status (kwok has no pod status stages here) is what makes the
 simulation race-free: no two controllers ever patch the same pod's status.
@@ -37,11 +47,13 @@ from localcluster.podstatus import (
     FAULT_MODES,
     HEALTHY,
     JSON,
+    TERMINAL_PHASES,
     PodRun,
     Step,
     is_job_pod,
     pod_status,
     restart_policy,
+    terminated_status,
 )
 from localcluster.rest import STRATEGIC_MERGE_PATCH, ApiError, Rest
 from shared.constants import SIM_FAULT_LABEL
@@ -49,8 +61,9 @@ from shared.constants import SIM_FAULT_LABEL
 # The pod annotation recording the fate decided at binding (same key as the node label).
 FAULT_ANNOTATION: Final = SIM_FAULT_LABEL
 _RETRY_DELAY: Final = 0.5
-# The timer token of a pending final deletion (real tokens count up from 0).
-_FINALIZE: Final = -1
+# Timer tokens of a deleted pod's two steps (the tokens of its life's steps count up from 0).
+_STOP: Final = -1
+_REMOVE: Final = -2
 
 
 @dataclass(frozen=True)
@@ -68,9 +81,11 @@ class Timing:
     evict_after: float = 2.0
     # Healthy pods of a Job complete after running this long.
     job_runtime: float = 2.0
-    # A pod being deleted (no finalizers left) is removed for good after this long, as a
-    # kubelet does once its containers stopped.
-    delete_after: float = 0.3
+    # A deleted pod's containers have exited this long after the deletion is seen; the pod is
+    # then written terminal and removed at once. Its terminationGracePeriodSeconds is not
+    # waited out: the simulated processes die of SIGTERM at once (exit 143), well inside any
+    # grace period a kubelet grants (at least 2 s), so the grace period never matters.
+    stop_after: float = 0.2
 
 
 # The functions' settings that go with this compressed clock. A real kubelet backs off 10s, 20s,
@@ -89,6 +104,22 @@ class _Tracked:
     pod_ip: str = ""  # allocated once, even if admission is retried
     done: bool = False
     token: int = 0  # invalidates timers of earlier steps
+    stopping: bool = False  # deleted: its stop is scheduled or done
+    removal: str = ""  # "" | "pending" | "sent": the final delete (grace period 0)
+
+
+def _rv(pod: JSON) -> int | None:
+    try:
+        return int(pod.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def _not_older(pod: JSON, than: JSON) -> bool:
+    """Whether ``pod`` is at least as recent as ``than`` (a watch event may trail the response
+    to this kubelet's own patch; resourceVersions are etcd revisions here)."""
+    new, old = _rv(pod), _rv(than)
+    return new is None or old is None or new >= old
 
 
 class _IPAM:
@@ -122,8 +153,6 @@ class _Shard:
         self.events: list[tuple[str, JSON]] = []
         self.timers: list[tuple[float, int, str, int]] = []
         self.pods: dict[str, _Tracked] = {}
-        # Pods whose deletion this kubelet will finish: uid -> (namespace, name).
-        self.deleting: dict[str, tuple[str, str]] = {}
         self.thread = threading.Thread(target=self._loop, name=f"fake-kubelet-{index}", daemon=True)
 
     # -- called from the watch thread ------------------------------------------------------
@@ -149,8 +178,10 @@ class _Shard:
             try:
                 if event is not None:
                     self._on_event(*event)
-                elif timer is not None and timer[3] == _FINALIZE:
-                    self._finalize(timer[2])
+                elif timer is not None and timer[3] == _STOP:
+                    self._stop(timer[2])
+                elif timer is not None and timer[3] == _REMOVE:
+                    self._remove(timer[2])
                 elif timer is not None:
                     self._on_timer(timer[2], timer[3])
             except Exception:
@@ -158,10 +189,11 @@ class _Shard:
 
     def _schedule(self, uid: str, tracked: _Tracked, delay: float) -> None:
         tracked.token += 1
+        self._push(uid, tracked.token, delay)
+
+    def _push(self, uid: str, token: int, delay: float) -> None:
         with self.cond:
-            heapq.heappush(
-                self.timers, (time.monotonic() + delay, next(self.k.seq), uid, tracked.token)
-            )
+            heapq.heappush(self.timers, (time.monotonic() + delay, next(self.k.seq), uid, token))
             self.cond.notify()
 
     def _on_event(self, kind: str, pod: JSON) -> None:
@@ -178,39 +210,88 @@ class _Shard:
         node = pod.get("spec", {}).get("nodeName", "")
         if node not in self.k.nodes:
             return
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            self._finalize_later(uid, meta)
         tracked = self.pods.get(uid)
         if tracked is not None:
-            tracked.pod = pod
+            if _not_older(pod, tracked.pod):
+                tracked.pod = pod
             if meta.get("deletionTimestamp"):
-                tracked.done = True  # _finalize removes it
+                self._deleted(uid, tracked)
             return
         tracked = _Tracked(pod=pod, bound_rv=str(meta.get("resourceVersion", "")))
         self.pods[uid] = tracked
         status = pod.get("status", {})
-        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        if meta.get("deletionTimestamp"):
+            self._deleted(uid, tracked)
+        elif status.get("phase") in TERMINAL_PHASES:
             tracked.done = True
         elif status.get("startTime"):
             self._adopt(uid, tracked)
         else:
             self._schedule(uid, tracked, 0.0)
 
-    def _finalize_later(self, uid: str, meta: JSON) -> None:
-        if uid in self.deleting:
+    # -- a deleted pod: stop it, write it terminal, remove it ----------------------------------
+    def _deleted(self, uid: str, tracked: _Tracked) -> None:
+        """The pod has a deletionTimestamp: its life's steps end; it stops, then goes."""
+        tracked.done = True
+        tracked.token += 1  # no step of its life runs any more
+        if tracked.pod.get("status", {}).get("phase") in TERMINAL_PHASES:
+            # Terminal already (failed, evicted, completed, or stopped by this kubelet): only
+            # the final delete is left, unless it has been made (its grace period is then 0).
+            if tracked.pod["metadata"].get("deletionGracePeriodSeconds") != 0:
+                self._remove_later(uid, tracked, 0.0)
             return
-        self.deleting[uid] = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        with self.cond:
-            deadline = time.monotonic() + self.k.timing.delete_after
-            heapq.heappush(self.timers, (deadline, next(self.k.seq), uid, _FINALIZE))
-            self.cond.notify()
+        if not tracked.stopping:
+            tracked.stopping = True
+            self._push(uid, _STOP, self.k.timing.stop_after)
 
-    def _finalize(self, uid: str) -> None:
-        """Remove a terminating pod for good, that incarnation only: the uid precondition keeps
-        a StatefulSet's new pod of the same name safe (deleting by name would not)."""
-        namespace, name = self.deleting.pop(uid, ("", ""))
-        if not name:
+    def _stop(self, uid: str) -> None:
+        """The containers have exited: write the pod terminal, then remove it."""
+        tracked = self.pods.get(uid)
+        if tracked is None:
             return
+        pod = tracked.pod
+        meta = pod["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        try:
+            if tracked.run is None and not pod.get("status", {}).get("startTime"):
+                # Deleted before this kubelet started it: it had begun (sandbox, pod IP, fate).
+                self._admit(uid, tracked)
+                tracked.token += 1  # the step _admit scheduled never runs
+            status = terminated_status(tracked.pod, time.time())
+            if status is not None:
+                tracked.pod = self.k.rest.patch(
+                    f"/api/v1/namespaces/{ns}/pods/{name}/status",
+                    {"metadata": {"uid": uid}, "status": status},
+                    STRATEGIC_MERGE_PATCH,
+                )
+                self.k.log.info("pod %s/%s stopped: %s", ns, name, status["phase"])
+        except ApiError as e:
+            if e.status in (404, 409):
+                return  # gone, or a new pod of the same name (uid precondition)
+            if e.status != 422:
+                self.k.log.warning("pod %s/%s: stopping: %s; retrying", ns, name, e)
+                self._push(uid, _STOP, _RETRY_DELAY)
+                return
+            # Rejected: removing it anyway beats leaving it Terminating for ever.
+            self.k.log.warning("pod %s/%s: terminal status rejected: %s", ns, name, e)
+        self._remove_later(uid, tracked, 0.0)
+
+    def _remove_later(self, uid: str, tracked: _Tracked, delay: float) -> None:
+        if tracked.removal:
+            return
+        tracked.removal = "pending"
+        self._push(uid, _REMOVE, delay)
+
+    def _remove(self, uid: str) -> None:
+        """Delete a terminal pod for good (the status manager's delete once ``canBeDeleted``):
+        grace period 0, that incarnation only: the uid precondition keeps a StatefulSet's new
+        pod of the same name safe (deleting by name would not). With finalizers left the API
+        server keeps the pod until they go, then removes it itself."""
+        tracked = self.pods.get(uid)
+        if tracked is None or tracked.removal != "pending":
+            return
+        meta = tracked.pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
         body = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
@@ -224,12 +305,9 @@ class _Shard:
                 self.k.log.warning(
                     "pod %s/%s: final delete failed: %s; retrying", namespace, name, e
                 )
-                self.deleting[uid] = (namespace, name)
-                with self.cond:
-                    heapq.heappush(
-                        self.timers,
-                        (time.monotonic() + _RETRY_DELAY, next(self.k.seq), uid, _FINALIZE),
-                    )
+                self._push(uid, _REMOVE, _RETRY_DELAY)
+                return
+        tracked.removal = "sent"
 
     def _forget(self, uid: str) -> None:
         tracked = self.pods.pop(uid, None)

@@ -423,8 +423,8 @@ def pod_status(pod: JSON, run: PodRun, now: float) -> JSON:
                 "False",
                 now,
                 reason="ContainersNotInitialized",
-                message="containers with incomplete status: "
-                + _names([c["name"] for c in inits if c.get("restartPolicy") != "Always"]),
+                # Sidecars too: one is initialized only once started (isInitContainerInitialized).
+                message="containers with incomplete status: " + _names([c["name"] for c in inits]),
             )
         )
     else:
@@ -437,12 +437,13 @@ def pod_status(pod: JSON, run: PodRun, now: float) -> JSON:
                 reason="PodCompleted" if phase == "Succeeded" else "",
             )
         )
-    unready = [s["name"] for s in statuses if not s["ready"]]
-    unready += [
+    # Sidecars first, then the regular containers (GenerateContainersReadyCondition's order).
+    unready = [
         s["name"]
         for s, c in zip(init_statuses, inits, strict=True)
         if c.get("restartPolicy") == "Always" and not s["ready"]
     ]
+    unready += [s["name"] for s in statuses if not s["ready"]]
     if terminal:
         reason = "PodFailed" if phase == "Failed" else "PodCompleted"
         ready = _condition(run, "Ready", "False", now, reason=reason)
@@ -535,3 +536,321 @@ def eviction_message(pod: JSON) -> str:
                 "has larger consumption of memory. "
             )
     return message
+
+
+# -- a deleted pod's last status ------------------------------------------------------------------
+#
+# What the kubelet writes between a pod's deletion and its removal (kubelet v1.36:
+# SyncTerminatingPod kills the containers and writes generateAPIPodStatus(podIsTerminal=true);
+# SyncTerminatedPod then calls the status manager's TerminatePod, which makes the phase terminal
+# and marks what it cannot account for as failed; the status manager deletes the pod for good
+# once the API shows it terminal).
+
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+# 128 + SIGTERM, as containerd reports a process the signal killed. The simulated processes do
+# not catch SIGTERM and die of it at once: well inside any grace period (the kubelet grants at
+# least 2 s, kuberuntime's minimumGracePeriodInSeconds), so they are never SIGKILLed (137).
+SIGTERM_EXIT_CODE: Final = 143
+# kubecontainer.ContainerReasonStatusUnknown and the message TerminatePod gives it.
+STATUS_UNKNOWN: Final = "ContainerStatusUnknown"
+STATUS_UNKNOWN_MESSAGE: Final = "The container could not be located when the pod was terminated"
+
+
+def _state(status: JSON, key: str) -> JSON:
+    block = status.get(key)
+    return block if isinstance(block, dict) else {}
+
+
+def _is_sidecar(container: JSON) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def _stopped(status: JSON, default_waiting: str, now: float) -> JSON:
+    """One container's status once the kubelet stopped it for good.
+
+    ``convertToAPIContainerStatuses`` after ``killPod``: a running container is now an exited
+    one (the same containerID, its ``startedAt``, finished now); a container waiting to be
+    restarted (crash loop back-off) is not restarted any more (``ShouldContainerBeRestarted`` is
+    false once the pod has a deletionTimestamp), so its last run is its final state (the run
+    before it is taken to be garbage-collected already, as the kubelet keeps one dead instance
+    per container); a container that never ran is back to the default waiting state.
+    """
+    out = copy.deepcopy(status)
+    state = _state(status, "state")
+    last = _state(status, "lastState")
+    if "terminated" in state:
+        return out
+    out["ready"] = False
+    out["started"] = False
+    if "running" in state:
+        terminated: JSON = {
+            "exitCode": SIGTERM_EXIT_CODE,
+            "reason": "Error",
+            "startedAt": (state.get("running") or {}).get("startedAt"),
+            "finishedAt": rfc3339(now),
+        }
+        if status.get("containerID"):
+            terminated["containerID"] = status["containerID"]
+        out["state"] = {"terminated": terminated}
+    elif "terminated" in last:
+        out["state"] = {"terminated": copy.deepcopy(last["terminated"])}
+        out["lastState"] = {}
+    else:
+        out["state"] = {"waiting": {"reason": default_waiting}}
+    return out
+
+
+def _statuses_of(containers: list[JSON], previous: list[JSON], default_waiting: str) -> list[JSON]:
+    """The previous statuses in the spec's order; a container without one never ran."""
+    by_name = {s.get("name"): s for s in previous if isinstance(s, dict)}
+    return [
+        by_name.get(c["name"]) or _never_ran(c, {"reason": default_waiting}) for c in containers
+    ]
+
+
+def _should_restart(container: JSON, pod: JSON, exit_code: int) -> bool:
+    """podutil.ContainerShouldRestart without container restart rules."""
+    policy = container.get("restartPolicy") or restart_policy(pod)
+    if policy == "Never":
+        return False
+    if policy == "OnFailure":
+        return exit_code != 0
+    return True
+
+
+def phase_after_kill(pod: JSON, init_statuses: list[JSON], statuses: list[JSON]) -> str:
+    """The kubelet's ``getPhase(podIsTerminal=true)`` for the statuses of stopped containers.
+
+    Before ``TerminatePod``: a pod whose containers never ran is still Pending here.
+    """
+    spec = pod.get("spec", {})
+    inits: list[JSON] = spec.get("initContainers", []) or []
+    init_by_name = {s.get("name"): s for s in init_statuses}
+    by_name = {s.get("name"): s for s in statuses}
+    pending_init = failed_init = pending_sidecars = 0
+    for c in inits:
+        s = init_by_name.get(c["name"])
+        state = _state(s or {}, "state")
+        last = _state(s or {}, "lastState")
+        if _is_sidecar(c):
+            never_ran = s is None or ("waiting" in state and "terminated" not in last)
+            if never_ran or ("running" in state and not (s or {}).get("started")):
+                pending_sidecars += 1
+            continue
+        if s is None or "running" in state:
+            pending_init += 1
+        elif "terminated" in state or "terminated" in last:
+            code = int((state.get("terminated") or last.get("terminated") or {}).get("exitCode", 0))
+            if code != 0 and not _should_restart(c, pod, code):
+                failed_init += 1
+        else:
+            pending_init += 1
+    running = waiting = stopped = succeeded = unknown = 0
+    for c in spec.get("containers", []):
+        s = by_name.get(c["name"])
+        if s is None:
+            unknown += 1
+            continue
+        state = _state(s, "state")
+        last = _state(s, "lastState")
+        if "running" in state:
+            running += 1
+        elif "terminated" in state:
+            stopped += 1
+            if int(state["terminated"].get("exitCode", 0)) == 0:
+                succeeded += 1
+        elif "waiting" in state and "terminated" in last:
+            stopped += 1
+        elif "waiting" in state:
+            waiting += 1
+        else:
+            unknown += 1
+    initialized = any(
+        "terminated" in _state(s, "state") or "running" in _state(s, "state") for s in statuses
+    )
+    if failed_init:
+        return "Failed"
+    if pending_init or (pending_sidecars and not initialized) or waiting:
+        return "Pending"
+    if running and not unknown:
+        return "Running"
+    if not running and stopped and not unknown:
+        return "Succeeded" if stopped == succeeded else "Failed"
+    return "Pending"
+
+
+def has_pod_initialized(pod: JSON) -> bool:
+    """The status manager's ``hasPodInitialized``: any evidence a regular container started."""
+    inits: list[JSON] = pod.get("spec", {}).get("initContainers", []) or []
+    if not inits:
+        return True
+    status = pod.get("status", {}) or {}
+    for s in status.get("containerStatuses", []) or []:
+        if "terminated" in _state(s, "lastState") or "waiting" not in _state(s, "state"):
+            return True
+    init_statuses: list[JSON] = status.get("initContainerStatuses", []) or []
+    if init_statuses and len(init_statuses) <= len(inits):
+        last_spec = inits[len(init_statuses) - 1]
+        s = init_statuses[-1]
+        if _is_sidecar(last_spec):
+            return "running" in _state(s, "state") and bool(s.get("started"))
+        for key in ("lastState", "state"):
+            terminated = _state(s, key).get("terminated")
+            if isinstance(terminated, dict) and int(terminated.get("exitCode", 0)) == 0:
+                return True
+    return False
+
+
+def _attempted(init_statuses: list[JSON]) -> int:
+    """How many init containers (a prefix) ``initializedContainers`` counts as started: up to
+    the last one not waiting for its first run; at least one."""
+    for i in range(len(init_statuses) - 1, -1, -1):
+        s = init_statuses[i]
+        if "waiting" not in _state(s, "state") or "terminated" in _state(s, "lastState"):
+            return i + 1
+    return min(len(init_statuses), 1)
+
+
+def _status_unknown(status: JSON) -> JSON:
+    out = copy.deepcopy(status)
+    out["state"] = {
+        "terminated": {
+            "exitCode": 137,
+            "reason": STATUS_UNKNOWN,
+            "message": STATUS_UNKNOWN_MESSAGE,
+        }
+    }
+    return out
+
+
+def _transition(previous: dict[str, JSON], ctype: str, status: str, now: float) -> str:
+    """The status manager's ``updateLastTransitionTime``: kept while the status stays."""
+    old = previous.get(ctype)
+    if old is not None and old.get("status") == status and old.get("lastTransitionTime"):
+        return str(old["lastTransitionTime"])
+    return rfc3339(now)
+
+
+def terminated_status(pod: JSON, now: float) -> JSON | None:
+    """The status the kubelet leaves on a deleted ``pod`` once it stopped its containers.
+
+    ``pod`` is the pod as last written (its status is the kubelet's own last status). ``None``
+    when the pod is terminal already: the kubelet writes nothing more and only removes it.
+    Otherwise the result is a whole ``pods/status`` strategic merge patch body:
+
+    - containers stopped (:func:`_stopped`), then ``TerminatePod``: once the pod has
+      initialized (:func:`has_pod_initialized`), a regular container still not terminated
+      becomes ``ContainerStatusUnknown``, exit 137, with no times (the Job controller then
+      takes the pod's finish time from its Ready=False transition); so does the first init
+      container that never ran, when none did;
+    - phase: what ``getPhase`` gives for the stopped containers (Succeeded only when every
+      regular container exited 0), then Pending or Running become Failed;
+    - conditions generated for that pre-``TerminatePod`` phase: Ready and ContainersReady False
+      with reason PodFailed / PodCompleted for a pod whose containers ran, ContainersNotReady
+      for one whose containers never did; PodReadyToStartContainers False (the sandbox is
+      gone); a condition's ``lastTransitionTime`` moves only when its status changes;
+      conditions the kubelet does not own (``DisruptionTarget`` from the Eviction API,
+      readiness gates) are not sent, so the merge keeps them, and come first in the order.
+    """
+    meta = pod.get("metadata", {})
+    spec = pod.get("spec", {})
+    status: JSON = pod.get("status", {}) or {}
+    if status.get("phase") in TERMINAL_PHASES:
+        return None
+    generation = int(meta.get("generation", 1))
+    containers: list[JSON] = spec.get("containers", [])
+    inits: list[JSON] = spec.get("initContainers", []) or []
+    default_waiting = "PodInitializing" if inits else "ContainerCreating"
+    init_statuses = [
+        _stopped(s, "PodInitializing", now)
+        for s in _statuses_of(inits, status.get("initContainerStatuses") or [], "PodInitializing")
+    ]
+    statuses = [
+        _stopped(s, default_waiting, now)
+        for s in _statuses_of(containers, status.get("containerStatuses") or [], default_waiting)
+    ]
+    phase = phase_after_kill(pod, init_statuses, statuses)
+
+    previous = {
+        c.get("type", ""): c for c in status.get("conditions", []) or [] if isinstance(c, dict)
+    }
+
+    def condition(ctype: str, value: str, reason: str = "", message: str = "") -> JSON:
+        # In a strategic merge patch null deletes: an earlier reason or message must not stay.
+        return {
+            "type": ctype,
+            "status": value,
+            "observedGeneration": generation,
+            "lastProbeTime": None,
+            "lastTransitionTime": _transition(previous, ctype, value, now),
+            "reason": reason or None,
+            "message": message or None,
+        }
+
+    ran = any("terminated" in _state(s, "state") for s in statuses)
+    init_by_name = {s["name"]: s for s in init_statuses}
+    incomplete = [
+        c["name"]
+        for c in inits
+        if not (
+            init_by_name[c["name"]].get("started")
+            if _is_sidecar(c)
+            else init_by_name[c["name"]].get("ready")
+        )
+    ]
+    if phase == "Succeeded":
+        initialized = condition("Initialized", "True", "PodCompleted")
+    elif ran or not incomplete:
+        initialized = condition("Initialized", "True")
+    else:
+        initialized = condition(
+            "Initialized",
+            "False",
+            "ContainersNotInitialized",
+            "containers with incomplete status: " + _names(incomplete),
+        )
+    if phase in TERMINAL_PHASES:
+        reason = "PodFailed" if phase == "Failed" else "PodCompleted"
+        ready = condition("Ready", "False", reason)
+        containers_ready = condition("ContainersReady", "False", reason)
+    else:
+        unready = [c["name"] for c in inits if _is_sidecar(c)] + [c["name"] for c in containers]
+        message = "containers with unready status: " + _names(unready)
+        ready = condition("Ready", "False", "ContainersNotReady", message)
+        containers_ready = condition("ContainersReady", "False", "ContainersNotReady", message)
+    conditions = [
+        condition("PodReadyToStartContainers", "False"),
+        initialized,
+        ready,
+        containers_ready,
+        condition("PodScheduled", "True"),
+    ]
+
+    # TerminatePod: whatever the kubelet cannot account for failed.
+    if has_pod_initialized(pod):
+        statuses = [
+            s if "terminated" in _state(s, "state") else _status_unknown(s) for s in statuses
+        ]
+    attempted = _attempted(init_statuses)
+    init_statuses = [
+        _status_unknown(s) if i < attempted and "terminated" not in _state(s, "state") else s
+        for i, s in enumerate(init_statuses)
+    ]
+    if phase not in TERMINAL_PHASES:
+        phase = "Failed"
+
+    others = [
+        {"type": c["type"]}
+        for c in status.get("conditions", []) or []
+        if isinstance(c, dict) and c.get("type") not in KUBELET_CONDITIONS
+    ]
+    result: JSON = {
+        "observedGeneration": generation,
+        "phase": phase,
+        "conditions": conditions,
+        "$setElementOrder/conditions": [*others, *({"type": t} for t in KUBELET_CONDITIONS)],
+        "containerStatuses": statuses,
+    }
+    if inits:
+        result["initContainerStatuses"] = init_statuses
+    return result
