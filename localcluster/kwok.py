@@ -7,9 +7,11 @@ kwok plays only node stages here:
 - ``node-heartbeat-with-lease`` (kwok's own): refreshes node conditions; kwok renews each node's
   Lease in ``kube-node-lease``, so the node lifecycle controller keeps the nodes Ready;
 Pods are left entirely to the fake kubelet (:mod:`localcluster.kubelet`): it writes their
-status and finishes their deletion. kwok's own pod-delete stage deletes by name, without a uid
-precondition, and sometimes twice, so it could delete a StatefulSet's brand-new pod of the
-same name; the fake kubelet deletes with the uid as precondition.
+status and, when one is deleted, stops it, writes it terminal and removes it. kwok's own
+pod-delete stage removes a pod without making it terminal first (so a Job with a pod failure
+policy would never replace it), deletes by name, without a uid precondition, and sometimes
+twice, so it could delete a StatefulSet's brand-new pod of the same name; the fake kubelet
+deletes with the uid as precondition.
 """
 
 from __future__ import annotations

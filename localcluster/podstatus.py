@@ -8,6 +8,11 @@ image and no IDs; containers that ran carry containerd's normalised image, a dig
 containerID, resources and user), the status manager (a condition's ``lastTransitionTime`` moves
 only when its status changes; ``observedGeneration`` is the pod's generation) and the messages of
 the image manager, the back-off of ``kuberuntime`` and the eviction manager.
+
+:func:`terminated_status` is the last status of a deleted pod: what ``SyncTerminatingPod``
+(containers stopped) and the status manager's ``TerminatePod`` (phase terminal, what cannot be
+accounted for failed) leave before the pod is removed. It works on the pod's last status, not
+on a :class:`PodRun`, as ``TerminatePod`` works on the status manager's cache.
 """
 
 from __future__ import annotations

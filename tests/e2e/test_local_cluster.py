@@ -232,7 +232,7 @@ def test_a_deployment_is_scheduled_onto_kwok_nodes_and_its_pods_become_ready(
         lambda: apps.read_namespaced_deployment("web", namespace).status.available_replicas == 3,
     )
 
-    # The ReplicaSet controller replaces a deleted pod; kwok finalises the deletion.
+    # The ReplicaSet controller replaces a deleted pod; the fake kubelet stops and removes it.
     victim = pods[0]["metadata"]
     core.delete_namespaced_pod(victim["name"], namespace)
 
