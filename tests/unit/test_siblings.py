@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NamedTuple, cast
 
 import pytest
 
+from shared.classify import classify
 from shared.config import Config
 from shared.kubetypes import Pod
 from shared.siblings import (
@@ -15,6 +17,7 @@ from shared.siblings import (
     FailingSibling,
     failing_siblings,
     nodes_of,
+    sibling_evidence,
     sibling_selector,
 )
 
@@ -22,6 +25,16 @@ from . import pods
 from .pods import NOW
 
 RESET_AFTER = Config().reset_after
+PULL_TIMEOUT = (
+    'failed to pull and unpack image "registry.example.com/shop/web:1.4.2": failed to do '
+    'request: Head "https://registry.example.com/v2/shop/web/manifests/1.4.2": dial tcp '
+    "10.0.0.5:443: i/o timeout"
+)
+PULL_NOT_FOUND = (
+    'rpc error: code = NotFound desc = failed to pull and unpack image "registry.example.com/'
+    'shop/web:1.4.2": failed to resolve reference "registry.example.com/shop/web:1.4.2": '
+    "registry.example.com/shop/web:1.4.2: not found"
+)
 # The pod being moved: crash-looping on node-a.
 MOVING = pods.pod("web-7d9c8b6f4-x2x9z", node="node-a", containers=[pods.crash_looping(restarts=4)])
 
@@ -58,7 +71,18 @@ CASES = {
     "a pod of the same ReplicaSet the kubelet evicted from another node": Case(
         pods.evicted(node="node-c", name="web-7d9c8b6f4-e4v1c"), True
     ),
-    "a pod still below the crash-loop threshold": Case(sibling(restarts=1), False),
+    "a pod in its first crash-loop back-off, below the threshold a move needs": Case(
+        sibling(restarts=1), True
+    ),
+    "a pod whose image pull on another node times out": Case(
+        sibling(containers=[pods.waiting("ErrImagePull", PULL_TIMEOUT)]), True
+    ),
+    "a pod whose image the registry says does not exist": Case(
+        sibling(containers=[pods.waiting("ErrImagePull", PULL_NOT_FOUND)]), False
+    ),
+    "a pod that crashed once and runs again": Case(
+        sibling(containers=[pods.running(restarts=1, last=pods.last_terminated())]), False
+    ),
     "a pod crash-looping beside a container no node can start": Case(
         sibling(
             containers=[
@@ -113,11 +137,18 @@ def test_the_nodes_are_listed_once_each_in_order() -> None:
     assert nodes_of(found) == ("node-b", "node-c")
 
 
-def test_the_crash_loop_threshold_is_the_one_configured() -> None:
-    candidate = sibling(restarts=2)
-    assert not failing_siblings(MOVING, [candidate], Config(), NOW, reset_after=RESET_AFTER)
-    lenient = Config(crashloop_restart_threshold=2)
-    assert failing_siblings(MOVING, [candidate], lenient, NOW, reset_after=RESET_AFTER)
+def test_a_sibling_counts_from_its_first_failure_whatever_a_move_needs() -> None:
+    strict = Config(crashloop_restart_threshold=10, waiting_failure_after=timedelta(hours=1))
+    first_crash = sibling(restarts=1)
+    assert failing_siblings(MOVING, [first_crash], strict, NOW, reset_after=RESET_AFTER)
+    # What a move itself needs is unchanged: the same pod is not failing enough to be moved.
+    assert classify(first_crash, strict, NOW) is None
+    # The evidence keeps every other rule of the configuration.
+    assert sibling_evidence(strict).waiting_reasons == strict.waiting_reasons
+    pull = sibling(containers=[pods.waiting("ErrImagePull", PULL_TIMEOUT)])
+    assert failing_siblings(MOVING, [pull], strict, NOW, reset_after=RESET_AFTER)
+    not_configured = replace(strict, waiting_reasons=frozenset({"ImagePullBackOff"}))
+    assert not failing_siblings(MOVING, [pull], not_configured, NOW, reset_after=RESET_AFTER)
 
 
 def test_a_shorter_reset_after_leaves_out_a_pod_that_ran_longer() -> None:
