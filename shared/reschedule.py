@@ -66,6 +66,7 @@ from shared.constants import (
     REASON_INVALID_POLICY,
     REASON_JOB_RETRIES_SPENT,
     REASON_MOVE_DEFERRED,
+    REASON_MOVE_WOULD_FAIL_JOB,
     REASON_REPLACEMENT_NOT_ALLOWED,
     REASON_REPLACEMENT_REDIRECTED,
     REASON_REPLACEMENT_REFUSED,
@@ -605,6 +606,17 @@ class Rescheduler:
                     # Nobody else would ever hear of it: the pod stays failing where it is.
                     self._event(holder.ref, REASON_STATE_TOO_LARGE, decided.message, warning=True)
                 return decided
+            if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE):
+                # A Job's pod: never the move that fails the Job (shared.jobs). Judged again on
+                # every re-plan, with the re-read Job's counts and state.
+                cost = self._job_cost(live, decided, holder)
+                trace.job_cost = cost
+                if cost is not None and not cost.allowed:
+                    return self._job_refused(live, failure, decided, holder, cost, trace)
+                if cost is not None:
+                    decided = replace(decided, message=f"{decided.message}; {cost.message}")
+                    trace.plan = decided
+            assert decided.new_state is not None
             if decided.delete_pod and not checked:
                 # Once is enough: a re-plan after a conflict removes the same pod the same way.
                 refused = self._preflight(live, decided, bare, trace)
@@ -741,6 +753,41 @@ class Rescheduler:
         pods: list[Any] = list(self.api.list_all("Pod", ns, label_selector=selector))
         pending = jobs.pending_failures(facts, pods, decided.new_state.handled)
         return jobs.move_cost(facts, live, evicting=evicting, pending=pending)
+
+    def _job_refused(
+        self,
+        live: Pod,
+        failure: Failure,
+        decided: Plan,
+        holder: Holder,
+        cost: jobs.MoveCost,
+        trace: Trace,
+    ) -> Plan:
+        """The move would fail the pod's Job: nothing is written or removed, and a Warning on
+        the Job (one per pod, counted when the sweep sends the pod again) says why."""
+        meta = live.get("metadata", {})
+        where = f"on node {failure.node}" if failure.node else "Pending, unscheduled"
+        message = f"pod {meta.get('name', '')} stays {where} ({failure.reason}): {cost.message}"
+        refused = Plan(
+            Action.NOTHING,
+            None,
+            str(cost.verdict),
+            None,
+            message,
+            moves=decided.moves - (1 if decided.action is Action.MOVE else 0),
+            budget=decided.budget,
+        )
+        trace.plan = refused
+        trace.note(f"plan: {refused.action} ({refused.reason}): {message}")
+        metrics.DECISIONS.labels(action=str(cost.verdict)).inc()
+        self._event(
+            holder.ref,
+            REASON_MOVE_WOULD_FAIL_JOB,
+            message,
+            warning=True,
+            key=str(meta.get("uid", "")),
+        )
+        return refused
 
     def _replacement(self, live: Pod, decided: Plan) -> dict[str, Any]:
         meta = live.get("metadata", {})
