@@ -15,10 +15,15 @@ The invariants:
 
 ``removed-pods-recorded``
     Every pod that went away during the run, unless a Kubernetes controller removes such pods
-    itself (a StatefulSet deletes its Failed pods) or it was redirected (a
-    ``ReplacementRedirected`` Event names it), was a move of ours: its uid is in the ``handled``
-    list of its workload's state (for a bare pod: of the live pod that replaced it) and a
-    ``Rescheduled`` (or ``ExclusionsCleared``) Event keyed by that uid exists.
+    itself or it was redirected (a ``ReplacementRedirected`` Event names it), was a move of
+    ours: its uid is in the ``handled`` list of its workload's state (for a bare pod: of the
+    live pod that replaced it) and a ``Rescheduled`` (or ``ExclusionsCleared``) Event keyed by
+    that uid exists. The controller's own removals: a StatefulSet deletes a pod of its own that
+    is Failed or Succeeded and not being deleted yet (``processReplica`` in
+    pkg/controller/statefulset), so a StatefulSet pod the ledger saw ended *before anyone
+    deleted it* (an eviction by its kubelet, say) is let off. A pod's last-seen phase is no
+    such evidence: a kubelet writes every pod it stops for a deletion Failed before removing
+    it, so every deleted pod is last seen Failed, the ones we forgot to record included.
 ``within-budget``
     No workload's state counts more moves than its budget (per pod for a StatefulSet), and no
     workload has more ``Rescheduled`` Events than its budget.
@@ -99,6 +104,9 @@ class Snapshot:
     seen: Mapping[str, JSON]
     gone: frozenset[str]
     dead_letters: Sequence[JSON] = ()
+    # The uids seen terminal (Failed or Succeeded) with no deletionTimestamp: ended by their
+    # kubelet before anyone deleted them (observe.ended_undeleted).
+    ended_undeleted: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -331,8 +339,15 @@ def removed_pods_recorded(snapshot: Snapshot) -> tuple[list[Violation], int, lis
                 Violation("removed-pods-recorded", holder.describe, f"state unreadable: {exc}")
             )
             continue
-        if holder.kind == "StatefulSet" and where["phase"] == "Failed" and uid not in state.handled:
-            notes.append(f"{where['pod']} ({uid}) failed and its StatefulSet removed it")
+        if (
+            holder.kind == "StatefulSet"
+            and uid in snapshot.ended_undeleted
+            and uid not in state.handled
+        ):
+            notes.append(
+                f"{where['pod']} ({uid}) ended ({where['phase']}) before anyone deleted it, "
+                "and its StatefulSet removed it"
+            )
             continue
         checked += 1
         if uid not in state.handled:

@@ -20,6 +20,8 @@ from shared.constants import STATE_ANNOTATION
 
 JSON = dict[str, Any]
 log = logging.getLogger(__name__)
+# The phases after which no container of a pod runs again (v1.PodSucceeded, v1.PodFailed).
+TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})
 
 
 class Watch:
@@ -95,9 +97,23 @@ def state_counts(obj: JSON) -> tuple[int, int] | None:
         return None
 
 
+def ended_undeleted(pod: JSON) -> bool:
+    """The pod is terminal (Failed or Succeeded) and nobody has asked to delete it: its kubelet
+    ended it of its own accord (an eviction, a rejection at admission, a node shutdown).
+
+    A pod's last-seen phase alone cannot say that: a kubelet writes every pod it stops for a
+    deletion terminal too (Failed, or Succeeded when all its containers exited 0) before it
+    removes it, so the DELETED event of a pod anyone deleted shows it Failed, with its
+    ``deletionTimestamp``. Only a terminal status seen without one is the kubelet's own verdict.
+    """
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in TERMINAL_PHASES and not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
 class Ledger:
-    """Every pod of ``namespaces`` seen during the run, as last seen, and which went away; and
-    a callback for every state write (a holder's count of handled pods growing)."""
+    """Every pod of ``namespaces`` seen during the run, as last seen, which went away, and which
+    were seen ended before anyone deleted them (:func:`ended_undeleted`); and a callback for
+    every state write (a holder's count of handled pods growing)."""
 
     def __init__(
         self, namespaces: Iterable[str], on_state_write: Callable[[str], None] | None = None
@@ -107,6 +123,7 @@ class Ledger:
         self._lock = threading.Lock()
         self.seen: dict[str, JSON] = {}
         self.gone: set[str] = set()
+        self.ended_undeleted: set[str] = set()
         self._alive: set[str] = set()
         self._states: dict[str, tuple[int, int]] = {}
         self.state_writes = 0
@@ -122,6 +139,8 @@ class Ledger:
         uid = pod["metadata"]["uid"]
         with self._lock:
             self.seen[uid] = pod
+            if ended_undeleted(pod):
+                self.ended_undeleted.add(uid)
             if kind == "DELETED":
                 self.gone.add(uid)
                 self._alive.discard(uid)
@@ -140,6 +159,8 @@ class Ledger:
             self._alive = present - self.gone
             for p in ours:
                 self.seen[p["metadata"]["uid"]] = p
+                if ended_undeleted(p):
+                    self.ended_undeleted.add(p["metadata"]["uid"])
 
     # -- holders ------------------------------------------------------------------------------
 
@@ -171,9 +192,11 @@ class Ledger:
 
         return on_list
 
-    def snapshot(self) -> tuple[dict[str, JSON], frozenset[str]]:
+    def snapshot(self) -> tuple[dict[str, JSON], frozenset[str], frozenset[str]]:
+        """Every pod seen (by uid, as last seen), the uids that went away, and the uids seen
+        ended before anyone deleted them."""
         with self._lock:
-            return dict(self.seen), frozenset(self.gone)
+            return dict(self.seen), frozenset(self.gone), frozenset(self.ended_undeleted)
 
 
 def start_watches(rest: Rest, ledger: Ledger, stop: threading.Event) -> list[Watch]:

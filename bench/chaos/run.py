@@ -63,11 +63,11 @@ def collect(
                 if not cont:
                     break
                 query = {**query, "continue": cont}
-    seen, gone = ledger.snapshot()
+    seen, gone, ended_undeleted = ledger.snapshot()
     dead: list[JSON] = []
     if stack.dead_letters.exists():
         dead = [json.loads(line) for line in stack.dead_letters.read_text().splitlines() if line]
-    return invariants.Snapshot(frozenset(faulty), objects, seen, gone, dead)
+    return invariants.Snapshot(frozenset(faulty), objects, seen, gone, dead, ended_undeleted)
 
 
 def _retrying(what: Callable[[], invariants.Snapshot], attempts: int = 20) -> invariants.Snapshot:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from bench.chaos import faults, invariants
+from bench.chaos import faults, invariants, observe
 from bench.chaos.invariants import Snapshot
+from localcluster.podstatus import terminated_status
 from shared.bodies import ORIGIN_ANNOTATION, event_name
 from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.owners import Ref
@@ -237,27 +238,173 @@ def test_a_violation_carries_the_evidence_to_reproduce_it() -> None:
     assert v.evidence["node"] == BAD and v.evidence["holder"] == f"ReplicaSet {NS}/{RS}"
 
 
-def test_a_failed_statefulset_pod_its_controller_removed_is_not_ours_to_record() -> None:
-    sts_uid = pods.uid("StatefulSet/db")
-    failed = dict(pods.evicted(node=BAD, name="db-0", namespace=NS, owner=("StatefulSet", "db")))
-    namesake = {**dict(pods.pod("db-0", NS, owner=("StatefulSet", "db"), node=GOOD)), "kind": "Pod"}
-    namesake["metadata"]["uid"] = pods.uid("db-0 again")
-    sts = {
+# -- a StatefulSet removes its ended pods itself ----------------------------------------------
+#
+# The StatefulSet controller deletes a pod of its own that is Failed or Succeeded and not being
+# deleted yet (processReplica, pkg/controller/statefulset), so such a removal is not ours to
+# record. A kubelet also writes every pod it stops for a deletion Failed before removing it
+# (localcluster.podstatus.terminated_status, the fake kubelet's copy of kubelet v1.36), so a
+# removed pod last seen Failed proves nothing: only the ledger's sight of it ended with no
+# deletionTimestamp does.
+
+STS = "db"
+STS_REF = Ref("StatefulSet", NS, STS, pods.uid(f"StatefulSet/{STS}"))
+
+
+def db_pod(**kw: Any) -> JSON:
+    return cast(JSON, pods.pod("db-0", NS, owner=("StatefulSet", STS), **kw))
+
+
+def deleting(pod: JSON, grace: int = 30) -> JSON:
+    """The pod once someone asked the API server to delete it (a DELETE with this grace)."""
+    out = copy.deepcopy(pod)
+    out["metadata"]["deletionTimestamp"] = pods.ts(pods.NOW)
+    out["metadata"]["deletionGracePeriodSeconds"] = grace
+    out["metadata"]["generation"] = 1
+    return out
+
+
+def stopped_by_its_kubelet(pod: JSON) -> JSON:
+    """A deleting pod as its kubelet leaves it: the fake kubelet's terminal status, merged as
+    the API server merges a strategic merge patch (conditions by type, nulls delete)."""
+    patch = terminated_status(pod, pods.NOW.timestamp() + 0.2)
+    assert patch is not None
+    out = copy.deepcopy(pod)
+    status = out["status"]
+    order = [c["type"] for c in patch.pop("$setElementOrder/conditions")]
+    by_type = {c["type"]: c for c in status.get("conditions", [])}
+    for c in patch.pop("conditions"):
+        merged = {**by_type.get(c["type"], {}), **c}
+        by_type[c["type"]] = {k: v for k, v in merged.items() if v is not None}
+    status["conditions"] = [by_type[t] for t in order if t in by_type]
+    status.update(patch)
+    return out
+
+
+RUNNING = db_pod(node=BAD)
+CRASH_LOOPING = db_pod(node=BAD, containers=[pods.crash_looping(pod_name="db-0", namespace=NS)])
+EVICTED = cast(JSON, pods.evicted(node=BAD, name="db-0", namespace=NS, owner=("StatefulSet", STS)))
+
+# What the ledger's pod watch delivers about db-0, from its last healthy-looking state to its
+# DELETED event ("LIST" is a relist after a broken watch, with the pods then present).
+WatchStory = list[tuple[str, list[JSON]]]
+
+
+def deleted_by_someone(pod: JSON) -> WatchStory:
+    stopping = deleting(pod)
+    stopped = stopped_by_its_kubelet(stopping)
+    return [
+        ("MODIFIED", [pod]),
+        ("MODIFIED", [stopping]),
+        ("MODIFIED", [stopped]),
+        ("DELETED", [stopped]),
+    ]
+
+
+# Ended by its kubelet, then deleted by the StatefulSet controller: the API server gives a
+# terminal pod no grace period.
+EVICTED_THEN_REMOVED: WatchStory = [
+    ("MODIFIED", [RUNNING]),
+    ("MODIFIED", [EVICTED]),
+    ("DELETED", [deleting(EVICTED, grace=0)]),
+]
+EVICTED_SEEN_BY_A_RELIST: WatchStory = [("LIST", [EVICTED]), ("LIST", [])]
+
+
+def ledger_of(story: WatchStory) -> observe.Ledger:
+    ledger = observe.Ledger([NS])
+    for kind, objs in story:
+        if kind == "LIST":
+            ledger.pod_list(objs)
+        else:
+            (obj,) = objs
+            ledger.pod_event(kind, obj)
+    return ledger
+
+
+def statefulset(raw_state: str | None) -> JSON:
+    annotations = {POLICY_ANNOTATION: "3"}
+    if raw_state is not None:
+        annotations[STATE_ANNOTATION] = raw_state
+    return {
         "kind": "StatefulSet",
-        "metadata": {
-            "name": "db",
-            "namespace": NS,
-            "uid": sts_uid,
-            "annotations": {POLICY_ANNOTATION: "3"},
-        },
+        "metadata": {"name": STS, "namespace": NS, "uid": STS_REF.uid, "annotations": annotations},
         "spec": {"replicas": 1},
     }
-    s = Snapshot(
-        frozenset({BAD}), [sts, namesake], {uid_of(failed): failed}, frozenset({uid_of(failed)})
-    )
+
+
+def statefulset_world(story: WatchStory, *, recorded: bool) -> Snapshot:
+    """db-0 went through ``story``; its successor (same name, new uid) is Ready on a good node;
+    the set's state records the move of the first db-0 when ``recorded``."""
+    seen, gone, ended = ledger_of(story).snapshot()
+    first = pods.uid("db-0")
+    successor = {**db_pod(node=GOOD), "kind": "Pod"}
+    successor["metadata"]["uid"] = pods.uid("db-0 again")
+    objects = [successor]
+    if recorded:
+        pod_state = {"db-0": {"moves": 1, "excludedNodes": [BAD]}}
+        objects += [
+            statefulset(state(1, [first], pods=pod_state)),
+            moved_event(STS_REF, first),
+        ]
+    else:
+        objects.append(statefulset(None))
+    return Snapshot(frozenset({BAD}), objects, seen, gone, (), ended)
+
+
+STATEFULSET_CASES: list[tuple[str, WatchStory, bool, bool]] = [
+    # (case, what the watch saw, the move recorded, a violation expected)
+    ("deleted by someone while running, not recorded", deleted_by_someone(RUNNING), False, True),
+    (
+        "deleted by someone while crash looping, not recorded",
+        deleted_by_someone(CRASH_LOOPING),
+        False,
+        True,
+    ),
+    (
+        "deleted by someone, and recorded as our move",
+        deleted_by_someone(CRASH_LOOPING),
+        True,
+        False,
+    ),
+    ("evicted by its kubelet, then removed by its StatefulSet", EVICTED_THEN_REMOVED, False, False),
+    ("evicted, seen only by a relist, then gone", EVICTED_SEEN_BY_A_RELIST, False, False),
+    (
+        "evicted, and moved by us before its StatefulSet got to it",
+        EVICTED_THEN_REMOVED,
+        True,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "story", "recorded", "violated"),
+    STATEFULSET_CASES,
+    ids=[c[0] for c in STATEFULSET_CASES],
+)
+def test_a_removed_statefulset_pod_is_let_off_only_if_it_ended_before_anyone_deleted_it(
+    case: str, story: WatchStory, recorded: bool, violated: bool
+) -> None:
+    s = statefulset_world(story, recorded=recorded)
+    # Whoever deleted it, the pod is last seen Failed: the phase cannot tell them apart.
+    assert s.seen[pods.uid("db-0")]["status"]["phase"] == "Failed"
     verdict = invariants.check(s)
-    assert verdict.violations == ()
-    assert any("its StatefulSet removed it" in n for n in verdict.notes)
+    assert {v.subject for v in verdict.violations} == ({f"{NS}/db-0"} if violated else set()), (
+        verdict.violations
+    )
+    assert {v.invariant for v in verdict.violations} <= {"removed-pods-recorded"}
+    let_off = any("its StatefulSet removed it" in n for n in verdict.notes)
+    assert let_off is (not recorded and not violated)
+    # A pod let off is not judged; any other removed pod is.
+    assert verdict.checked["removed-pods-recorded"] == (0 if let_off else 1)
+
+
+def test_a_pod_deleted_by_someone_is_never_seen_ended_before_its_deletion() -> None:
+    _, gone, ended = ledger_of(deleted_by_someone(RUNNING)).snapshot()
+    assert gone == {pods.uid("db-0")} and ended == frozenset()
+    _, gone, ended = ledger_of(EVICTED_THEN_REMOVED).snapshot()
+    assert gone == ended == {pods.uid("db-0")}
 
 
 def bare(name: str, node: str, *, origin: str | None = None, raw_state: str | None = None) -> JSON:
