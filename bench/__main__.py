@@ -1,4 +1,5 @@
-"""``python -m bench [--quick] [--only NAME ...] [--out DIR]``: run the benchmarks.
+"""``python -m bench [--quick] [--only NAME ...] [--systems SYSTEM ...] [--out DIR]``: run the
+benchmarks.
 
 Measurements, in the order they run (``--only`` takes these names):
 
@@ -15,11 +16,19 @@ Only when named with ``--only``:
 - ``source-selector``: events and CPU per 1,000 pod changes with 10 % of the pods opted in,
   the ApiServerSource without and with its label selector, side by side.
 
+``--systems`` (with ``--only recovery``) measures recovery for only these systems (vanilla,
+descheduler-2m, descheduler-10s, kn-rescheduler), on the same scenario: re-measuring
+kn-rescheduler alone takes 3-5 minutes, the whole recovery run about 18, since vanilla and the
+descheduler never recover and each wait out the 300 s bound.
+
 The first four share one cluster of ``Scales.nodes`` nodes; ``scale`` and ``source-selector``
 start their own. The results go to ``DIR/<date>.json`` (``DIR/<date>-<names>.json`` with
-``--only``; ``bench/results`` unless quick: a quick run writes to a temporary directory unless
-``--out`` is given), the plots beside it. A full run rewrites ``bench/RESULTS.md`` (keeping the
-source-selector section); a source-selector run that is not quick rewrites that section.
+``--only``, ``DIR/<date>-<names>-<systems>.json`` with ``--systems``; ``bench/results`` unless
+quick: a quick run writes to a temporary directory unless ``--out`` is given), the plots beside
+it. A partial run (``--only``) never overwrites a file: a second one the same day is
+``...-2.json``, and so on. A full run rewrites ``bench/RESULTS.md`` (keeping the
+source-selector section); a source-selector run that is not quick rewrites that section; no
+other partial run touches it.
 """
 
 from __future__ import annotations
@@ -83,17 +92,61 @@ class Run:
             self._cluster = None
 
 
+def results_name(
+    out: Path,
+    day: str,
+    names: list[str],
+    only: list[str] | None,
+    systems: list[str] | None,
+    quick: bool,
+) -> str:
+    """The results file's name in ``out``, without ``.json``.
+
+    A full run is the day's (a second one replaces it, as it replaces RESULTS.md). A partial run
+    must not overwrite the full run of the same day, nor an earlier partial run: it names what
+    it measured and takes the first number not yet used."""
+    base = day
+    if only:
+        base += "-" + "-".join(names)
+    if systems:
+        base += "-" + "-".join(systems)
+    suffix = "-quick" if quick else ""
+    if not only:
+        return base + suffix
+    name, n = base + suffix, 1
+    while (out / f"{name}.json").exists():
+        n += 1
+        name = f"{base}-{n}{suffix}"
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     parser.add_argument(
         "--only", action="append", choices=NAMES + EXTRA_NAMES, help="run only this (repeatable)"
     )
+    parser.add_argument(
+        "--systems",
+        action="append",
+        metavar="SYSTEM",
+        help="with --only recovery: only these systems (repeatable or comma-separated; "
+        "default all)",
+    )
     parser.add_argument("--out", type=Path, help="where results and plots go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
     scales = QUICK if args.quick else FULL
     names = [n for n in NAMES + EXTRA_NAMES if (n in args.only if args.only else n in NAMES)]
+    systems: list[str] | None = None
+    if args.systems:
+        if not args.only or "recovery" not in args.only:
+            parser.error("--systems needs --only recovery (a full run measures every system)")
+        given = {s for value in args.systems for s in value.split(",") if s}
+        known = recovery.system_names(scales)
+        if given - set(known):
+            parser.error(f"--systems: unknown {sorted(given - set(known))}; known: {known}")
+        systems = [s for s in known if s in given]
     out: Path = args.out or (
         Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-quick-")) if args.quick else RESULTS_DIR
     )
@@ -111,8 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     run = Run(scales, workdir, out, args.quick)
     steps: dict[str, Callable[[], Any]] = {
+        # A subset of systems keeps the full run's event corpus (bench/corpus): detect's input.
         "recovery": lambda: recovery.measure(
-            run.cluster(), scales, workdir / "recovery", save_events=not args.quick, log=_log
+            run.cluster(),
+            scales,
+            workdir / "recovery",
+            save_events=not args.quick and systems is None,
+            log=_log,
+            only=systems,
         ),
         "detect": lambda: detect.measure(scales, workdir / "detect", log=_log),
         "webhook": lambda: webhook.measure(run.cluster(), scales, workdir / "webhook", log=_log),
@@ -133,11 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         run.close()
     results["runtime_s"] = round(time.monotonic() - started, 1)
-    name = stamp.strftime("%Y-%m-%d")
-    if args.only:
-        # A partial run must not overwrite the full run of the same day.
-        name += "-" + "-".join(names)
-    name += "-quick" if args.quick else ""
+    name = results_name(out, stamp.strftime("%Y-%m-%d"), names, args.only, systems, args.quick)
     path = out / f"{name}.json"
     write_json(path, results)
     if "recovery" in results["measurements"]:

@@ -22,7 +22,7 @@ import gzip
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +317,15 @@ def save_corpus(stack: Stack, path: Path = CORPUS_FILE, limit: int = 400) -> int
     return len(chosen)
 
 
+def system_names(scales: Scales) -> list[str]:
+    """The systems a recovery run measures, in the order they run (``--systems`` takes these)."""
+    return [
+        "vanilla",
+        *(f"descheduler-{interval}" for interval in scales.descheduler_intervals),
+        "kn-rescheduler",
+    ]
+
+
 def measure(
     cluster: Cluster,
     scales: Scales,
@@ -324,23 +333,39 @@ def measure(
     *,
     save_events: bool,
     log: Callable[[str], None],
+    only: Collection[str] | None = None,
 ) -> JSON:
+    """Every system of ``system_names`` in turn, or only those named in ``only``.
+
+    A subset runs on the same scenario as a full run, in the same order; its figures are
+    comparable with the full run's, but the systems left out did not share its cluster's
+    moment (load, warm caches)."""
+    wanted = set(system_names(scales) if only is None else only)
+    unknown = wanted - set(system_names(scales))
+    if unknown:
+        raise ValueError(f"unknown systems {sorted(unknown)}; known: {system_names(scales)}")
     faulty = cluster.nodes[: scales.faulty]
     for node in faulty:
         cluster.set_fault(node, "crashloop")
-    binary = descheduler.binary()
+    # Built (or found) only when a descheduler runs: a first build takes minutes.
+    intervals = [i for i in scales.descheduler_intervals if f"descheduler-{i}" in wanted]
+    binary = descheduler.binary() if intervals else None
     systems: list[System] = [Vanilla()]
-    systems += [
-        Descheduler(cluster, interval, workdir / f"descheduler-{interval}", binary)
-        for interval in scales.descheduler_intervals
-    ]
+    if binary is not None:
+        systems += [
+            Descheduler(cluster, interval, workdir / f"descheduler-{interval}", binary)
+            for interval in intervals
+        ]
     kn = KnRescheduler(cluster, workdir / "kn-rescheduler")
     systems.append(kn)
     runs: dict[str, Any] = {}
     healthy: JSON = {}
     corpus = 0
-    for index, system in enumerate(systems):
-        namespace = f"bench-recovery-{index}"
+    for system in systems:
+        if system.name not in wanted:
+            continue
+        # The same namespace as in a full run, whichever systems run.
+        namespace = f"bench-recovery-{system_names(scales).index(system.name)}"
         log(f"recovery: {system.name} ({scales.deployments}x{scales.replicas} replicas)")
         if system is kn:
             # The pipeline stays up after its run for the healthy-update measurement.
@@ -366,7 +391,7 @@ def measure(
         delete_namespace(cluster.rest, namespace)
     for node in faulty:
         cluster.set_fault(node, None)
-    return {
+    out: JSON = {
         "descheduler_version": descheduler.version(),
         "descheduler_policy": descheduler.policy(),
         "faulty_nodes": faulty,
@@ -374,6 +399,9 @@ def measure(
         "healthy_updates": healthy,
         "corpus_events_saved": corpus,
     }
+    if only is not None:
+        out["only_systems"] = [n for n in system_names(scales) if n in wanted]
+    return out
 
 
 def plot_cdf(result: JSON, path: Path) -> None:

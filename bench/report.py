@@ -1,6 +1,8 @@
 """``bench/RESULTS.md`` from one results file: the headline numbers, the peers side by side.
 
 ``python -m bench.report bench/results/<date>.json`` rewrites it from a saved run.
+``python -m bench.report --rows SYSTEM FILE ...`` prints one system's recovery row from each
+file, in the columns of sections 1-3, for putting re-measurements beside the full run's.
 """
 
 from __future__ import annotations
@@ -78,16 +80,7 @@ def render(results: JSON, results_path: Path) -> str:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, r in sorted(systems.items(), key=lambda item: _system_order(item[0])):
-            lines.append(
-                f"| {name} | {r['recovered']}/{r['affected']} "
-                f"({_f((r['recovered_within_5min_share'] or 0) * 100, 0)}%) | "
-                f"{_f(r['recovery_from_failure']['p50'], 1, ' s')} | "
-                f"{_f(r['recovery_from_failure']['p95'], 1, ' s')} | "
-                f"{_f(r['recovery_from_threshold']['p95'], 1, ' s')} | "
-                f"{_f(r['moves_per_recovery'], 2)} | {r['wasted_moves']} of {r['moves_total']} | "
-                f"{_f(r['api']['system_requests_per_move'], 1)} | "
-                f"{_f(r['api']['all_requests_per_s'], 1)} |"
-            )
+            lines.append(f"| {name} | {recovery_cells(r)} |")
         lines += [
             "",
             "![CDF of the time to recovery](results/" + rel.stem + "-recovery-cdf.png)",
@@ -270,6 +263,34 @@ def render(results: JSON, results_path: Path) -> str:
     return "\n".join(lines)
 
 
+def recovery_cells(r: JSON) -> str:
+    """One system's cells of the sections 1-3 table, from recovered to all API requests/s."""
+    return (
+        f"{r['recovered']}/{r['affected']} "
+        f"({_f((r['recovered_within_5min_share'] or 0) * 100, 0)}%) | "
+        f"{_f(r['recovery_from_failure']['p50'], 1, ' s')} | "
+        f"{_f(r['recovery_from_failure']['p95'], 1, ' s')} | "
+        f"{_f(r['recovery_from_threshold']['p95'], 1, ' s')} | "
+        f"{_f(r['moves_per_recovery'], 2)} | {r['wasted_moves']} of {r['moves_total']} | "
+        f"{_f(r['api']['system_requests_per_move'], 1)} | "
+        f"{_f(r['api']['all_requests_per_s'], 1)}"
+    )
+
+
+def rows(system: str, paths: list[Path]) -> list[str]:
+    """``system``'s row from each results file: its date, commit and file, then its cells."""
+    out = []
+    for path in paths:
+        results = json.loads(path.read_text())
+        r = results["measurements"]["recovery"]["systems"][system]
+        commit = (results.get("code") or {}).get("commit") or ""
+        out.append(
+            f"| {results['date'][:16].replace('T', ' ')}, `{commit[:12]}`, "
+            f"[`{path.name}`](results/{path.name}) | {recovery_cells(r)} |"
+        )
+    return out
+
+
 def _system_order(name: str) -> tuple[int, int]:
     """vanilla, the descheduler from its slowest cadence to its fastest, kn-rescheduler."""
     if name == "vanilla":
@@ -312,6 +333,9 @@ def write(results: JSON, results_path: Path, target: Path, notes: str = "") -> N
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["--rows"]:
+        print("\n".join(rows(args[1], [Path(a) for a in args[2:]])))
+        return 0
     path = Path(args[0]).resolve()
     write(json.loads(path.read_text()), path, ROOT / "bench" / "RESULTS.md")
     return 0
