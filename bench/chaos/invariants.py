@@ -317,7 +317,13 @@ def removed_pods_recorded(snapshot: Snapshot) -> tuple[list[Violation], int, lis
         pod = snapshot.seen.get(uid)
         if pod is None:
             continue
-        where = _where(pod)
+        # The last-seen phase of a deleted pod is its kubelet's Failed of the stop: say whether
+        # it was deleted, and whether it had ended before that, the fact a reader needs.
+        where = {
+            **_where(pod),
+            "deletionTimestamp": _meta(pod).get("deletionTimestamp"),
+            "ended_before_deletion": uid in snapshot.ended_undeleted,
+        }
         holder = idx.holder_of(pod)
         if holder is None:
             violations.append(

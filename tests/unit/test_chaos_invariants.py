@@ -394,6 +394,8 @@ def test_a_removed_statefulset_pod_is_let_off_only_if_it_ended_before_anyone_del
         verdict.violations
     )
     assert {v.invariant for v in verdict.violations} <= {"removed-pods-recorded"}
+    for v in verdict.violations:
+        assert v.evidence["deletionTimestamp"] and v.evidence["ended_before_deletion"] is False
     let_off = any("its StatefulSet removed it" in n for n in verdict.notes)
     assert let_off is (not recorded and not violated)
     # A pod let off is not judged; any other removed pod is.
