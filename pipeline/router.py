@@ -98,8 +98,8 @@ from typing import Any
 
 from pipeline import cloudevent, filters, triggers
 from pipeline.cloudevent import Event
-from shared import logs
 from shared.constants import DEFAULT_NAMESPACE
+from shared.platform import logs
 
 log = logging.getLogger("pipeline.router")
 

@@ -37,11 +37,11 @@ from kubernetes import config as k8s_config
 from localcluster import FAULT_MODES, Cluster, Timing
 from localcluster.bins import ensure_bins
 from pipeline.source import adapter_binary
-from shared.config import Config
 from shared.constants import PREFIX, SIM_FAULT_LABEL, STATE_ANNOTATION
-from shared.kube import Kube, KubeError, NotFound
-from shared.policy import OwnerKind, Policy, parse_retries
-from shared.state import StateError, load_state
+from shared.platform.config import Config
+from shared.platform.kube import Kube, KubeError, NotFound
+from shared.rescheduling.policy import OwnerKind, Policy, parse_retries
+from shared.rescheduling.state import StateError, load_state
 from stack import demo_chart
 from stack.demo_feeds import ApiFeed, ArchiveFeed, Feed
 from stack.demo_model import (

@@ -20,8 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from shared.classify import classify
-from shared.config import Config
 from shared.constants import (
     APISERVER_ADD,
     APISERVER_DELETE,
@@ -33,8 +31,10 @@ from shared.constants import (
     REASON_RESCHEDULED,
     REASON_RETRIES_EXHAUSTED,
 )
-from shared.failing import FailingPod
-from shared.kube import Kube
+from shared.platform.config import Config
+from shared.platform.kube import Kube
+from shared.rescheduling.classify import classify
+from shared.rescheduling.failing import FailingPod
 from stack.demo_model import Timeline
 
 JSON = dict[str, Any]
@@ -103,7 +103,8 @@ class ArchiveFeed:
         return 1
 
 
-# update-annotations' Event messages (shared.state.plan), read back into the reply's fields.
+# update-annotations' Event messages (shared.rescheduling.state.plan), read back into the reply's
+# fields.
 _MOVED: Final = re.compile(
     r"moved pod (?P<name>\S+) off node (?P<node>\S+) after (?P<reason>\S+) "
     r"\(move (?P<moves>\d+) of (?P<budget>\d+)\); (?P<detail>.*)"

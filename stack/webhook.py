@@ -61,7 +61,8 @@ def configuration(
     """The MutatingWebhookConfiguration, as knative/ ships it but reached by URL."""
     pods = _webhook("pods.kn-rescheduler.io", url, ca_crt, timeout_seconds, "", "pods")
     # The same function, for Jobs being created (a Job asking for free moves gets its pod
-    # failure policy; see shared/jobs.py). A separate webhook, so each rule stays obvious.
+    # failure policy; see shared/rescheduling/jobs.py). A separate webhook, so each rule stays
+    # obvious.
     jobs = _webhook("jobs.kn-rescheduler.io", url, ca_crt, timeout_seconds, "batch", "jobs")
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",

@@ -42,11 +42,11 @@ from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
 from pipeline import triggers as trigger_manifests
-from shared import events, kube
-from shared.config import Config
-from shared.detect import detect
-from shared.policy import parse_kube_time
-from shared.reschedule import Rescheduler, last_trace
+from shared.platform import events, kube
+from shared.platform.config import Config
+from shared.rescheduling.detect import detect
+from shared.rescheduling.policy import parse_kube_time
+from shared.rescheduling.reschedule import Rescheduler, last_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,11 +5,11 @@ live pods, every pod seen during the run, the Events, the router's dead letters)
 returning :class:`Violation` s with the evidence a person needs to reproduce the finding.
 
 The state annotation is read here with a reader of its own (the documented JSON format, see
-shared/state.py), and budgets are computed from the documented rule (``scheduling-retries``
-times the replicas of a ReplicaSet; per pod for a StatefulSet; per Job; per bare pod), not with
-the product's functions: a bug there must not hide itself. Only the Event naming rule (one
-Event per object, reason and pod uid, ``shared.bodies.event_name``) is the product's own: it is
-the contract by which a move's Event is found.
+shared/rescheduling/state.py), and budgets are computed from the documented rule
+(``scheduling-retries`` times the replicas of a ReplicaSet; per pod for a StatefulSet; per Job; per
+bare pod), not with the product's functions: a bug there must not hide itself. Only the Event naming
+rule (one Event per object, reason and pod uid, ``shared.rescheduling.bodies.event_name``) is the
+product's own: it is the contract by which a move's Event is found.
 
 The invariants:
 
@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeline.router import retriable
-from shared.bodies import ORIGIN_ANNOTATION, event_name
 from shared.constants import (
     POLICY_ANNOTATION,
     REASON_EXCLUSIONS_CLEARED,
@@ -59,7 +58,8 @@ from shared.constants import (
     REASON_RESCHEDULED,
     STATE_ANNOTATION,
 )
-from shared.owners import Ref
+from shared.rescheduling.bodies import ORIGIN_ANNOTATION, event_name
+from shared.rescheduling.owners import Ref
 
 JSON = dict[str, Any]
 
@@ -70,8 +70,9 @@ INVARIANTS: Final = (
     "replicas-healthy",
     "dead-letters-permanent",
 )
-# update-annotations keeps this many handled uids (shared/state.py DEFAULT_HANDLED_LIMIT): a
-# longer history is cut, so counting moves against the list is only exact below it.
+# update-annotations keeps this many handled uids (shared/rescheduling/state.py
+# DEFAULT_HANDLED_LIMIT): a longer history is cut, so counting moves against the list is only exact
+# below it.
 HANDLED_LIMIT: Final = 64
 MOVE_REASONS: Final = (REASON_RESCHEDULED, REASON_EXCLUSIONS_CLEARED)
 

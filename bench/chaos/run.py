@@ -45,7 +45,8 @@ _COLLECTIONS = {
     "Event": "/api/v1/namespaces/{ns}/events",
 }
 # A message update-annotations gives a move an earlier delivery recorded and a later one
-# finished (shared.reschedule.moved): the trace of a kill between state write and delete.
+# finished (shared.rescheduling.reschedule.moved): the trace of a kill between state write and
+# delete.
 FINISHED_LATER = "recorded earlier, removed now"
 
 

@@ -1,6 +1,6 @@
 """detect-failures: ApiServerSource pod events in, io.kn-rescheduler.pod.failing out.
 
-The entry point only; the decision is shared.detect (pure, no API access).
+The entry point only; the decision is shared.rescheduling.detect (pure, no API access).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import os
 import flask
 import functions_framework
 
-from shared import events, logs
-from shared.config import Config, describe
-from shared.detect import detect
+from shared.platform import events, logs
+from shared.platform.config import Config, describe
+from shared.rescheduling.detect import detect
 
 FUNCTION = "detect-failures"
 logs.configure(FUNCTION)

@@ -1,6 +1,6 @@
 """sweep-failures: a PingSource tick in, failing-pod events out to the Broker (K_SINK).
 
-The entry point only; the logic is shared.sweep.
+The entry point only; the logic is shared.rescheduling.sweep.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import os
 import flask
 import functions_framework
 
-from shared import events, logs
-from shared.config import Config, describe
-from shared.kube import Kube
-from shared.sweep import Sweeper
+from shared.platform import events, logs
+from shared.platform.config import Config, describe
+from shared.platform.kube import Kube
+from shared.rescheduling.sweep import Sweeper
 
 FUNCTION = "sweep-failures"
 logs.configure(FUNCTION)

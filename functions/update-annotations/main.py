@@ -1,6 +1,6 @@
 """update-annotations: io.kn-rescheduler.pod.failing in, the pod moved and its move recorded.
 
-The entry point only; the logic is shared.reschedule. Replies
+The entry point only; the logic is shared.rescheduling.reschedule. Replies
 io.kn-rescheduler.pod.rescheduled or .exhausted (never a type its own Trigger matches).
 """
 
@@ -11,10 +11,10 @@ import os
 import flask
 import functions_framework
 
-from shared import events, logs
-from shared.config import Config, describe
-from shared.kube import Kube
-from shared.reschedule import Rescheduler
+from shared.platform import events, logs
+from shared.platform.config import Config, describe
+from shared.platform.kube import Kube
+from shared.rescheduling.reschedule import Rescheduler
 
 FUNCTION = "update-annotations"
 logs.configure(FUNCTION)

@@ -21,13 +21,13 @@ import pytest
 from kubernetes import client as k8s
 
 from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
-from shared import events
-from shared.config import Config
 from shared.constants import APISERVER_UPDATE, STATE_ANNOTATION
-from shared.detect import detect
-from shared.kube import Kube
-from shared.reschedule import Rescheduler
-from shared.state import WorkloadState, load_state
+from shared.platform import events
+from shared.platform.config import Config
+from shared.platform.kube import Kube
+from shared.rescheduling.detect import detect
+from shared.rescheduling.reschedule import Rescheduler
+from shared.rescheduling.state import WorkloadState, load_state
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment
 from tests.handlers.conftest import function_client  # noqa: F401 - shared fixture

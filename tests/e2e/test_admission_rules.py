@@ -19,7 +19,7 @@ from shared.constants import (
     STATE_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
-from shared.kube import Kube
+from shared.platform.kube import Kube
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 from tests.e2e.test_rescheduling import required_exclusions
 

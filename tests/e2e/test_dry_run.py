@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from shared import kube
-from shared.kube import Kube
+from shared.platform import kube
+from shared.platform.kube import Kube
 
 pytestmark = pytest.mark.e2e
 

@@ -2,8 +2,8 @@
 the real control plane, and no pod's literal env values reach those logs.
 
 By default a function logs one compact line per event and the whole (redacted) event only when
-it led to a reply, an API write, a 4xx or a 5xx (shared/events.py). These tests take the lines
-the functions really wrote and feed them to the replay tool (tools/replay.py).
+it led to a reply, an API write, a 4xx or a 5xx (shared/platform/events.py). These tests take the
+lines the functions really wrote and feed them to the replay tool (tools/replay.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from shared import logs
 from shared.constants import EVENT_POD_EXHAUSTED, EVENT_POD_FAILING, POLICY_ANNOTATION
-from shared.kube import Kube
+from shared.platform import logs
+from shared.platform.kube import Kube
 from stack.stack import Stack
 from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import failing_pod, only, pods, ready

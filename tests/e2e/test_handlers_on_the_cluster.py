@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shared.constants import EVENT_POD_FAILING, EVENT_POD_RESCHEDULED, STATE_ANNOTATION
-from shared.kube import Kube
+from shared.platform.kube import Kube
 from tests.e2e.conftest import Loop, pod_template, wait_for
 from tests.e2e.knative_manifests import kubeconfig_for, service_account_token
 from tests.e2e.test_rescheduling import failing_pod, only

@@ -24,7 +24,7 @@ from shared.constants import (
     REASON_MOVE_WOULD_FAIL_JOB,
     REASON_RESCHEDULED,
 )
-from shared.kube import Kube
+from shared.platform.kube import Kube
 from stack.stack import Stack
 from tests.e2e.conftest import pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, pods

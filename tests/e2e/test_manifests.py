@@ -25,9 +25,9 @@ import yaml
 from kubernetes import client as k8s
 from prometheus_client import Counter, Histogram
 
-from shared import metrics
-from shared.config import Config
 from shared.constants import OPT_OUT_LABEL, OPTED_IN_LABEL
+from shared.platform import metrics
+from shared.platform.config import Config
 from stack import webhook as local_webhook
 from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
@@ -456,7 +456,7 @@ _MATCHER = re.compile(r'(\w+)\s*(?:=~|!~|!=|=)\s*"')
 def _check_expression(expr: str, exported: dict[str, set[str]]) -> set[str]:
     used = set()
     for name, selector in _SELECTOR.findall(expr):
-        assert name in exported, f"{name} is not exported by shared/metrics.py ({expr})"
+        assert name in exported, f"{name} is not exported by shared/platform/metrics.py ({expr})"
         for label in _MATCHER.findall(selector or ""):
             assert label in exported[name], f"{name} has no label {label} ({expr})"
         used.add(name)

@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from shared import kube
-from shared.config import Config
 from shared.constants import (
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
     POLICY_ANNOTATION,
     STATE_ANNOTATION,
 )
-from shared.kube import Kube
+from shared.platform import kube
+from shared.platform.config import Config
+from shared.platform.kube import Kube
 from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
 from tests.e2e.knative_manifests import kubeconfig_for, service_account_token
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods

@@ -23,7 +23,7 @@ from shared.constants import (
     POLICY_ANNOTATION,
     STATE_ANNOTATION,
 )
-from shared.kube import Kube
+from shared.platform.kube import Kube
 from stack.stack import Stack
 from tests.e2e.conftest import pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, only, pods, ready

@@ -3,11 +3,11 @@
 The ServiceAccounts, ClusterRoles and bindings of knative/ are created for real, and one
 namespace opts its bare pods in with knative/bare-pod-replacement (a RoleBinding); then every
 row below asks, with a SubjectAccessReview, whether that function's ServiceAccount may do one
-thing. The allowed rows are exactly the calls the code makes (shared/kube.py through
-shared/reschedule.py, shared/owners.py, shared/webhook.py, shared/sweep.py); the denied rows
-are the near misses and the dangerous ones. Creating or changing a pod runs any image under any
-ServiceAccount of its namespace, so update-annotations may do it only where a namespace opted
-in: never cluster-wide, never in kube-system.
+thing. The allowed rows are exactly the calls the code makes (shared/platform/kube.py through
+shared/rescheduling/reschedule.py, shared/rescheduling/owners.py, shared/admission/review.py,
+shared/rescheduling/sweep.py); the denied rows are the near misses and the dangerous ones. Creating
+or changing a pod runs any image under any ServiceAccount of its namespace, so update-annotations
+may do it only where a namespace opted in: never cluster-wide, never in kube-system.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from shared import reschedule
+from shared.rescheduling import reschedule
 from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
     NAMESPACE,

@@ -20,7 +20,7 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STATE_ANNOTATION,
 )
-from shared.kube import Kube, NotFound
+from shared.platform.kube import Kube, NotFound
 from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
 
 pytestmark = pytest.mark.e2e

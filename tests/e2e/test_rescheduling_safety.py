@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from shared.config import Config
 from shared.constants import POLICY_ANNOTATION
-from shared.kube import Kube
+from shared.platform.config import Config
+from shared.platform.kube import Kube
 from tests.e2e.conftest import Loop, Webhook, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
 

@@ -33,7 +33,7 @@ from shared.constants import (
     SIM_FAULT_LABEL,
     STATE_ANNOTATION,
 )
-from shared.kube import Kube, KubeError
+from shared.platform.kube import Kube, KubeError
 from stack.stack import Stack
 from tests.e2e.conftest import FAULTY_PREFERENCE_WEIGHT, Loop, state_of, wait_for
 from tests.e2e.test_moves import account, post
@@ -210,7 +210,7 @@ def both_failing(api: Kube, loop: Loop, namespace: str) -> list[dict[str, Any]] 
 @dataclass
 class RequestLog:
     """The API requests made while `deliver` runs: update-annotations' own (a spy on the one
-    request path of shared.kube; each request still goes to the real API server)."""
+    request path of shared.platform.kube; each request still goes to the real API server)."""
 
     client: Any
     calls: list[tuple[str, str, str]] = field(default_factory=list)

@@ -35,7 +35,7 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STATE_ANNOTATION,
 )
-from shared.kube import Kube
+from shared.platform.kube import Kube
 from stack import webhook as webhook_setup
 from stack.functions import ROOT, FunctionServer, environment
 from stack.stack import PING_TYPE

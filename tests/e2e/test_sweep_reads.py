@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from shared.config import Config
-from shared.kube import Kube
-from shared.sweep import Sweeper
+from shared.platform.config import Config
+from shared.platform.kube import Kube
+from shared.rescheduling.sweep import Sweeper
 
 pytestmark = pytest.mark.e2e
 

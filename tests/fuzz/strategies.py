@@ -21,8 +21,6 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from shared.classify import classify, unschedulable_due_to_exclusions
-from shared.config import Config
 from shared.constants import (
     APISERVER_ADD,
     APISERVER_DELETE,
@@ -34,9 +32,11 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
-from shared.failing import FailingPod
-from shared.kubetypes import Pod
-from shared.state import MAX_NODE_NAME_LENGTH
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import classify, unschedulable_due_to_exclusions
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.state import MAX_NODE_NAME_LENGTH
 from tests.unit import pods
 from tests.unit.pods import NOW
 

@@ -14,7 +14,7 @@ import jsonpatch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.admission import OwnerFacts, mutate
+from shared.admission.mutation import OwnerFacts, mutate
 from shared.constants import (
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
@@ -23,9 +23,9 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
-from shared.kubetypes import Pod
-from shared.policy import parse_retries
-from shared.state import is_valid_node_name
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.policy import parse_retries
+from shared.rescheduling.state import is_valid_node_name
 from tests.fuzz import strategies as s
 from tests.unit import pods
 from tests.unit.apivalidation import api_server_errors

@@ -11,10 +11,10 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.classify import Failure, excluded_nodes_of, policy_of
 from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION
-from shared.failing import FailingPod
-from shared.policy import (
+from shared.rescheduling.classify import Failure, excluded_nodes_of, policy_of
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.policy import (
     DEFAULT_RESET_AFTER,
     MAX_RETRIES,
     InvalidPolicy,
@@ -24,7 +24,7 @@ from shared.policy import (
     parse_reset_after,
     parse_retries,
 )
-from shared.state import (
+from shared.rescheduling.state import (
     PodEntry,
     StateError,
     WorkloadState,

@@ -5,8 +5,9 @@ the sweep on every pod.
 The contract: on a pod the API server could have sent (every field of its type, contents
 anything) every decision returns its answer and never raises. On a pod with a field of the
 wrong type (a forged or corrupted event) it returns its answer or raises MalformedPod, and only
-when `shared.podshape.malformed` names the field; never another exception. detect-failures
-turns MalformedPod into a malformed event (400), the sweep skips the pod and judges the others.
+when `shared.rescheduling.podshape.malformed` names the field; never another exception.
+detect-failures turns MalformedPod into a malformed event (400), the sweep skips the pod and judges
+the others.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from shared import events
-from shared.classify import (
+from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.platform import events
+from shared.platform.config import Config
+from shared.rescheduling.classify import (
     Failure,
     FailureKind,
     classify,
@@ -28,12 +31,10 @@ from shared.classify import (
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
-from shared.config import Config
-from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING
-from shared.detect import detect
-from shared.failing import FailingPod
-from shared.podshape import malformed
-from shared.sweep import find_failures
+from shared.rescheduling.detect import detect
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.podshape import malformed
+from shared.rescheduling.sweep import find_failures
 from tests.fuzz import strategies as s
 from tests.fuzz.contract import refused_as_malformed, refusing_only_malformed
 from tests.unit.pods import NOW

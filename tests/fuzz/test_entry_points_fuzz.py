@@ -48,7 +48,8 @@ HTTP = settings(
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 EVENT_ANSWERS = {200, 202, 400}
-# How detect-failures words a 400 for a pod with a field of the wrong type (shared.detect).
+# How detect-failures words a 400 for a pod with a field of the wrong type
+# (shared.rescheduling.detect).
 MALFORMED = "not a pod the API server sends"
 
 

@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from shared import events, logs
-from shared.classify import classify, excluded_nodes_of
-from shared.config import Config
 from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING, EXCLUDED_NODES_ANNOTATION
-from shared.detect import detect
-from shared.podshape import MalformedPod, judged, malformed
-from shared.policy import parse_kube_time, parse_retries
-from shared.state import PodEntry, StateError, WorkloadState, dump_state, load_state
-from shared.sweep import find_failures
+from shared.platform import events, logs
+from shared.platform.config import Config
+from shared.rescheduling.classify import classify, excluded_nodes_of
+from shared.rescheduling.detect import detect
+from shared.rescheduling.podshape import MalformedPod, judged, malformed
+from shared.rescheduling.policy import parse_kube_time, parse_retries
+from shared.rescheduling.state import PodEntry, StateError, WorkloadState, dump_state, load_state
+from shared.rescheduling.sweep import find_failures
 from tests.fuzz.strategies import nested
 from tests.handlers.conftest import ClientFactory, cloudevent
 from tests.unit import pods
@@ -147,9 +147,9 @@ def test_the_webhook_answers_a_nested_body_with_400(
 # The classifier assumes every field has the type the API server gives it; a pod with another
 # (a forged or hand-made event) raised AttributeError or TypeError, and detect-failures
 # answered 500, which the Broker retries and dead-letters. Fixed: when the decision code trips
-# over a field, shared.podshape checks the pod against what the API server writes and raises
-# MalformedPod naming the field; detect-failures answers 400, the sweep skips the pod. A crash
-# on a pod of the right shape is still a crash: that is a bug of ours, not malformed input.
+# over a field, shared.rescheduling.podshape checks the pod against what the API server writes and
+# raises MalformedPod naming the field; detect-failures answers 400, the sweep skips the pod. A
+# crash on a pod of the right shape is still a crash: that is a bug of ours, not malformed input.
 ILL_TYPED = pytest.mark.parametrize(
     ("path", "value", "says"),
     [
@@ -335,8 +335,8 @@ def test_detect_failures_answers_a_failing_pod_without_a_uid_with_400(
 # server always writes. So a pod with `"restartCount": null` counts as well shaped, the
 # crash-loop rule's `in_a_row < restarts` raises TypeError, and it is re-raised as a bug of
 # ours: detect-failures answered 500. Found by test_one_field_fuzz.py. Fixed in
-# shared/podshape.py: null passes only for timestamp fields (the TIME leaf shape); the pod is
-# then malformed: MalformedPod, 400, skipped by the sweep, like F3.
+# shared/rescheduling/podshape.py: null passes only for timestamp fields (the TIME leaf shape); the
+# pod is then malformed: MalformedPod, 400, skipped by the sweep, like F3.
 NULL_RESTART_COUNT = ("status", "containerStatuses", 0, "restartCount")
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from shared import logs
 from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.platform import logs
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 from tests.unit import pods
 from tests.unit.secret_pods import PASSWORD, SECRETS, with_secrets

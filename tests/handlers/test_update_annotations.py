@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.config import Config
 from shared.constants import EVENT_POD_FAILING
-from shared.detect import detect
-from shared.events import Event
+from shared.platform.config import Config
+from shared.platform.events import Event
+from shared.rescheduling.detect import detect
 from tests.handlers.conftest import ClientFactory, cloudevent
 from tests.unit import pods
 

@@ -9,8 +9,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.admission import OwnerFacts, mutate
-from shared.bodies import (
+from shared.admission.mutation import OwnerFacts, mutate
+from shared.constants import EXCLUDED_NODES_ANNOTATION, STATE_ANNOTATION
+from shared.platform.config import Config
+from shared.rescheduling.bodies import (
     ORIGIN_ANNOTATION,
     event_body,
     event_name,
@@ -19,11 +21,9 @@ from shared.bodies import (
     replacement_pod,
     state_patch,
 )
-from shared.classify import classify
-from shared.config import Config
-from shared.constants import EXCLUDED_NODES_ANNOTATION, STATE_ANNOTATION
-from shared.failing import FailingPod
-from shared.owners import Ref
+from shared.rescheduling.classify import classify
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.owners import Ref
 from tests.unit import pods
 
 ZONE_A = {"key": "zone", "operator": "In", "values": ["a"]}

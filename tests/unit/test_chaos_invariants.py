@@ -18,9 +18,9 @@ import pytest
 from bench.chaos import faults, invariants, observe
 from bench.chaos.invariants import Snapshot
 from localcluster.podstatus import terminated_status
-from shared.bodies import ORIGIN_ANNOTATION, event_name
 from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
-from shared.owners import Ref
+from shared.rescheduling.bodies import ORIGIN_ANNOTATION, event_name
+from shared.rescheduling.owners import Ref
 from tests.unit import pods
 
 JSON = dict[str, Any]

@@ -8,7 +8,9 @@ from typing import NamedTuple
 
 import pytest
 
-from shared.classify import (
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import (
     Failure,
     FailureKind,
     classify,
@@ -20,10 +22,8 @@ from shared.classify import (
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
-from shared.config import Config
-from shared.kubetypes import Pod
-from shared.policy import InvalidPolicy
-from shared.sweep import find_failures
+from shared.rescheduling.policy import InvalidPolicy
+from shared.rescheduling.sweep import find_failures
 
 from . import pods
 from .pods import (

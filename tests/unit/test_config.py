@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import (
+from shared.platform.config import (
     DEFAULT_FAILED_POD_REASONS,
     Config,
     ConfigError,

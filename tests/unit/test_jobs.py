@@ -1,4 +1,4 @@
-"""What a move costs a Job, and the webhook's "ignore disruptions" rule (shared.jobs).
+"""What a move costs a Job, and the webhook's "ignore disruptions" rule (shared.rescheduling.jobs).
 
 Jobs are shaped as a 1.36 API server returns them (defaulted: backoffLimit, completionMode,
 podReplacementPolicy, the controller-uid selector), pods as a kubelet writes them. What the
@@ -16,7 +16,8 @@ import jsonpatch
 import pytest
 
 from shared.constants import JOB_INDEX_FAILURE_COUNT_ANNOTATION, JOB_TRACKING_FINALIZER
-from shared.jobs import (
+from shared.platform.kubetypes import Job, Pod
+from shared.rescheduling.jobs import (
     JobFacts,
     Outcome,
     Verdict,
@@ -25,7 +26,6 @@ from shared.jobs import (
     move_cost,
     pending_failures,
 )
-from shared.kubetypes import Job, Pod
 from tests.unit.pods import crash_looping, pending_on_node, pod, running, terminated, uid, waiting
 
 JOB_UID = "5b0e1a47-3f0d-4a49-9d9b-8f2c6a1e7c01"

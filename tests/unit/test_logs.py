@@ -1,4 +1,4 @@
-"""What a log line may carry of an event: ``shared.logs.redact``, and the setting that says
+"""What a log line may carry of an event: ``shared.platform.logs.redact``, and the setting that says
 which events are logged in full."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from shared import logs
-from shared.classify import classify
-from shared.config import Config
 from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING
-from shared.failing import FailingPod
+from shared.platform import logs
+from shared.platform.config import Config
+from shared.rescheduling.classify import classify
+from shared.rescheduling.failing import FailingPod
 from tests.unit import pods
 from tests.unit.secret_pods import SECRETS, with_secrets
 

@@ -14,10 +14,6 @@ from typing import Any
 
 import pytest
 
-from shared import kube
-from shared.bodies import event_name
-from shared.classify import Failure, FailureKind
-from shared.config import Config
 from shared.constants import (
     REASON_EXCLUSIONS_CLEARED,
     REASON_MOVE_DEFERRED,
@@ -25,15 +21,19 @@ from shared.constants import (
     REASON_REPLACEMENT_REFUSED,
     REASON_RESCHEDULED,
 )
-from shared.owners import Ref
-from shared.reschedule import (
+from shared.platform import kube
+from shared.platform.config import Config
+from shared.rescheduling.bodies import event_name
+from shared.rescheduling.classify import Failure, FailureKind
+from shared.rescheduling.owners import Ref
+from shared.rescheduling.reschedule import (
     BARE_POD_CLUSTER_ROLE,
     Rescheduler,
     Step,
     deferral_for,
     moved,
 )
-from shared.state import Action, Plan
+from shared.rescheduling.state import Action, Plan
 
 NOW = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 EVICT = "POST /api/v1/namespaces/shop/pods/web-7d9c8b6f4-x2x9z/eviction"

@@ -6,9 +6,9 @@ from typing import Any, cast
 
 import pytest
 
-from shared.kube import Kube
-from shared.owners import Holder, Ref, holder_of, resolve
-from shared.state import StatefulSetRange
+from shared.platform.kube import Kube
+from shared.rescheduling.owners import Holder, Ref, holder_of, resolve
+from shared.rescheduling.state import StatefulSetRange
 
 from . import pods
 

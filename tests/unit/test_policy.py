@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.policy import (
+from shared.rescheduling.policy import (
     DEFAULT_RESET_AFTER,
     BudgetScope,
     InvalidPolicy,

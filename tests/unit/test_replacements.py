@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 import pytest
 
-from shared.kubetypes import Pod
-from shared.replacements import is_terminal_failure, label_selector, redirects
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.replacements import is_terminal_failure, label_selector, redirects
 
 from . import pods
 from .pods import NOW

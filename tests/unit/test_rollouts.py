@@ -9,10 +9,17 @@ from typing import Any, NamedTuple
 import pytest
 
 from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
-from shared.owners import Ref, Resolution, holder_of
-from shared.policy import OwnerKind, Policy
-from shared.rollouts import deployment_of, settle, strip_state_patch
-from shared.state import Action, FailureFacts, WorkloadState, dump_state, load_state, plan
+from shared.rescheduling.owners import Ref, Resolution, holder_of
+from shared.rescheduling.policy import OwnerKind, Policy
+from shared.rescheduling.rollouts import deployment_of, settle, strip_state_patch
+from shared.rescheduling.state import (
+    Action,
+    FailureFacts,
+    WorkloadState,
+    dump_state,
+    load_state,
+    plan,
+)
 
 from . import pods
 from .pods import NOW

@@ -1,4 +1,7 @@
-"""Which other pods of a workload say that their node is failing it now (shared.siblings)."""
+"""Which other pods of a workload say that their node is failing it now.
+
+The decisions of shared.rescheduling.siblings.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ from typing import Any, NamedTuple, cast
 
 import pytest
 
-from shared.classify import classify
-from shared.config import Config
-from shared.kubetypes import Pod
-from shared.siblings import (
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import classify
+from shared.rescheduling.siblings import (
     JOB_COMPLETION_INDEX_LABEL,
     FailingSibling,
     failing_siblings,

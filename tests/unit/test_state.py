@@ -10,11 +10,11 @@ from typing import NamedTuple
 
 import pytest
 
-from shared.classify import Failure, FailureKind, classify
-from shared.config import Config
-from shared.kubetypes import Pod
-from shared.policy import OwnerKind, Policy
-from shared.state import (
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import Failure, FailureKind, classify
+from shared.rescheduling.policy import OwnerKind, Policy
+from shared.rescheduling.state import (
     MAX_EXCLUDED_NODES,
     MAX_STATE_BYTES,
     Action,

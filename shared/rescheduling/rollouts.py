@@ -22,7 +22,8 @@ born with the old state.
 
 What we do:
 
-1. Every state records its holder's uid (`shared.state`, "Whose state"): a ReplicaSet born with
+1. Every state records its holder's uid (`shared.rescheduling.state`, "Whose state"): a ReplicaSet
+born with
    a copy (the next rollout) has its copy ignored by update-annotations and the webhook. That
    alone is not enough: after an undo, the copy on the Deployment is the rolled-back
    ReplicaSet's own state, an older version of it, with its own uid.
@@ -69,9 +70,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from shared import kube
 from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
-from shared.owners import REPLICASET, Ref, Resolution
+from shared.platform import kube
+from shared.rescheduling.owners import REPLICASET, Ref, Resolution
 
 DEPLOYMENT: Final = "Deployment"
 # The policy of a Deployment's pods once the Deployment lost its own (see the docstring, 3.).

@@ -1,8 +1,8 @@
 """Request bodies, built by pure code before anything is sent.
 
-Handlers decide (``plan``), build the bodies here, then hand them to ``shared.kube``. Keeping
-the bodies pure makes them table-testable and lets the replay tool show exactly what would be
-sent.
+Handlers decide (``plan``), build the bodies here, then hand them to ``shared.platform.kube``.
+Keeping the bodies pure makes them table-testable and lets the replay tool show exactly what would
+be sent.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from shared.admission import NODE_NAME_FIELD
+from shared.admission.mutation import NODE_NAME_FIELD
 from shared.constants import (
     COMPONENT,
     EXCLUDED_NODES_ANNOTATION,
@@ -23,8 +23,8 @@ from shared.constants import (
     PREFIX,
     STATE_ANNOTATION,
 )
-from shared.owners import Ref
-from shared.policy import format_kube_time
+from shared.rescheduling.owners import Ref
+from shared.rescheduling.policy import format_kube_time
 
 # On a bare pod's replacement: the name of the first pod of the line, so that replacements
 # are named after it and not after each other ("web-1a2b3-4c5d6").

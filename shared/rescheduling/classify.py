@@ -21,12 +21,6 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
-from shared.config import (
-    IMAGE_EVERYWHERE_PATTERNS,
-    NEVER_MOVE_REASONS,
-    START_EVERYWHERE_PATTERNS,
-    Config,
-)
 from shared.constants import (
     EXCLUDED_NODES_ANNOTATION,
     OPT_OUT_LABEL,
@@ -34,9 +28,15 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
-from shared.kubetypes import ContainerStatus, OwnerReference, Pod, PodCondition
-from shared.podshape import judges_pod
-from shared.policy import (
+from shared.platform.config import (
+    IMAGE_EVERYWHERE_PATTERNS,
+    NEVER_MOVE_REASONS,
+    START_EVERYWHERE_PATTERNS,
+    Config,
+)
+from shared.platform.kubetypes import ContainerStatus, OwnerReference, Pod, PodCondition
+from shared.rescheduling.podshape import judges_pod
+from shared.rescheduling.policy import (
     MAX_RETRIES,
     InvalidPolicy,
     format_duration,
@@ -235,7 +235,7 @@ def fails_everywhere(status: ContainerStatus) -> str | None:
     """Why this container would fail the same way on every node, or None.
 
     A never-move waiting reason, or a message that blames the image or its command (see
-    IMAGE_EVERYWHERE_PATTERNS and START_EVERYWHERE_PATTERNS in shared.config).
+    IMAGE_EVERYWHERE_PATTERNS and START_EVERYWHERE_PATTERNS in shared.platform.config).
     """
     state = status.get("state", {})
     waiting = state.get("waiting", {})

@@ -10,13 +10,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-from shared import events, metrics
-from shared.classify import classify, unschedulable_due_to_exclusions, worth_forwarding
-from shared.config import Config
 from shared.constants import APISERVER_ADD, APISERVER_UPDATE, EVENT_POD_FAILING
-from shared.failing import FailingPod
-from shared.kubetypes import Pod
-from shared.podshape import MalformedPod, judged
+from shared.platform import events, metrics
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import classify, unschedulable_due_to_exclusions, worth_forwarding
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.podshape import MalformedPod, judged
 
 _WATCHED: Final = frozenset({APISERVER_ADD, APISERVER_UPDATE})
 

@@ -6,8 +6,8 @@ with that one exclusion and the scheduler, free to use the other faulty nodes, o
 one of them (the same preference, or an emptied node scoring best): one more failure, one
 more move, one more trip to the crash-loop threshold. So when update-annotations records a
 move of a pod whose budget is the workload's (a ReplicaSet's, a Job's), it lists the pods of
-the same controller once and `shared.state.plan` excludes, without charging a move, every
-other node where one of them is failing now.
+the same controller once and `shared.rescheduling.state.plan` excludes, without charging a move,
+every other node where one of them is failing now.
 
 What counts is what detect-failures would call a node failure (`classify`, kind
 node-fixable), with one difference: a sibling need not have repeated its failure as often or as
@@ -23,8 +23,8 @@ first failure of its current series: in CrashLoopBackOff (or OOM-killed) now, or
 a failed pull or start. Everything else still says nothing about its node: a pod failing for a
 reason no node can fix (a missing Secret, an image that does not exist), a pod running again,
 being deleted or opted out, and a pod whose own move would not record its node (its container
-ran longer than reset-after before it failed, see `shared.state`). A pod on the failing pod's
-own node adds nothing.
+ran longer than reset-after before it failed, see `shared.rescheduling.state`). A pod on the failing
+pod's own node adds nothing.
 
 StatefulSets are left out: their exclusions are kept per pod name (web-0 failing on a node says
 nothing about where web-1, with its own volume and identity, may run), so a sibling's node is
@@ -46,9 +46,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from shared.classify import FailureKind, classify, controller_of
-from shared.config import Config
-from shared.kubetypes import Pod
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import FailureKind, classify, controller_of
 
 # The Job controller labels (and annotates) each pod of an Indexed Job with its completion
 # index (addCompletionIndexLabel in pkg/controller/job): the one label that differs between

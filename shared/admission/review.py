@@ -4,7 +4,7 @@ The API server calls this on every pod CREATE in the cluster. It must never bloc
 creation: it always answers ``allowed: true``; on any internal error or slow API lookup it
 allows the pod without a patch and logs why (the registration's ``failurePolicy: Ignore`` only
 covers failures to reach us, not a patch that fails to apply, so patches come from
-``shared.admission``, correct by construction).
+``shared.admission.mutation``, correct by construction).
 
 For an opted-in pod it copies the policy, the owner's stuck-after and the excluded nodes from
 the owner's state onto the pod, adds the node affinity that keeps the scheduler off them
@@ -14,15 +14,15 @@ A bare pod replaced by update-annotations carries the state in its own annotatio
 needs no lookup. Node names in a state that Kubernetes would refuse are skipped and logged,
 never patched in: the API server would refuse the pod.
 A state that is a copy of another object's (a ReplicaSet born with its Deployment's copy after
-`kubectl rollout undo`; see "Whose state" in `shared.state`) gives no exclusions: they are
-another ReplicaSet's. A pod that did not opt in only loses stale stamps of ours copied from
+`kubectl rollout undo`; see "Whose state" in `shared.rescheduling.state`) gives no exclusions: they
+are another ReplicaSet's. A pod that did not opt in only loses stale stamps of ours copied from
 elsewhere (the label included).
 
 It is also called on Job CREATE (a second webhook of the same registration): a Job that asks
 with ``kn-rescheduler.io/ignore-disruptions: "true"`` (on itself, its CronJob's jobTemplate,
 or its CronJob) and opted in gets the pod failure policy that makes our moves free
-(``shared.jobs.ignore_disruptions``); the field is immutable afterwards, so creation is the
-only moment. A CronJob's own annotations are not copied onto its Jobs: reading them costs one
+(``shared.rescheduling.jobs.ignore_disruptions``); the field is immutable afterwards, so creation is
+the only moment. A CronJob's own annotations are not copied onto its Jobs: reading them costs one
 GET per Job a CronJob creates, and none for any other Job.
 """
 
@@ -33,21 +33,21 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shared import kube, metrics
-from shared.admission import Mutation, OwnerFacts, mutate
-from shared.classify import controller_of
-from shared.config import Config
+from shared.admission.mutation import Mutation, OwnerFacts, mutate
 from shared.constants import (
     IGNORE_DISRUPTIONS_ANNOTATION,
     POLICY_ANNOTATION,
     STATE_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
-from shared.jobs import JobMutation, ignore_disruptions
-from shared.kubetypes import Job, Pod
-from shared.owners import Holder, resolve
-from shared.policy import OwnerKind, parse_retries
-from shared.state import StateError, exclusions_for, foreign_copy, load_state_lenient
+from shared.platform import kube, metrics
+from shared.platform.config import Config
+from shared.platform.kubetypes import Job, Pod
+from shared.rescheduling.classify import controller_of
+from shared.rescheduling.jobs import JobMutation, ignore_disruptions
+from shared.rescheduling.owners import Holder, resolve
+from shared.rescheduling.policy import OwnerKind, parse_retries
+from shared.rescheduling.state import StateError, exclusions_for, foreign_copy, load_state_lenient
 
 log = logging.getLogger(__name__)
 

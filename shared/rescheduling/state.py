@@ -15,7 +15,7 @@ workload a fresh budget on every corruption. That includes a node name Kubernete
 (a hand edit, or a tenant's own bare-pod state): it would become a `metadata.name NotIn`
 requirement that makes every new pod invalid at creation, which the webhook's `failurePolicy:
 Ignore` does not cover. The webhook reads states with `load_state_lenient`, which skips such
-names and keeps the rest, and `shared.admission` checks every name again before it patches.
+names and keeps the rest, and `shared.admission.mutation` checks every name again before it patches.
 
 Format, version 2 (version 1, written by the previous release, is still read: its per-pod
 entries have no timestamp and take the state's own `updatedAt`, which is at least as recent as
@@ -51,7 +51,7 @@ rightful holder: its own writes always carry its own uid. A state without `holde
 before the field) is taken as the holder's own. A bare pod's state is the exception: it is
 carried on purpose to the pod's replacement, which has a new uid, so a pod's state is always
 its own. (What keeps the Deployment controller from overwriting a ReplicaSet's own state with
-a copy is in `shared.rollouts`.)
+a copy is in `shared.rescheduling.rollouts`.)
 
 Size. The API server refuses an object whose annotations add up to more than 256 KiB, and a
 state that grew past it would make every later write fail for ever. So every state `plan`
@@ -90,14 +90,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
 
-from shared.classify import Failure, FailureKind
 from shared.constants import (
     REASON_EXCLUSIONS_CLEARED,
     REASON_RESCHEDULED,
     REASON_RETRIES_EXHAUSTED,
 )
-from shared.kubetypes import Pod
-from shared.policy import (
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import Failure, FailureKind
+from shared.rescheduling.policy import (
     BudgetScope,
     OwnerKind,
     Policy,
@@ -650,7 +650,7 @@ def plan(
     if ignored is not None:
         # Another object's bookkeeping: neither its count nor its exclusions are this
         # holder's. Its own count, if it had one, was overwritten by the copy; see
-        # shared.rollouts for what stops that.
+        # shared.rescheduling.rollouts for what stops that.
         state = WorkloadState()
     ignored_note = f" (the holder's stored state was ignored: {ignored})" if ignored else ""
 

@@ -33,18 +33,18 @@ import requests
 from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
-from shared import kube, metrics
-from shared.classify import (
+from shared.constants import EVENT_POD_FAILING, EVENT_SOURCE_PREFIX
+from shared.platform import kube, metrics
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import (
     classify,
     stuck_pending,
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
-from shared.config import Config
-from shared.constants import EVENT_POD_FAILING, EVENT_SOURCE_PREFIX
-from shared.failing import FailingPod
-from shared.kubetypes import Pod
-from shared.podshape import MalformedPod, judged
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.podshape import MalformedPod, judged
 
 log = logging.getLogger(__name__)
 

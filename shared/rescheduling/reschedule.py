@@ -5,7 +5,8 @@ The order of work is what keeps it safe under at-least-once, unordered, concurre
 1. Read the pod as it is now. Gone, replaced by a namesake, or being deleted: nothing to do.
 2. Resolve its owner chain (policy, and the object that holds the state). A Deployment's pod:
    read the Deployment too, whose policy applies, and remove any copy of our state from it
-   before the ReplicaSet's state is written (``shared.rollouts``: kubectl rollout undo).
+   before the ReplicaSet's state is written (``shared.rescheduling.rollouts``: kubectl rollout
+   undo).
 3. ``plan`` against the holder's state. Before a move is charged, ask the API server whether
    the removal would go through: a server-side dry run (``dryRun=All``) of a bare pod's
    replacement and of the eviction (with ``use_eviction``). A removal it would refuse (a
@@ -48,15 +49,6 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
-from shared import bodies, events, jobs, kube, metrics, rollouts
-from shared.classify import (
-    Failure,
-    FailureKind,
-    classify,
-    controller_of,
-    unschedulable_due_to_exclusions,
-)
-from shared.config import Config
 from shared.constants import (
     DEFAULT_NAMESPACE,
     EVENT_POD_EXHAUSTED,
@@ -75,10 +67,20 @@ from shared.constants import (
     RESET_AFTER_ANNOTATION,
     STATE_ANNOTATION,
 )
-from shared.failing import FailingPod
-from shared.kubetypes import Pod
-from shared.owners import BARE, JOB, Holder, Ref, Resolution, holder_of, resolve
-from shared.policy import (
+from shared.platform import events, kube, metrics
+from shared.platform.config import Config
+from shared.platform.kubetypes import Pod
+from shared.rescheduling import bodies, jobs, rollouts
+from shared.rescheduling.classify import (
+    Failure,
+    FailureKind,
+    classify,
+    controller_of,
+    unschedulable_due_to_exclusions,
+)
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.owners import BARE, JOB, Holder, Ref, Resolution, holder_of, resolve
+from shared.rescheduling.policy import (
     BudgetScope,
     InvalidPolicy,
     OwnerKind,
@@ -86,9 +88,17 @@ from shared.policy import (
     parse_reset_after,
     parse_retries,
 )
-from shared.replacements import is_terminal_failure, label_selector, redirects
-from shared.siblings import failing_siblings, nodes_of, sibling_selector
-from shared.state import Action, FailureFacts, Plan, StateError, dump_state, load_state, plan
+from shared.rescheduling.replacements import is_terminal_failure, label_selector, redirects
+from shared.rescheduling.siblings import failing_siblings, nodes_of, sibling_selector
+from shared.rescheduling.state import (
+    Action,
+    FailureFacts,
+    Plan,
+    StateError,
+    dump_state,
+    load_state,
+    plan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +128,7 @@ class Trace:
 
     steps: list[str] = field(default_factory=list)
     plan: Plan | None = None
-    # What the move costs the pod's Job, when it is a Job's pod (shared.jobs).
+    # What the move costs the pod's Job, when it is a Job's pod (shared.rescheduling.jobs).
     job_cost: jobs.MoveCost | None = None
 
     def note(self, message: str, **extra: Any) -> None:
@@ -472,7 +482,8 @@ class Rescheduler:
         namesake: Pod | None = None,
     ) -> None:
         """Recreate the replacement a controller made before the failure was recorded, when it
-        was admitted without the exclusion and is headed for the node (shared.replacements).
+        was admitted without the exclusion and is headed for the node
+        (shared.rescheduling.replacements).
 
         Best effort: the move is recorded, so a replacement that fails on that node again is
         moved like any other pod; a lost redirect costs a move, never a record.
@@ -607,8 +618,8 @@ class Rescheduler:
                     self._event(holder.ref, REASON_STATE_TOO_LARGE, decided.message, warning=True)
                 return decided
             if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE):
-                # A Job's pod: never the move that fails the Job (shared.jobs). Judged again on
-                # every re-plan, with the re-read Job's counts and state.
+                # A Job's pod: never the move that fails the Job (shared.rescheduling.jobs). Judged
+                # again on every re-plan, with the re-read Job's counts and state.
                 cost = self._job_cost(live, decided, holder)
                 trace.job_cost = cost
                 if cost is not None and not cost.allowed:
@@ -657,8 +668,8 @@ class Rescheduler:
         self, live: Pod, reset_after: timedelta, trace: Trace
     ) -> tuple[str, ...]:
         """The nodes where other pods of the failing pod's controller are failing now, for a
-        reason another node could fix (shared.siblings): one LIST of the pod's namespace by
-        its labels (a page per 500 pods).
+        reason another node could fix (shared.rescheduling.siblings): one LIST of the pod's
+        namespace by its labels (a page per 500 pods).
 
         Best effort: a failed LIST is logged and the move records its own node only. A node
         left out costs at most one more move of a replacement that lands there, never a
@@ -732,8 +743,8 @@ class Rescheduler:
         return None
 
     def _job_cost(self, live: Pod, decided: Plan, holder: Holder) -> jobs.MoveCost | None:
-        """What removing ``live`` costs its Job (``shared.jobs``), for a Job's pod about to be
-        removed by a move planned now; None otherwise.
+        """What removing ``live`` costs its Job (``shared.rescheduling.jobs``), for a Job's pod
+        about to be removed by a move planned now; None otherwise.
 
         A move the Job ignores (an eviction its pod failure policy ignores) costs one
         judgement and no API call. One the Job counts needs the failures not yet in
@@ -865,8 +876,9 @@ class Rescheduler:
     def _evicts(self, live: Pod) -> bool:
         """Whether the pod is removed with the Eviction API rather than a DELETE: with
         ``use_eviction``, and always for a Job's pod, whose eviction sets the
-        ``DisruptionTarget`` condition a pod failure policy can ignore (``shared.jobs``; a
-        DELETE sets none, and the Job counts the pod against its backoffLimit)."""
+        ``DisruptionTarget`` condition a pod failure policy can ignore
+        (``shared.rescheduling.jobs``; a DELETE sets none, and the Job counts the pod against its
+        backoffLimit)."""
         owner = controller_of(live)
         return self.cfg.use_eviction or (owner is not None and owner.get("kind") == JOB)
 

@@ -15,7 +15,7 @@ reads the Deployment: one GET per pod create in the webhook's hot path. The copy
 way that matters (the controller never deletes a key, so a policy removed from the Deployment
 stays on its ReplicaSets), and ``kubectl rollout undo`` copies our state onto the Deployment:
 update-annotations, on its failure path only, reads the Deployment the holder names as its
-controller (``Holder.controller``) to handle both (``shared.rollouts``). A CronJob's
+controller (``Holder.controller``) to handle both (``shared.rescheduling.rollouts``). A CronJob's
 annotations are not copied onto its Jobs (only the jobTemplate's are), hence the one extra
 hop there.
 
@@ -31,12 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shared.classify import controller_of
 from shared.constants import POLICY_ANNOTATION
-from shared.jobs import JobFacts
-from shared.kube import Kube
-from shared.policy import OwnerKind
-from shared.state import StatefulSetRange
+from shared.platform.kube import Kube
+from shared.rescheduling.classify import controller_of
+from shared.rescheduling.jobs import JobFacts
+from shared.rescheduling.policy import OwnerKind
+from shared.rescheduling.state import StatefulSetRange
 
 # Kinds whose pods we act on, and the kind that holds their state.
 STATEFUL: Final = OwnerKind.STATEFUL_SET.value
@@ -76,8 +76,8 @@ class Holder:
     # The holder's own controller (a ReplicaSet's Deployment) as its ownerReference names it;
     # not read. None for a holder without one.
     controller: Ref | None = None
-    # A Job holder's spec and status as far as the cost of a move goes (shared.jobs); None
-    # for other kinds. Re-read with the holder, so a re-plan sees the Job's latest counts.
+    # A Job holder's spec and status as far as the cost of a move goes (shared.rescheduling.jobs);
+    # None for other kinds. Re-read with the holder, so a re-plan sees the Job's latest counts.
     job: JobFacts | None = field(default=None, compare=False)
 
     @property

@@ -46,7 +46,7 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
-from shared.kubetypes import (
+from shared.platform.kubetypes import (
     Affinity,
     NodeAffinity,
     NodeSelector,
@@ -55,8 +55,8 @@ from shared.kubetypes import (
     Pod,
     PodSpec,
 )
-from shared.policy import MAX_RETRIES, parse_retries
-from shared.state import MAX_EXCLUDED_NODES, is_valid_node_name
+from shared.rescheduling.policy import MAX_RETRIES, parse_retries
+from shared.rescheduling.state import MAX_EXCLUDED_NODES, is_valid_node_name
 
 # The only field a node selector can match on.
 NODE_NAME_FIELD: Final = "metadata.name"

@@ -23,7 +23,7 @@ from typing import Any, Final
 import yaml
 
 from shared.constants import DEFAULT_NAMESPACE
-from shared.policy import MAX_RETRIES, parse_duration
+from shared.rescheduling.policy import MAX_RETRIES, parse_duration
 
 ENV_PREFIX: Final = "KN_RESCHEDULER_"
 # Where a mounted config file is looked for when the caller names none.

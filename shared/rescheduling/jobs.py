@@ -53,7 +53,7 @@ from shared.constants import (
     JOB_INDEX_FAILURE_COUNT_ANNOTATION,
     JOB_TRACKING_FINALIZER,
 )
-from shared.kubetypes import Job, Pod, PodFailurePolicyRule
+from shared.platform.kubetypes import Job, Pod, PodFailurePolicyRule
 
 # The Job controller's defaults (k8s.io/api/batch/v1 and pkg/apis/batch/v1/defaults.go).
 DEFAULT_BACKOFF_LIMIT: Final = 6

@@ -1,6 +1,6 @@
 """Is this JSON shaped like a pod the API server could have sent? (Only the parts we read.)
 
-The decision code reads pods as plain JSON (`shared.kubetypes` describes them, it does not
+The decision code reads pods as plain JSON (`shared.platform.kubetypes` describes them, it does not
 check them). A pod that came from the API server always has the right types, but a pod event is
 only a CloudEvent: a forged or corrupted one can carry `"status": "Running"` or
 `"containerStatuses": [null]`, and code written for real pods would crash on it (a 500 that

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from shared import logs
-from shared.classify import Failure, controller_of, excluded_nodes_of
 from shared.constants import POLICY_STAMP_ANNOTATION
-from shared.kubetypes import Pod
+from shared.platform import logs
+from shared.platform.kubetypes import Pod
+from shared.rescheduling.classify import Failure, controller_of, excluded_nodes_of
 
 
 @dataclass(frozen=True)

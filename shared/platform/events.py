@@ -16,7 +16,7 @@ always answers "OK", which the Broker would count as a failure) that answers:
 
 Every received event gets one compact JSON log line (id, type, subject, namespace/name,
 resourceVersion, outcome, status, duration, API writes). The event itself, in structured mode
-and redacted (``shared.logs.redact``), is added to that line only when the event led to
+and redacted (``shared.platform.logs.redact``), is added to that line only when the event led to
 something: a reply, an API write, a 4xx or 5xx. Those are the events the replay tool needs, and
 logging every pod of the cluster in full would put every pod's spec (literal env values
 included) in the log store. ``KN_RESCHEDULER_LOG_EVENTS=all`` or log level DEBUG logs every
@@ -41,8 +41,8 @@ from cloudevents import exceptions as ce_exceptions
 from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent, from_http
 
-from shared import kube, logs, metrics
 from shared.constants import EVENT_SOURCE_PREFIX
+from shared.platform import kube, logs, metrics
 
 log = logging.getLogger(__name__)
 
