@@ -1,4 +1,4 @@
-"""Every annotation key, label key and event type the project reads or writes.
+"""Every annotation key, label key, field key and event type the project reads or writes.
 
 These names are contracts: users put the policy annotation on their workloads, Triggers filter
 on the event types, and existing clusters carry the state annotation. Change none of them
@@ -104,3 +104,7 @@ JOB_CONTROLLER_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 JOB_INDEX_FAILURE_COUNT_ANNOTATION: Final = "batch.kubernetes.io/job-index-failure-count"
 # The pod condition the Eviction API sets (reason EvictionByEvictionAPI) before deleting.
 DISRUPTION_TARGET_CONDITION: Final = "DisruptionTarget"
+
+# The only field a node selector can match on: the webhook keeps a pod off a node with a
+# matchFields term on it, and a replacement's body drops exactly those terms.
+NODE_NAME_FIELD: Final = "metadata.name"

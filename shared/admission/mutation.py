@@ -39,6 +39,7 @@ import jsonpatch
 from shared.constants import (
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
+    NODE_NAME_FIELD,
     OPT_OUT_LABEL,
     OPTED_IN_LABEL,
     OPTED_IN_VALUE,
@@ -46,6 +47,7 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
+from shared.platform.config import MAX_RETRIES
 from shared.platform.kubetypes import (
     Affinity,
     NodeAffinity,
@@ -55,11 +57,11 @@ from shared.platform.kubetypes import (
     Pod,
     PodSpec,
 )
-from shared.rescheduling.policy import MAX_RETRIES, parse_retries
+from shared.rescheduling.policy import (
+    parse_retries,
+)
 from shared.rescheduling.state import MAX_EXCLUDED_NODES, is_valid_node_name
 
-# The only field a node selector can match on.
-NODE_NAME_FIELD: Final = "metadata.name"
 # The API server refuses an object whose annotation keys and values add up to more than this
 # (apimachinery's TotalAnnotationSizeLimitB), and failurePolicy Ignore does not save the pod.
 ANNOTATIONS_SIZE_LIMIT: Final = 256 * 1024
@@ -118,6 +120,7 @@ _OUR_ANNOTATIONS: Final = (
     STUCK_AFTER_ANNOTATION,
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
+    NODE_NAME_FIELD,
 )
 
 

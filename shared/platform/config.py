@@ -23,7 +23,11 @@ from typing import Any, Final
 import yaml
 
 from shared.constants import DEFAULT_NAMESPACE
-from shared.rescheduling.policy import MAX_RETRIES, parse_duration
+from shared.platform.durations import parse_duration
+
+# A bound on what a user can ask for: enough for any sane workload, small enough that a typo
+# ("30000") cannot turn the rescheduler into a pod-deleting loop.
+MAX_RETRIES: Final = 100
 
 ENV_PREFIX: Final = "KN_RESCHEDULER_"
 # Where a mounted config file is looked for when the caller names none.

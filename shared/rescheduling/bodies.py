@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from shared.admission.mutation import NODE_NAME_FIELD
 from shared.constants import (
     COMPONENT,
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
+    NODE_NAME_FIELD,
     PREFIX,
     STATE_ANNOTATION,
 )

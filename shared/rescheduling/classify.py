@@ -30,17 +30,16 @@ from shared.constants import (
 )
 from shared.platform.config import (
     IMAGE_EVERYWHERE_PATTERNS,
+    MAX_RETRIES,
     NEVER_MOVE_REASONS,
     START_EVERYWHERE_PATTERNS,
     Config,
 )
+from shared.platform.durations import format_duration, parse_duration
 from shared.platform.kubetypes import ContainerStatus, OwnerReference, Pod, PodCondition
 from shared.rescheduling.podshape import judges_pod
 from shared.rescheduling.policy import (
-    MAX_RETRIES,
     InvalidPolicy,
-    format_duration,
-    parse_duration,
     parse_kube_time,
     parse_retries,
 )

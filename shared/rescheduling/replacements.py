@@ -34,9 +34,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from shared.platform.durations import format_duration
 from shared.platform.kubetypes import Pod
 from shared.rescheduling.classify import controller_of, excluded_nodes_of
-from shared.rescheduling.policy import format_duration, parse_kube_time
+from shared.rescheduling.policy import (
+    parse_kube_time,
+)
 
 # How long after its creation a replacement may still be redirected: detection and recording
 # take seconds; a pod older than this was placed for reasons we did not see.

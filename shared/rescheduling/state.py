@@ -95,13 +95,13 @@ from shared.constants import (
     REASON_RESCHEDULED,
     REASON_RETRIES_EXHAUSTED,
 )
+from shared.platform.durations import format_duration
 from shared.platform.kubetypes import Pod
 from shared.rescheduling.classify import Failure, FailureKind
 from shared.rescheduling.policy import (
     BudgetScope,
     OwnerKind,
     Policy,
-    format_duration,
     format_kube_time,
     parse_kube_time,
 )

@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION
+from shared.platform.config import MAX_RETRIES
+from shared.platform.durations import parse_duration
 from shared.rescheduling.classify import Failure, excluded_nodes_of, policy_of
 from shared.rescheduling.failing import FailingPod
 from shared.rescheduling.policy import (
     DEFAULT_RESET_AFTER,
-    MAX_RETRIES,
     InvalidPolicy,
     ResetAfter,
-    parse_duration,
     parse_kube_time,
     parse_reset_after,
     parse_retries,

@@ -6,15 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from shared.platform.durations import format_duration, parse_duration
 from shared.rescheduling.policy import (
     DEFAULT_RESET_AFTER,
     BudgetScope,
     InvalidPolicy,
     OwnerKind,
     Policy,
-    format_duration,
     format_kube_time,
-    parse_duration,
     parse_kube_time,
     parse_reset_after,
     parse_retries,
