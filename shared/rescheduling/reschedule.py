@@ -568,6 +568,8 @@ class Rescheduler:
         checked = False
         # The nodes of the pods of the workload failing elsewhere; None until listed.
         also_failing: tuple[str, ...] | None = None
+        # The workload's pods as that list found them, while still fresh (this attempt).
+        listed: list[Any] | None = None
         while True:
             attempt += 1
             reset = parse_reset_after(
@@ -607,7 +609,7 @@ class Rescheduler:
                 and not bare
             ):
                 # Listed only now that a move is decided: nothing else needs it.
-                also_failing = self._failing_elsewhere(live, policy.reset_after, trace)
+                also_failing, listed = self._failing_elsewhere(live, policy.reset_after, trace)
                 if also_failing:
                     decided = decide(also_failing=also_failing)
             trace.plan = decided
@@ -620,7 +622,7 @@ class Rescheduler:
             if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE):
                 # A Job's pod: never the move that fails the Job (shared.rescheduling.jobs). Judged
                 # again on every re-plan, with the re-read Job's counts and state.
-                cost = self._job_cost(live, decided, holder)
+                cost = self._job_cost(live, decided, holder, listed)
                 trace.job_cost = cost
                 if cost is not None and not cost.allowed:
                     return self._job_refused(live, failure, decided, holder, cost, trace)
@@ -645,6 +647,8 @@ class Rescheduler:
                 # jitter keeps many instances from colliding in lockstep.
                 time.sleep(random.uniform(0, 0.02 * min(attempt, 10)))
                 holder = self._reread(holder)
+                # A Job's counts are judged afresh with its re-read status: list again.
+                listed = None
                 continue
             trace.note(
                 f"plan: {decided.action} ({decided.reason}): {decided.message}",
@@ -666,10 +670,11 @@ class Rescheduler:
 
     def _failing_elsewhere(
         self, live: Pod, reset_after: timedelta, trace: Trace
-    ) -> tuple[str, ...]:
+    ) -> tuple[tuple[str, ...], list[Any] | None]:
         """The nodes where other pods of the failing pod's controller are failing now, for a
         reason another node could fix (shared.rescheduling.siblings): one LIST of the pod's
-        namespace by its labels (a page per 500 pods).
+        namespace by its labels (a page per 500 pods). Also the pods listed (None when not
+        listed), which a Job's move reuses to count its pending failures.
 
         Best effort: a failed LIST is logged and the move records its own node only. A node
         left out costs at most one more move of a replacement that lands there, never a
@@ -679,9 +684,9 @@ class Rescheduler:
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         selector = sibling_selector(live)
         if selector is None:
-            return ()
+            return (), None
         try:
-            candidates = list(self.api.list_all("Pod", ns, label_selector=selector))
+            candidates: list[Any] = list(self.api.list_all("Pod", ns, label_selector=selector))
         except kube.KubeError as exc:
             log.warning(
                 "could not list the other pods of %s/%s (%s): recording its own node only",
@@ -690,13 +695,13 @@ class Rescheduler:
                 exc,
             )
             trace.note(f"pod {ns}/{name}: the other pods of its workload could not be listed")
-            return ()
+            return (), None
         found = failing_siblings(live, candidates, self.cfg, self.clock(), reset_after=reset_after)
         if found:
             said = ", ".join(f"{s.name} on {s.node} ({s.reason})" for s in found[:10])
             more = f" and {len(found) - 10} more" if len(found) > 10 else ""
             trace.note(f"pod {ns}/{name}: other pods of its workload failing now: {said}{more}")
-        return nodes_of(found)
+        return nodes_of(found), candidates
 
     def _reread(self, holder: Holder) -> Holder:
         obj = self.api.get(holder.ref.kind, holder.ref.namespace, holder.ref.name)
@@ -742,14 +747,18 @@ class Rescheduler:
                 return self._deferral(Step.EVICTION, exc, ns, name, charged=False)
         return None
 
-    def _job_cost(self, live: Pod, decided: Plan, holder: Holder) -> jobs.MoveCost | None:
+    def _job_cost(
+        self, live: Pod, decided: Plan, holder: Holder, listed: list[Any] | None
+    ) -> jobs.MoveCost | None:
         """What removing ``live`` costs its Job (``shared.rescheduling.jobs``), for a Job's pod
         about to be removed by a move planned now; None otherwise.
 
         A move the Job ignores (an eviction its pod failure policy ignores) costs one
         judgement and no API call. One the Job counts needs the failures not yet in
-        ``status.failed``: one LIST of the Job's pods, by the controller-uid label the Job
-        controller puts on them (KubeErrors propagate: without the count, no counted move).
+        ``status.failed``: the Job's pods, from ``listed`` (the sibling list of this attempt,
+        which the pod's labels, controller-uid among them, selected) or else one LIST by the
+        controller-uid label the Job controller puts on them (KubeErrors propagate: without
+        the count, no counted move).
         """
         facts = holder.job
         if facts is None or decided.new_state is None or not decided.delete_pod:
@@ -759,9 +768,11 @@ class Rescheduler:
         evicting = self._evicts(live)
         if jobs.judge_removal(facts, live, evicting=evicting).outcome is jobs.Outcome.IGNORED:
             return jobs.move_cost(facts, live, evicting=evicting, pending=frozenset())
-        ns = holder.ref.namespace
-        selector = f"{JOB_CONTROLLER_UID_LABEL}={holder.ref.uid}"
-        pods: list[Any] = list(self.api.list_all("Pod", ns, label_selector=selector))
+        if listed is None:
+            selector = f"{JOB_CONTROLLER_UID_LABEL}={holder.ref.uid}"
+            listed = list(self.api.list_all("Pod", holder.ref.namespace, label_selector=selector))
+        # Only the Job's own pods, whatever labels another pod may share with them.
+        pods = [p for p in listed if (controller_of(p) or {}).get("uid") == holder.ref.uid]
         pending = jobs.pending_failures(facts, pods, decided.new_state.handled)
         return jobs.move_cost(facts, live, evicting=evicting, pending=pending)
 

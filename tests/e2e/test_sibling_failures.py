@@ -298,6 +298,67 @@ def test_a_move_records_the_node_where_another_pod_of_its_replicaset_is_failing_
     assert len(log.pod_lists()) == 1
 
 
+def test_a_jobs_counted_move_counts_its_pending_failures_from_the_same_single_list(
+    cluster: Any,
+    namespace: str,
+    api: Kube,
+    loop: Loop,
+    faults: Callable[..., None],
+    function_client: ClientFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    faults("imagepull", cluster.nodes[0])
+    labels = {"app": "report"}
+    on_faulty = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": SIM_FAULT_LABEL, "operator": "In", "values": ["imagepull"]}
+                    ]
+                }
+            ]
+        }
+    }
+    api.create(
+        "Job",
+        namespace,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "report", "annotations": {POLICY_ANNOTATION: RETRIES}},
+            "spec": {
+                "backoffLimit": 6,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "affinity": {"nodeAffinity": on_faulty},
+                        "containers": [{"name": "app", "image": "registry.example.com/report:1"}],
+                        "terminationGracePeriodSeconds": 0,
+                    },
+                },
+            },
+        },
+    )
+    failing = wait_for(
+        "the Job's pod failing",
+        lambda: next((p for p in pods(api, namespace) if loop.failing_event(p)), None),
+    )
+    event = loop.failing_event(failing)
+    assert event is not None
+    client = function_client("update-annotations", KUBECONFIG=str(cluster.kubeconfig))
+    log = RequestLog(client).install(monkeypatch)
+
+    assert log.deliver(event).status_code == 200
+    # The move counts against backoffLimit, so the Job's pending failures were counted, from
+    # the list the sibling search made: one LIST for both.
+    assert len(log.pod_lists()) == 1, log.calls
+    assert state_of(api, "Job", namespace, "report").moves == 1
+    (said,) = events_for(api, namespace, "report", "Rescheduled")
+    assert "1 failure(s) against backoffLimit 6" in said["message"]
+
+
 # update-annotations' rights on one namespace, except listing pods.
 WITHOUT_LIST = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]},
