@@ -108,3 +108,44 @@ DISRUPTION_TARGET_CONDITION: Final = "DisruptionTarget"
 # The only field a node selector can match on: the webhook keeps a pod off a node with a
 # matchFields term on it, and a replacement's body drops exactly those terms.
 NODE_NAME_FIELD: Final = "metadata.name"
+
+# --- Node health (assess-nodes): failures blamed on nodes -------------------------------------
+# Versioned JSON record on the Node: the recent failures seen there (workload, reason, time),
+# whether the node is suspect and since when. Written with a resourceVersion compare-and-swap,
+# like the workload state.
+NODE_HEALTH_ANNOTATION: Final = PREFIX + "node-health"
+# Label and PreferNoSchedule taint (same key, value "true") on a node where several distinct
+# workloads failed recently. Blame never adds a NoSchedule or NoExecute taint.
+SUSPECT_LABEL: Final = PREFIX + "suspect"
+SUSPECT_VALUE: Final = "true"
+SUSPECT_TAINT_EFFECT: Final = "PreferNoSchedule"
+# A Node carrying the project's opt-out label (the same key as the pod's) is never marked, by
+# blame or by pressure rules.
+NODE_OPT_OUT_LABEL: Final = OPT_OUT_LABEL
+EVENT_NODE_SUSPECTED: Final = "io.kn-rescheduler.node.suspected"
+EVENT_NODE_CLEARED: Final = "io.kn-rescheduler.node.cleared"
+# Reasons of the Kubernetes Events recorded on Nodes.
+REASON_NODE_SUSPECTED: Final = "NodeSuspected"
+REASON_NODE_CLEARED: Final = "NodeCleared"
+# The node qualifies as suspect, but marking it would put more than the configured share of the
+# cluster's schedulable nodes under suspicion: it is left unmarked and this Warning says why.
+REASON_SUSPECT_CAP_REACHED: Final = "SuspectCapReached"
+# The Ping the assess-nodes PingSource sends: expire suspicions even when no failure comes.
+PING_EVENT_TYPE: Final = "dev.knative.sources.ping"
+
+# --- Node pressure (label-nodes): Prometheus rules ---------------------------------------------
+# The label dynamicScheduler puts on a node under pressure, spelled as the seed spells it so
+# that existing pod manifests (`status NotIn [presure]`) keep working. Configurable.
+PRESSURE_LABEL_KEY: Final = "status"
+PRESSURE_LABEL_VALUE: Final = "presure"
+# JSON on a labelled Node: the rule that fired, its value, and since when.
+PRESSURE_ANNOTATION: Final = PREFIX + "pressure"
+# Opt-in to the soft affinity away from pressured nodes for pods that are not opted in to
+# rescheduling: the annotation "true" on a workload, or the label "true" on a namespace.
+AVOID_PRESSURE_KEY: Final = PREFIX + "avoid-pressure"
+
+# --- Local simulation (tests and demo only) ----------------------------------------------------
+# Simulated node usage the local node-exporter endpoints serve: fractions 0..1 of the node's
+# CPU and memory in use, as annotations on the Node.
+SIM_CPU_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu-usage"
+SIM_MEMORY_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/memory-usage"

@@ -31,7 +31,14 @@ from stack.webhook import ClientTLS
 log = logging.getLogger(__name__)
 
 ROOT: Final = Path(__file__).resolve().parents[1]
-FUNCTIONS: Final = ("detect-failures", "update-annotations", "mutate-admission", "sweep-failures")
+FUNCTIONS: Final = (
+    "detect-failures",
+    "update-annotations",
+    "mutate-admission",
+    "sweep-failures",
+    "assess-nodes",
+    "label-nodes",
+)
 
 
 def free_port() -> int:

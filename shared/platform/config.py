@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import yaml
 
-from shared.constants import DEFAULT_NAMESPACE
+from shared.constants import DEFAULT_NAMESPACE, PRESSURE_LABEL_KEY, PRESSURE_LABEL_VALUE
 from shared.platform.durations import parse_duration
 
 # A bound on what a user can ask for: enough for any sane workload, small enough that a typo
@@ -145,6 +145,35 @@ class Config:
     api_timeout: timedelta = timedelta(seconds=2)
     handled_uids_max: int = 64
     max_retries: int = MAX_RETRIES
+
+    # --- node health (assess-nodes, the webhook, the fast path) ---------------------------------
+    # A node where this many distinct workloads failed within suspect_window turns suspect.
+    suspect_workloads: int = 2
+    # Failures older than this are forgotten; a suspect node with none newer is cleared.
+    suspect_window: timedelta = timedelta(minutes=10)
+    # Never more than this share of the schedulable nodes suspect at once.
+    suspect_max_share: float = 0.3
+    # Also taint a suspect node PreferNoSchedule (the label alone steers only opted-in pods).
+    suspect_taint: bool = True
+    # Weight of the preferred node affinity away from suspect nodes on opted-in pods; 0: none.
+    suspect_affinity_weight: int = 100
+    # Move a pod failing on a suspect node at its first node-fixable failure.
+    suspect_fast_path: bool = True
+
+    # --- node pressure (label-nodes) -------------------------------------------------------------
+    # The Prometheus HTTP API label-nodes queries, e.g. http://prometheus.monitoring:9090.
+    prometheus_url: str = ""
+    # The rule file (YAML); empty: the built-in default rules.
+    pressure_rules_file: str = ""
+    # The label a node under pressure gets, as key=value (the seed's spelling by default).
+    pressure_label: str = f"{PRESSURE_LABEL_KEY}={PRESSURE_LABEL_VALUE}"
+    # Weight of the preferred node affinity away from pressured nodes; 0: none.
+    pressure_affinity_weight: int = 20
+    # Never more than this share of the schedulable nodes labelled at once.
+    pressure_max_share: float = 0.3
+    # Prometheus unreachable or failing: labels are kept this long after the last good
+    # evaluation, then removed (soft affinity never blocks scheduling; stale labels mislead).
+    pressure_stale_after: timedelta = timedelta(minutes=5)
 
     def __post_init__(self) -> None:
         for name in ("waiting_reasons", "termination_reasons"):
@@ -284,6 +313,55 @@ def _as_max_retries(raw: object, where: str) -> int:
     return value
 
 
+def _as_share(raw: object, where: str) -> float:
+    """A share of the nodes: 0.3 or "30%"; more than 0, at most 1."""
+    value: float
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        if isinstance(raw, int | float):
+            value = float(raw)
+        elif isinstance(raw, str) and raw.strip().endswith("%"):
+            value = float(raw.strip()[:-1]) / 100
+        elif isinstance(raw, str):
+            value = float(raw.strip())
+        else:
+            raise TypeError
+    except (TypeError, ValueError) as err:
+        raise ConfigError(where, f"expected a share such as 0.3 or 30%, got {raw!r}") from err
+    if not 0 < value <= 1:
+        raise ConfigError(where, f"expected a share above 0 and at most 1 (100%), got {raw!r}")
+    return value
+
+
+def _as_weight(raw: object, where: str) -> int:
+    """A preferred-affinity weight: 1..100 as the API accepts, 0 to add none."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
+        value = int(raw.strip())
+    else:
+        raise ConfigError(where, f"expected a weight from 0 to 100, got {raw!r}")
+    if not 0 <= value <= 100:
+        raise ConfigError(where, f"expected a weight from 0 to 100, got {raw!r}")
+    return value
+
+
+def _as_text(raw: object, where: str) -> str:
+    if not isinstance(raw, str):
+        raise ConfigError(where, f"expected a string, got {raw!r}")
+    return raw.strip()
+
+
+def _as_label(raw: object, where: str) -> str:
+    """A label as key=value, both non-empty."""
+    text = _as_text(raw, where)
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise ConfigError(where, f"expected a label as key=value, got {raw!r}")
+    return f"{key.strip()}={value.strip()}"
+
+
 # Every Config field and how to read it from a string (env) or a YAML value (file).
 _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "waiting_reasons": _as_reasons,
@@ -304,6 +382,18 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "api_timeout": _as_duration,
     "handled_uids_max": _as_positive_int,
     "max_retries": _as_max_retries,
+    "suspect_workloads": _as_positive_int,
+    "suspect_window": _as_duration,
+    "suspect_max_share": _as_share,
+    "suspect_taint": _as_bool,
+    "suspect_affinity_weight": _as_weight,
+    "suspect_fast_path": _as_bool,
+    "prometheus_url": _as_text,
+    "pressure_rules_file": _as_text,
+    "pressure_label": _as_label,
+    "pressure_affinity_weight": _as_weight,
+    "pressure_max_share": _as_share,
+    "pressure_stale_after": _as_duration,
 }
 
 

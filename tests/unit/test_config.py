@@ -168,3 +168,39 @@ def test_describe_lists_every_setting_on_one_line() -> None:
     assert shown["failed_pod_reasons"] == sorted(DEFAULT_FAILED_POD_REASONS)
     assert shown["reset_after"] == 1800.0
     assert "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "field", "expected"),
+    [
+        ("KN_RESCHEDULER_SUSPECT_MAX_SHARE", "30%", "suspect_max_share", 0.3),
+        ("KN_RESCHEDULER_SUSPECT_MAX_SHARE", "0.5", "suspect_max_share", 0.5),
+        ("KN_RESCHEDULER_SUSPECT_AFFINITY_WEIGHT", "0", "suspect_affinity_weight", 0),
+        ("KN_RESCHEDULER_PRESSURE_LABEL", " status = presure ", "pressure_label", "status=presure"),
+        ("KN_RESCHEDULER_SUSPECT_WINDOW", "2m", "suspect_window", timedelta(minutes=2)),
+    ],
+)
+def test_node_level_settings_are_read_from_the_environment(
+    variable: str, raw: str, field: str, expected: object
+) -> None:
+    assert getattr(Config.from_env({variable: raw}), field) == expected
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("KN_RESCHEDULER_SUSPECT_MAX_SHARE", "0"),
+        ("KN_RESCHEDULER_SUSPECT_MAX_SHARE", "150%"),
+        ("KN_RESCHEDULER_SUSPECT_MAX_SHARE", "most"),
+        ("KN_RESCHEDULER_SUSPECT_AFFINITY_WEIGHT", "101"),
+        ("KN_RESCHEDULER_PRESSURE_AFFINITY_WEIGHT", "-1"),
+        ("KN_RESCHEDULER_PRESSURE_LABEL", "status"),
+        ("KN_RESCHEDULER_PRESSURE_LABEL", "=presure"),
+    ],
+)
+def test_unusable_node_level_settings_stop_the_function_naming_the_variable(
+    variable: str, raw: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({variable: raw})
+    assert err.value.variable == variable
