@@ -57,6 +57,10 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     "DaemonSet": ("/apis/apps/v1", "daemonsets"),
     "Job": ("/apis/batch/v1", "jobs"),
     "CronJob": ("/apis/batch/v1", "cronjobs"),
+    # Cluster-scoped: the node functions read and mark Nodes; the webhook reads a pod's
+    # Namespace for the per-namespace pressure opt-in.
+    "Node": ("/api/v1", "nodes"),
+    "Namespace": ("/api/v1", "namespaces"),
 }
 
 
