@@ -10,21 +10,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import socket
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
 from shared.constants import (
-    COMPONENT,
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
     NODE_NAME_FIELD,
     PREFIX,
     STATE_ANNOTATION,
 )
+from shared.platform import recorder
 from shared.rescheduling.owners import Ref
-from shared.rescheduling.policy import format_kube_time
 
 # On a bare pod's replacement: the name of the first pod of the line, so that replacements
 # are named after it and not after each other ("web-1a2b3-4c5d6").
@@ -44,18 +42,14 @@ def state_patch(resource_version: str, state_json: str) -> dict[str, Any]:
     }
 
 
-def event_name(involved: Ref, reason: str, key: str) -> str:
-    """The one name an Event about (object, reason, key) has: ``<object>.<hash>``.
+def _involved(ref: Ref) -> recorder.Involved:
+    return recorder.Involved(ref.kind, ref.namespace, ref.name, ref.uid, ref.api_version)
 
-    Deterministic, so the same Event recorded again finds the first (409 AlreadyExists) and
-    counts on it instead of piling up a new Event per delivery. The object's uid is in the
-    hash: a namesake (a StatefulSet deleted and created again) starts its own Events.
-    """
-    who = f"{involved.kind}/{involved.namespace}/{involved.name}/{involved.uid}"
-    digest = hashlib.sha256(f"{who}\n{reason}\n{key}".encode()).hexdigest()[:16]
-    # A DNS subdomain: every dot-separated label must start and end alphanumeric.
-    prefix = involved.name[: _MAX_NAME - len(digest) - 1].rstrip(".-")
-    return f"{prefix}.{digest}" if prefix else digest
+
+def event_name(involved: Ref, reason: str, key: str) -> str:
+    """The one name an Event about (workload or pod, reason, key) has (see
+    ``shared.platform.recorder.event_name``)."""
+    return recorder.event_name(_involved(involved), reason, key)
 
 
 def event_body(
@@ -68,57 +62,13 @@ def event_body(
     instance: str | None = None,
     key: str | None = None,
 ) -> dict[str, Any]:
-    """A core/v1 Event about a workload (or a pod), as ``kubectl describe`` shows it.
-
-    Named by ``event_name`` from ``key`` (the message unless given): one Event per (object,
-    reason, key), whose ``count`` and ``lastTimestamp`` say how often and how lately.
-    """
-    stamp = format_kube_time(now)
-    name = event_name(involved, reason, message if key is None else key)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": name, "namespace": involved.namespace},
-        "involvedObject": {
-            "apiVersion": involved.api_version or _API_VERSIONS.get(involved.kind, "v1"),
-            "kind": involved.kind,
-            "name": involved.name,
-            "namespace": involved.namespace,
-            "uid": involved.uid,
-        },
-        "reason": reason,
-        # The API server caps Event messages at 1 KiB.
-        "message": message[:1024],
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": (instance or socket.gethostname())[:128],
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    """A core/v1 Event about a workload (or a pod), as ``kubectl describe`` shows it."""
+    return recorder.event_body(
+        _involved(involved), reason, message, now, warning=warning, instance=instance, key=key
+    )
 
 
-def event_repeat(resource_version: str, count: int, message: str, now: datetime) -> dict[str, Any]:
-    """A merge patch that counts one more occurrence on an existing Event (what the
-    kubelet's event correlator does): compare-and-swap on the resourceVersion read, so two
-    instances counting at once do not lose one."""
-    return {
-        "metadata": {"resourceVersion": resource_version},
-        "count": count,
-        "message": message[:1024],
-        "lastTimestamp": format_kube_time(now),
-    }
-
-
-_API_VERSIONS: Final = {
-    "Pod": "v1",
-    "ReplicaSet": "apps/v1",
-    "Deployment": "apps/v1",
-    "StatefulSet": "apps/v1",
-    "Job": "batch/v1",
-    "CronJob": "batch/v1",
-}
+event_repeat = recorder.event_repeat
 
 
 def replacement_name(snapshot: Mapping[str, Any]) -> str:

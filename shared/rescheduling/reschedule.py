@@ -67,7 +67,7 @@ from shared.constants import (
     RESET_AFTER_ANNOTATION,
     STATE_ANNOTATION,
 )
-from shared.platform import events, kube, metrics
+from shared.platform import events, kube, metrics, recorder
 from shared.platform.config import Config
 from shared.platform.kubetypes import Pod
 from shared.rescheduling import bodies, jobs, rollouts
@@ -106,9 +106,6 @@ log = logging.getLogger(__name__)
 # ServiceAccount lives in the namespace the project is installed in).
 SERVICE_ACCOUNT: Final = "update-annotations"
 BARE_POD_CLUSTER_ROLE: Final = "kn-rescheduler-bare-pods"
-# Tries at counting one more occurrence on an Event that others count on at the same time.
-EVENT_REPEAT_ATTEMPTS: Final = 3
-
 
 _trace: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
 
@@ -958,44 +955,14 @@ class Rescheduler:
         key: str | None = None,
         repeat: bool = True,
     ) -> bool:
-        """Record an Event, once per (object, reason, key): the message unless ``key`` says
-        otherwise. Seen again, a ``repeat`` Event counts one more occurrence; one that is not
-        (one per move) is already said and left alone. True when this call created it.
-
-        Best effort: an Event is for people; failing to write one (RBAC included: counting
-        needs get and patch on events) is logged and must not undo or block a move.
-        """
-        now = self.clock()
-        body = bodies.event_body(ref, reason, message, now, warning=warning, key=key)
-        name = body["metadata"]["name"]
-        try:
-            self.api.create("Event", ref.namespace, body)
-            return True
-        except kube.AlreadyExists:
-            if not repeat:
-                return False
-        except kube.KubeError as exc:
-            log.warning("could not record Event %s on %s: %s", reason, ref.describe(), exc)
-            return False
-        for _ in range(EVENT_REPEAT_ATTEMPTS):
-            try:
-                seen = self.api.get("Event", ref.namespace, name)
-                count = seen.get("count")
-                patch = bodies.event_repeat(
-                    str((seen.get("metadata") or {}).get("resourceVersion", "")),
-                    (count if isinstance(count, int) and count > 0 else 1) + 1,
-                    message,
-                    now,
-                )
-                self.api.merge_patch("Event", ref.namespace, name, patch)
-                return False
-            except kube.Conflict:
-                continue  # counted by someone else meanwhile: read again
-            except kube.KubeError as exc:
-                log.warning("could not count Event %s again on %s: %s", reason, ref.describe(), exc)
-                return False
-        log.info("gave up counting Event %s on %s: too busy", reason, ref.describe())
-        return False
+        """Record an Event, once per (object, reason, key) (``shared.platform.recorder``):
+        the message unless ``key`` says otherwise; a ``repeat`` Event seen again counts one
+        more occurrence. True when this call created it. Best effort: failing to write one
+        must not undo or block a move."""
+        involved = recorder.Involved(ref.kind, ref.namespace, ref.name, ref.uid, ref.api_version)
+        return recorder.Recorder(self.api, self.clock).record(
+            involved, reason, message, warning=warning, key=key, repeat=repeat
+        )
 
 
 def _handled_uids(raw: str | None) -> tuple[str, ...]:
