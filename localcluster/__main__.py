@@ -6,6 +6,8 @@ the log directory. ``down`` stops the supervisor (which stops every process in o
 until no process of the cluster is left. ``status`` reports what runs.
 
 The supervisor's state is ``<dir>/state.json``; its log is ``<dir>/logs/supervisor.log``.
+The cluster includes a real Prometheus scraping one node-exporter endpoint per node (its URL is
+printed and recorded as ``prometheus_url``); ``up --no-prometheus`` leaves it out.
 
 More processes can join the same supervisor: ``up --with package.module:function`` calls
 ``function(cluster)`` once the cluster is ready; it returns :class:`localcluster.Component`
@@ -78,7 +80,8 @@ def _supervisor_alive(directory: Path, state: dict[str, Any] | None) -> int | No
 
 def cluster_processes(directory: Path, bins_dir: str | None) -> list[int]:
     """Live processes of the cluster in ``directory``: the supervisor, and every process
-    started from the binaries directory whose command line names ``directory``."""
+    started from the binaries directory, or a ``prometheus`` binary (a system package, not
+    ours to build), whose command line names ``directory``."""
     found = []
     me = os.getpid()
     for entry in os.listdir("/proc"):
@@ -92,8 +95,10 @@ def cluster_processes(directory: Path, bins_dir: str | None) -> list[int]:
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:
             exe = ""
-        ours = (bins_dir is not None and exe.startswith(bins_dir.rstrip("/") + "/")) or (
-            "_supervise" in args and "localcluster" in args
+        ours = (
+            (bins_dir is not None and exe.startswith(bins_dir.rstrip("/") + "/"))
+            or os.path.basename(exe) == "prometheus"
+            or ("_supervise" in args and "localcluster" in args)
         )
         if ours:
             found.append(pid)
@@ -130,6 +135,7 @@ def supervise(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         bins_dir=Path(args.bins),
         keep_workdir=True,
+        prometheus=args.prometheus,
     )
     try:
         factories = _load_factories(args.with_)
@@ -149,7 +155,8 @@ def supervise(args: argparse.Namespace) -> int:
     print(f"ready: {json.dumps(state)}", flush=True)
 
     while not stop.wait(1.0):
-        dead = [p for p in cluster.procs if not p.alive()]
+        prometheus = cluster.prometheus.proc if cluster.prometheus is not None else None
+        dead = [p for p in [*cluster.procs, *filter(None, [prometheus])] if not p.alive()]
         if dead and state.get("status") == "ready":
             names = ", ".join(f"{p.name} (exit {p.returncode})" for p in dead)
             print(f"degraded: {names} exited", file=sys.stderr, flush=True)
@@ -196,6 +203,8 @@ def up(args: argparse.Namespace) -> int:
     ]
     for spec in args.with_:
         argv += ["--with", spec]
+    if not args.prometheus:
+        argv.append("--no-prometheus")
     with (log_dir / SUPERVISOR_LOG).open("wb") as log:
         proc = subprocess.Popen(
             argv,
@@ -240,6 +249,8 @@ def _print_ready(state: dict[str, Any]) -> None:
     print(f"local cluster ready{took}: {state['server']} ({len(state['nodes'])} nodes)")
     print(f"kubeconfig: {kubeconfig}")
     print(f"logs: {_display(Path(state['log_dir']))}")
+    if state.get("prometheus_url"):
+        print(f"prometheus: {state['prometheus_url']} (node-exporter metrics of every node)")
     print(f"  export KUBECONFIG={kubeconfig}")
 
 
@@ -252,6 +263,8 @@ def down(args: argparse.Namespace) -> int:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     recorded = [int(p) for p in ((state or {}).get("pids") or {}).values()]
+    if (state or {}).get("prometheus_pid"):
+        recorded.append(int((state or {})["prometheus_pid"]))
     while time.monotonic() < deadline:
         left = cluster_processes(directory, bins_dir)
         if not left and not (pid and pid_alive(pid)):
@@ -291,6 +304,14 @@ def status(args: argparse.Namespace) -> int:
         alive = pid_alive(int(p))
         healthy = healthy and alive
         print(f"  {name:<24} pid {p:<8} {'running' if alive else 'GONE'}")
+    prometheus_pid = state.get("prometheus_pid")
+    if prometheus_pid:
+        alive = pid_alive(int(prometheus_pid))
+        healthy = healthy and alive
+        print(
+            f"  {'prometheus':<24} pid {prometheus_pid:<8} {'running' if alive else 'GONE'} "
+            f"({state.get('prometheus_url')})"
+        )
     server = state.get("server")
     if server:
         pki_dir = directory / "pki"
@@ -330,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
                 default=[],
                 metavar="MODULE:FUNCTION",
                 help="extra components: FUNCTION(cluster) returns localcluster.Component objects",
+            )
+            p.add_argument(
+                "--prometheus",
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="run a real Prometheus scraping every node (default: yes)",
             )
         if name in ("up", "down"):
             p.add_argument(

@@ -3,12 +3,16 @@
 ``Cluster`` runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the
 binaries of ``hack/build-bins.sh``, registers N nodes that kwok keeps alive, and runs the fake
 kubelet (:mod:`localcluster.kubelet`) that writes pod statuses, faulty ones on nodes labelled
-``sim.kn-rescheduler.io/fault``. Every port is a free one on 127.0.0.1; every file (PKI,
-kubeconfigs, etcd data, logs) lives in the work directory.
+``sim.kn-rescheduler.io/fault``. Unless ``prometheus=False``, a real Prometheus scrapes a
+node-exporter endpoint per node whose usage the Node's ``sim.kn-rescheduler.io/*-usage``
+annotations set (:mod:`localcluster.prometheus`, :mod:`localcluster.nodeexporter`). Every port
+is a free one on 127.0.0.1; every file (PKI, kubeconfigs, etcd data, logs) lives in the work
+directory.
 
     with Cluster(nodes=4) as c:
         core = kubernetes.client.CoreV1Api(c.api_client())
         c.set_fault("node-1", "crashloop")
+        c.set_node_usage("node-2", cpu=0.9)  # Prometheus at c.prometheus_url sees it
 """
 
 from __future__ import annotations
@@ -33,10 +37,16 @@ from kubernetes import client as k8s_client
 from localcluster import kwok, pki
 from localcluster.bins import ensure_bins
 from localcluster.kubelet import FakeKubelet, Timing
+from localcluster.nodeexporter import NodeExporter
 from localcluster.podstatus import FAULT_MODES, HEALTHY
 from localcluster.procs import Component, Proc, stop_all
+from localcluster.prometheus import LocalPrometheus, PrometheusError, find_binary
 from localcluster.rest import ApiError, Rest
-from shared.constants import SIM_FAULT_LABEL
+from shared.constants import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_FAULT_LABEL,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 
 log = logging.getLogger("localcluster")
 
@@ -121,6 +131,7 @@ class Cluster:
         components: Sequence[Component] = (),
         keep_workdir: bool | None = None,
         quiet: bool = False,
+        prometheus: bool = True,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
@@ -147,6 +158,10 @@ class Cluster:
         self._rest: Rest | None = None
         self._stopped = threading.Event()
         self._atexit_registered = False
+        # Prometheus and the node-exporter endpoints it scrapes (None with prometheus=False).
+        self.with_prometheus = prometheus
+        self.prometheus: LocalPrometheus | None = None
+        self.node_exporter: NodeExporter | None = None
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -192,6 +207,51 @@ class Cluster:
         if mode is not None and mode not in FAULT_MODES:
             raise ValueError(f"unknown fault mode {mode!r}; modes are {FAULT_MODES}")
         self.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {SIM_FAULT_LABEL: mode}}})
+
+    # -- Prometheus ----------------------------------------------------------------------------
+
+    @property
+    def prometheus_url(self) -> str:
+        """``http://127.0.0.1:PORT`` of the cluster's Prometheus (the same while it is stopped)."""
+        if self.prometheus is None:
+            raise ClusterError("this cluster runs no Prometheus (started with prometheus=False)")
+        return self.prometheus.url
+
+    def set_node_usage(
+        self, node: str, cpu: float | None = None, memory: float | None = None
+    ) -> None:
+        """Sets the simulated CPU and/or memory usage (fractions 0..1) of ``node``, which its
+        node-exporter endpoint serves from the next scrape on; None leaves a value alone."""
+        annotations = {}
+        for key, value in ((SIM_CPU_USAGE_ANNOTATION, cpu), (SIM_MEMORY_USAGE_ANNOTATION, memory)):
+            if value is None:
+                continue
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"usage is a fraction of 0..1, got {value!r}")
+            annotations[key] = str(float(value))
+        if annotations:
+            self.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"annotations": annotations}})
+
+    def stop_prometheus(self, *, kill: bool = False) -> None:
+        """Stops Prometheus (SIGTERM, or SIGKILL), for outage tests; the endpoints stay."""
+        if self.prometheus is None:
+            raise ClusterError("this cluster runs no Prometheus (started with prometheus=False)")
+        self.prometheus.stop(kill=kill)
+        self._say("prometheus stopped")
+
+    def start_prometheus(self, timeout: float = 60.0) -> None:
+        """Starts Prometheus again on the same port with the same data; returns once it has
+        scraped every node of the cluster. Call it from the thread that started the cluster
+        (the process dies with the thread that starts it)."""
+        if self.prometheus is None:
+            raise ClusterError("this cluster runs no Prometheus (started with prometheus=False)")
+        deadline = time.monotonic() + timeout
+        try:
+            self.prometheus.start(deadline)
+            self.prometheus.wait_scraped(self.nodes, deadline)
+        except PrometheusError as e:
+            raise ClusterError(str(e)) from e
+        self._say(f"prometheus serving at {self.prometheus.url}")
 
     def pids(self) -> dict[str, int]:
         return {p.name: p.pid for p in self.procs}
@@ -282,11 +342,15 @@ class Cluster:
         the kernel kills the children when the thread that started them ends.
         """
         bins = self.bins_dir  # may build; not part of the start-up time
+        try:
+            prometheus_bin = find_binary() if self.with_prometheus else ""
+        except PrometheusError as e:
+            raise ClusterError(str(e)) from e
         last: ClusterError | None = None
         for _ in range(2):
             t0 = time.monotonic()
             try:
-                self._start_once(bins)
+                self._start_once(bins, prometheus_bin)
             except ClusterError as e:
                 self.keep_workdir = True  # the logs say why
                 self.stop(remove=False)
@@ -309,7 +373,15 @@ class Cluster:
         raise last
 
     def stop(self, remove: bool | None = None) -> None:
-        """Stops the components, the fake kubelet and the control plane (in that order)."""
+        """Stops Prometheus and its endpoints, the components, the fake kubelet and the control
+        plane (in that order)."""
+        if self.prometheus is not None:
+            self.prometheus.stop()
+            self.prometheus.remove_data()  # bulk; its log, config and targets stay
+            self.prometheus = None
+        if self.node_exporter is not None:
+            self.node_exporter.stop()
+            self.node_exporter = None
         if self.kubelet is not None:
             self.kubelet.stop()
             self.kubelet = None
@@ -322,7 +394,7 @@ class Cluster:
 
     def _at_exit(self) -> None:
         # An interpreter exiting without stop() (a crashed test session): stop what runs.
-        if self.procs or self.kubelet is not None:
+        if self.procs or self.kubelet is not None or self.prometheus is not None:
             self.stop()
 
     def check_alive(self) -> None:
@@ -333,6 +405,12 @@ class Cluster:
                     f"{p.name} exited with code {p.returncode}; last log lines "
                     f"({p.log_path}):\n{p.log_tail()}"
                 )
+        prom = self.prometheus.proc if self.prometheus is not None else None
+        if prom is not None and not prom.alive():
+            raise ClusterError(
+                f"prometheus exited with code {prom.returncode}; last log lines "
+                f"({prom.log_path}):\n{prom.log_tail()}"
+            )
 
     def state(self) -> dict[str, Any]:
         """What the supervisor records about this cluster (JSON-serialisable)."""
@@ -346,6 +424,12 @@ class Cluster:
             "pids": self.pids(),
             "startup_seconds": self.startup_seconds,
             "bins_dir": str(self.bins_dir),
+            "prometheus_url": self.prometheus.url if self.prometheus is not None else None,
+            "prometheus_pid": (
+                self.prometheus.proc.pid
+                if self.prometheus is not None and self.prometheus.proc is not None
+                else None
+            ),
         }
 
     # -- start-up --------------------------------------------------------------------------------
@@ -392,11 +476,12 @@ class Cluster:
                 raise ClusterError(f"timed out waiting for {what}")
             time.sleep(0.1)
 
-    def _start_once(self, bins: Path) -> None:
+    def _start_once(self, bins: Path, prometheus_bin: str) -> None:
         self._stopped.clear()
         self._prepare_workdir()
         deadline = time.monotonic() + START_TIMEOUT
-        ports = Ports(*free_ports(6))
+        *control_plane, prometheus_port = free_ports(7)
+        ports = Ports(*control_plane)
         self.ports = ports
         self.server = f"https://127.0.0.1:{ports.apiserver}"
         p = pki.generate(self.workdir / "pki")
@@ -555,6 +640,11 @@ class Cluster:
         )
         for i, name in enumerate(self.nodes):
             self._register_node(i, name)
+        if prometheus_bin:
+            try:
+                self._start_prometheus_stack(prometheus_bin, prometheus_port, deadline)
+            except PrometheusError as e:
+                raise ClusterError(str(e)) from e
 
         self.kubelet = FakeKubelet(
             Rest(
@@ -571,8 +661,32 @@ class Cluster:
         )
         self.kubelet.start()
         self.wait_ready(deadline)
+        if self.prometheus is not None:
+            try:
+                self.prometheus.wait_scraped(self.nodes, deadline)
+            except PrometheusError as e:
+                raise ClusterError(str(e)) from e
         for component in self.components:
             self.start_component(component, deadline=time.monotonic() + component.ready_timeout)
+
+    def _start_prometheus_stack(self, binary: str, port: int, deadline: float) -> None:
+        """The node-exporter endpoints, then Prometheus scraping them (see prometheus.py)."""
+        p = self._require_pki()
+        exporter = NodeExporter(
+            Rest(
+                self.server,
+                ca_file=p.ca_crt,
+                cert_file=p.admin_crt,
+                key_file=p.admin_key,
+                user_agent="kn-rescheduler-node-exporter",
+            )
+        )
+        prom = LocalPrometheus(self.workdir / "prometheus", self.log_dir, port, binary, exporter)
+        exporter.on_nodes = prom.write_targets
+        prom.prepare()
+        self.node_exporter, self.prometheus = exporter, prom
+        exporter.start()
+        prom.start(deadline)
 
     def _fallback_cidr(self, node: str) -> str:
         index = self.nodes.index(node) if node in self.nodes else 0
