@@ -11,7 +11,12 @@ each new pod:
    The decision is stamped on the pod as the annotation of the same key;
 2. writes the statuses a kubelet would write for that fate, step by step (``pods/status``
    strategic merge patches with a uid precondition, like the kubelet's status manager), and for
-   crash loops keeps raising ``restartCount`` every ``restart_interval`` seconds;
+   crash loops keeps raising ``restartCount``: every ``restart_interval`` seconds on the
+   default, compressed clock, or after a real kubelet's back-off (``Timing.real()``: 10 s, 20 s,
+   40 s ... up to 5 min, jittered as the kubelet's pod worker does; see
+   :func:`~localcluster.podstatus.on_exit`). Either way the CrashLoopBackOff message names the
+   kubelet's back-off entry ("back-off 20s restarting failed container=..."), so a pod reads
+   the same at each restart; only the time between restarts differs;
 3. once the pod is deleted (a deletionTimestamp), stops it as a kubelet does: ``stop_after``
    seconds later its containers have exited (SIGTERM, exit 143) and it is written terminal
    (:func:`~localcluster.podstatus.terminated_status`: Failed, or Succeeded if every container
@@ -36,22 +41,28 @@ import heapq
 import ipaddress
 import itertools
 import logging
+import random
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, Literal
 
 from localcluster.podstatus import (
     FAULT_MODES,
     HEALTHY,
     JSON,
+    KUBELET_BACK_OFF,
     TERMINAL_PHASES,
+    BackOffPolicy,
     PodRun,
     Step,
+    back_off_after,
     is_job_pod,
+    on_exit,
     pod_status,
+    restart_delay,
     restart_policy,
     terminated_status,
 )
@@ -66,15 +77,24 @@ _STOP: Final = -1
 _REMOVE: Final = -2
 
 
+BackOffMode = Literal["compressed", "kubelet"]
+BACK_OFF_MODES: Final[tuple[BackOffMode, ...]] = ("compressed", "kubelet")
+
+
 @dataclass(frozen=True)
 class Timing:
-    """How fast simulated pods move (seconds)."""
+    """How fast simulated pods move (seconds). The default is a compressed clock;
+    :meth:`real` restarts crash-looping containers as a real kubelet does."""
 
     # Binding -> containers started (or failing).
     start: float = 0.5
-    # Crash loops: first crash -> CrashLoopBackOff, then one more restart every interval.
+    # Crash loops: first crash -> restarted at once (the kubelet's next sync: its PLEG relists
+    # every second) and crashed again, in CrashLoopBackOff; then one more restart every
+    # restart_interval ("compressed"), or after the kubelet's back-off ("kubelet").
     first_restart: float = 0.5
     restart_interval: float = 3.0
+    backoff: BackOffMode = "compressed"
+    back_off_policy: BackOffPolicy = KUBELET_BACK_OFF
     # ErrImagePull -> ImagePullBackOff.
     pull_backoff: float = 2.0
     # Running -> Evicted.
@@ -86,6 +106,17 @@ class Timing:
     # waited out: the simulated processes die of SIGTERM at once (exit 143), well inside any
     # grace period a kubelet grants (at least 2 s), so the grace period never matters.
     stop_after: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.backoff not in BACK_OFF_MODES:
+            raise ValueError(f"unknown back-off {self.backoff!r}; known: {BACK_OFF_MODES}")
+
+    @classmethod
+    def real(cls) -> Timing:
+        """Crash loops back off as kubelet v1.36's do (10 s doubling to 5 min, reset after a
+        10-minute run, requeued with the pod worker's jitter); everything else as the default.
+        The restart threshold of 3 is then about 30-45 s after the first failure, not 7 s."""
+        return cls(backoff="kubelet")
 
 
 # The functions' settings that go with this compressed clock. A real kubelet backs off 10s, 20s,
@@ -153,6 +184,8 @@ class _Shard:
         self.events: list[tuple[str, JSON]] = []
         self.timers: list[tuple[float, int, str, int]] = []
         self.pods: dict[str, _Tracked] = {}
+        # The pod worker's jitter (Timing.real()); one source per shard thread.
+        self.rng = random.Random()
         self.thread = threading.Thread(target=self._loop, name=f"fake-kubelet-{index}", daemon=True)
 
     # -- called from the watch thread ------------------------------------------------------
@@ -332,11 +365,25 @@ class _Shard:
         run = self.k.new_run(pod, mode, status.get("hostIP", ""), status.get("podIP", ""))
         run.step = "backoff"
         run.restarts = max(restarts, 1)
+        # Its containers here crash the moment they start: every restart was one in a row.
+        run.back_off = back_off_after(run.restarts, self.k.timing.back_off_policy)
         run.run_started = run.run_finished = time.time()
         for c in status.get("conditions", []):
             run.conditions[c["type"]] = (c["status"], c.get("lastTransitionTime", ""))
         tracked.run = run
-        self._schedule(uid, tracked, self.k.timing.restart_interval)
+        self._schedule(uid, tracked, self._next_restart(run))
+
+    def _next_restart(self, run: PodRun) -> float:
+        """Seconds from the exit ``run`` just recorded to the container's next start."""
+        t = self.k.timing
+        if t.backoff == "compressed":
+            return t.restart_interval
+        exit_ = on_exit(run.back_off, run.run_finished - run.run_started, t.back_off_policy)
+        if exit_.wait <= 0:
+            # Restarted at the next sync. (Unreachable while simulated crashes run 0 s: only a
+            # run of over 10 minutes resets the back-off.)
+            return t.first_restart
+        return restart_delay(exit_.wait, self.rng.random, t.back_off_policy)
 
     def _on_timer(self, uid: str, token: int) -> None:
         tracked = self.pods.get(uid)
@@ -447,6 +494,11 @@ class _Shard:
                 run.run_finished = now
                 nxt = "completed"
         elif step in ("crashed", "backoff"):
+            # The kubelet restarts the container (at once after its first exit, after the
+            # back-off later), setting its back-off entry; on this node it exits at once again.
+            run.back_off = on_exit(
+                run.back_off, run.run_finished - run.run_started, t.back_off_policy
+            ).after
             run.restarts += 1
             run.run_started = run.run_finished = now
             nxt = "backoff"
@@ -468,7 +520,7 @@ class _Shard:
         elif nxt == "crashed":
             delay = t.first_restart
         elif nxt == "backoff":
-            delay = t.restart_interval
+            delay = self._next_restart(run)
         elif nxt == "pull_error":
             delay = t.pull_backoff
         else:

@@ -9,6 +9,11 @@ containerID, resources and user), the status manager (a condition's ``lastTransi
 only when its status changes; ``observedGeneration`` is the pod's generation) and the messages of
 the image manager, the back-off of ``kuberuntime`` and the eviction manager.
 
+:func:`on_exit` and :func:`restart_delay` are the kubelet's crash-loop back-off: when a crashed
+container starts again and which back-off its CrashLoopBackOff message names. The fake kubelet
+always keeps the kubelet's entry (so every message reads as a real kubelet's); it waits the
+back-off out only with ``Timing.real()``, and restarts every few seconds otherwise.
+
 :func:`terminated_status` is the last status of a deleted pod: what ``SyncTerminatingPod``
 (containers stopped) and the status manager's ``TerminatePod`` (phase terminal, what cannot be
 accounted for failed) leave before the pod is removed. It works on the pod's last status, not
@@ -20,6 +25,7 @@ from __future__ import annotations
 import copy
 import datetime
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -111,8 +117,99 @@ def go_duration(seconds: int) -> str:
 
 
 def crashloop_backoff(restarts: int) -> str:
-    """The kubelet's back-off after ``restarts`` restarts: 10s doubling, capped at 5m."""
-    return go_duration(min(10 * 2 ** max(restarts - 1, 0), 300))
+    """The kubelet's back-off after ``restarts`` restarts in a row: 10s doubling, capped at 5m."""
+    return go_duration(int(back_off_after(restarts)))
+
+
+# -- the crash-loop back-off ------------------------------------------------------------------
+#
+# kubelet v1.36 keeps one back-off entry per container (``flowcontrol.Backoff``, keyed by pod and
+# container; ``pkg/kubelet/kubelet.go`` ``newCrashLoopBackOff``): 10 s initial, doubled at every
+# restart, capped at ``MaxContainerBackOff`` 300 s (the KubeletCrashLoopBackOffMax gate, on by
+# default since 1.35, reads ``crashLoopBackOff.maxContainerRestartPeriod``, which defaults to the
+# same 300 s; ReduceDefaultCrashLoopBackOffDecay's 1 s / 60 s is alpha and off). The entry's
+# ``HasExpiredFunc`` resets it when a container exits more than 600 s after the entry was last
+# updated, i.e. after it ran 10 minutes since its last restart.
+#
+# ``kuberuntime`` ``doBackOff`` runs on every sync of a pod whose container exited, with the
+# exit's ``FinishedAt``: no entry (or an expired one) means the container is restarted at once
+# and the entry set (``Next``: 10 s, or doubled); otherwise, while less than the entry's back-off
+# has passed since the exit, the container waits in CrashLoopBackOff with the message
+# "back-off <entry> restarting failed container=<c> pod=<name>_<ns>(<uid>)" and the sync ends in
+# a ``BackoffError`` at exit + back-off. The pod worker requeues such a sync after
+# ``wait.Jitter(min(remaining, syncFrequency), 0.5)`` (``pod_workers.go``; syncFrequency 1 m by
+# default), so a restart comes between 1x and 1.5x the back-off after the exit, and a back-off
+# over a minute is waited out in steps of at most 60-90 s.
+
+
+@dataclass(frozen=True)
+class BackOffPolicy:
+    """The kubelet's crash-loop back-off settings (seconds); the defaults are v1.36's."""
+
+    initial: float = 10.0
+    cap: float = 300.0
+    # An exit this long after the entry's last update (the container's last restart) resets it.
+    reset_after: float = 600.0
+    # The pod worker's requeue of a sync that ended in back-off: at most syncFrequency, then
+    # jittered by up to this factor.
+    resync: float = 60.0
+    jitter: float = 0.5
+
+
+KUBELET_BACK_OFF: Final = BackOffPolicy()
+
+
+def back_off_after(restarts: int, policy: BackOffPolicy = KUBELET_BACK_OFF) -> float:
+    """The entry after ``restarts`` restarts in a row (the first at once, each later one after
+    the back-off): 10 s after the first, doubling, capped."""
+    return float(min(policy.initial * 2 ** max(restarts - 1, 0), policy.cap))
+
+
+@dataclass(frozen=True)
+class Exit:
+    """What the kubelet does about a container that exited: ``doBackOff``, then ``Next``."""
+
+    # The back-off it waits out in CrashLoopBackOff before the restart (0: restarted at once).
+    wait: float
+    # The entry once the container is restarted: the back-off its next exit reports and waits.
+    after: float
+    why: str
+
+
+def on_exit(back_off: float, ran_for: float, policy: BackOffPolicy = KUBELET_BACK_OFF) -> Exit:
+    """The kubelet's answer to an exit, given the container's entry ``back_off`` (0: none yet)
+    and how long the container ran since its last restart (``ran_for``, seconds).
+
+    Here the entry's last update is the restart itself (``Next`` runs just before the container
+    starts), so "exited more than ``reset_after`` after the last update" is "ran that long"."""
+    if back_off <= 0:
+        return Exit(0.0, policy.initial, "first exit: restarted at once")
+    if ran_for > policy.reset_after:
+        return Exit(
+            0.0,
+            policy.initial,
+            f"ran {go_duration(int(ran_for))} since its last restart (over "
+            f"{go_duration(int(policy.reset_after))}): back-off reset, restarted at once",
+        )
+    return Exit(
+        back_off,
+        min(back_off * 2, policy.cap),
+        f"in back-off {go_duration(int(back_off))} from its exit",
+    )
+
+
+def restart_delay(
+    wait: float, uniform: Callable[[], float], policy: BackOffPolicy = KUBELET_BACK_OFF
+) -> float:
+    """Seconds from an exit to the restart when the kubelet waits out ``wait``: the pod worker
+    requeues the pod at ``Jitter(min(remaining, resync), jitter)`` until the back-off is over
+    (``uniform`` draws from [0, 1), as Go's ``rand.Float64``). 0 for a restart at once (the
+    next sync, which the caller times)."""
+    waited = 0.0
+    while waited < wait:
+        step = min(wait - waited, policy.resync)
+        waited += step * (1.0 + policy.jitter * uniform())
+    return waited
 
 
 def pull_error_message(image: str) -> str:
@@ -158,6 +255,9 @@ class PodRun:
     start_time: float
     step: Step = "creating"
     restarts: int = 0
+    # The kubelet's back-off entry for the container (seconds; 0: none yet): what the
+    # CrashLoopBackOff message says (see on_exit).
+    back_off: float = 0.0
     # When the current (or last) container run started and ended.
     run_started: float = 0.0
     run_finished: float = 0.0
@@ -256,6 +356,14 @@ def _crash(mode: str) -> tuple[int, str]:
     return (137, "OOMKilled") if mode == "oom" else (1, "Error")
 
 
+def _back_off_text(run: PodRun) -> str:
+    """The entry as Go prints a time.Duration; a run with no entry recorded (made before the
+    field existed) takes the entry of that many restarts in a row."""
+    if run.back_off > 0:
+        return go_duration(int(run.back_off))
+    return crashloop_backoff(run.restarts)
+
+
 def _regular_status(pod: JSON, run: PodRun, container: JSON, has_init: bool) -> JSON:
     """One regular container's status at ``run.step``."""
     name = container["name"]
@@ -294,7 +402,7 @@ def _regular_status(pod: JSON, run: PodRun, container: JSON, has_init: bool) -> 
             end=run.run_finished,
         )
         message = (
-            f"back-off {crashloop_backoff(run.restarts)} restarting failed "
+            f"back-off {_back_off_text(run)} restarting failed "
             f"container={name} pod={run.name}_{run.namespace}({uid})"
         )
         st = _ran(
