@@ -275,9 +275,11 @@ def _wish(
     # Not labelled: label once a rule has fired for its `for`.
     pending = _pending(view, rules, seen, evidence, now)
     due = [
-        (by_name[r], evidence[r])
-        for r, since in pending.items()
-        if r in evidence and now - since >= by_name[r].for_
+        (rule, evidence[rule.name])
+        for rule in rules
+        if rule.name in evidence
+        and rule.firing(evidence[rule.name])
+        and now - pending.get(rule.name, now) >= rule.for_
     ]
     if due:
         rule, value = _worst(due)
@@ -363,15 +365,18 @@ def _pending(
     evidence: Mapping[str, float],
     now: datetime,
 ) -> dict[str, datetime]:
-    """Since when each rule has been firing on a node that is not labelled.
+    """Since when each rule with a ``for`` has been firing on a node that is not labelled.
 
     A rule firing now keeps its start (or starts now); a rule with an answer that is not
     firing drops it; a rule without an answer for this node (failed, or no series) keeps it
-    unchanged: a gap in the data neither advances nor resets a `for` timer.
+    unchanged: a gap in the data neither advances nor resets a `for` timer. Rules without a
+    ``for`` need no timer (and no write).
     """
     before = view.record.pending if view.record is not None else {}
     pending: dict[str, datetime] = {}
     for rule in rules:
+        if not rule.for_:
+            continue
         if rule.name in evidence:
             if rule.firing(evidence[rule.name]):
                 pending[rule.name] = before.get(rule.name, now)
