@@ -338,26 +338,27 @@ class NodeExporter:
 
     # -- the Node watch ---------------------------------------------------------------------------
 
-    def _apply(self, node: JSON) -> bool:
+    def apply(self, node: JSON) -> bool:
         """Takes a Node's new state; True if the set of nodes or an address changed."""
         new = sim_node(node)
         if not new.name:
             return False
         now = self.clock()
         with self._lock:
-            old = self._nodes.get(new.name)
-            if old is None:
+            tracked = self._nodes.get(new.name)
+            previous = tracked.node if tracked is not None else None
+            if tracked is None:
                 self._nodes[new.name] = _Tracked(new, CpuTimes(), now)
             else:
                 # The old usage held until now; the new one holds from now on.
-                old.cpu = advance(old.cpu, old.node.cpu_usage, now - old.at)
-                old.at = now
-                old.node = new
-        if new.problems and (old is None or old.node.problems != new.problems):
+                tracked.cpu = advance(tracked.cpu, tracked.node.cpu_usage, now - tracked.at)
+                tracked.at = now
+                tracked.node = new
+        if new.problems and (previous is None or previous.problems != new.problems):
             self.log.warning("node %s: %s (the default applies)", new.name, "; ".join(new.problems))
-        return old is None or old.node.internal_ip != new.internal_ip
+        return previous is None or previous.internal_ip != new.internal_ip
 
-    def _forget(self, name: str) -> bool:
+    def forget(self, name: str) -> bool:
         with self._lock:
             return self._nodes.pop(name, None) is not None
 
@@ -366,10 +367,10 @@ class NodeExporter:
         body = self.rest.get("/api/v1/nodes")
         names = set()
         for node in body.get("items", []):
-            self._apply(node)
+            self.apply(node)
             names.add(node.get("metadata", {}).get("name"))
         for gone in {n.name for n in self.nodes()} - names:
-            self._forget(gone)
+            self.forget(gone)
         self.on_nodes(self.nodes())
         return str(body.get("metadata", {}).get("resourceVersion", ""))
 
@@ -390,9 +391,9 @@ class NodeExporter:
                     self._rv = str(obj.get("metadata", {}).get("resourceVersion", self._rv))
                     changed = False
                     if etype in ("ADDED", "MODIFIED"):
-                        changed = self._apply(obj)
+                        changed = self.apply(obj)
                     elif etype == "DELETED":
-                        changed = self._forget(str(obj.get("metadata", {}).get("name", "")))
+                        changed = self.forget(str(obj.get("metadata", {}).get("name", "")))
                     if changed:
                         self.on_nodes(self.nodes())
             except ApiError as e:
