@@ -4,7 +4,8 @@
     ApiServerSource of knative/sources.yaml: opted-in pods only) -> router (the Broker:
     Triggers from knative/, retries, dead letters, archive) -> detect-failures -> router ->
     update-annotations -> router;   kube-apiserver -> mutate-admission (TLS, registered);
-    a timer (the PingSource) -> sweep-failures -> router.
+    router -> assess-nodes (failure reports: node health) -> router;
+    a timer (the PingSources) -> sweep-failures -> router, and -> assess-nodes.
 
 Each function is its own gunicorn process started with the image's command line; one that dies
 (killed, crashed) is started again on the same port within a fraction of a second, as the
@@ -35,7 +36,7 @@ from stack.functions import ROOT, FunctionServer, Watchdog, environment, free_po
 log = logging.getLogger(__name__)
 
 PING_TYPE: Final = "dev.knative.sources.ping"
-TRIGGERED_FUNCTIONS: Final = ("detect-failures", "update-annotations")
+TRIGGERED_FUNCTIONS: Final = ("detect-failures", "update-annotations", "assess-nodes")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Stack:
         *,
         settings: Mapping[str, str] | None = None,
         sweep_every: float | None = 300.0,
+        assess_every: float | None = 60.0,
         triggers_dir: Path = ROOT / "knative",
         restart_functions: bool = True,
     ) -> None:
@@ -71,6 +73,7 @@ class Stack:
         self.log_dir = log_dir
         self.settings = dict(settings or {})
         self.sweep_every = sweep_every
+        self.assess_every = assess_every
         self.triggers_dir = triggers_dir
         self.archive = workdir / "archive.jsonl"
         self.dead_letters = workdir / "dead-letters.jsonl"
@@ -78,7 +81,7 @@ class Stack:
         self.router: Router | None = None
         self.source: ApiServerSource | None = None
         self._ping_stop = threading.Event()
-        self._ping_thread: threading.Thread | None = None
+        self._ping_threads: list[threading.Thread] = []
         self.restart_functions = restart_functions
         self._watchdog: Watchdog | None = None
         self.broker_url = ""
@@ -128,9 +131,16 @@ class Stack:
             log_path=self.log_dir / "apiserversource.log",
         )
         self.source.start()
-        if self.sweep_every:
-            self._ping_thread = threading.Thread(target=self._ping_loop, daemon=True)
-            self._ping_thread.start()
+        for function, every in (
+            ("sweep-failures", self.sweep_every),
+            ("assess-nodes", self.assess_every),
+        ):
+            if every:
+                thread = threading.Thread(
+                    target=self._ping_loop, args=(function, every), daemon=True
+                )
+                thread.start()
+                self._ping_threads.append(thread)
         if self.restart_functions:
             self._watchdog = Watchdog(self.servers).start()
 
@@ -144,8 +154,9 @@ class Stack:
 
     def _stop(self) -> None:
         self._ping_stop.set()
-        if self._ping_thread is not None:
-            self._ping_thread.join(timeout=5)
+        for thread in self._ping_threads:
+            thread.join(timeout=5)
+        self._ping_threads.clear()
         if self.source is not None:
             self.source.stop()
             self.source = None
@@ -176,26 +187,27 @@ class Stack:
 
     def sweep_now(self) -> int:
         """POST one PingSource event to sweep-failures; its HTTP status."""
-        body = {"message": "sweep"}
+        return self.ping("sweep-failures")
+
+    def ping(self, function: str) -> int:
+        """POST one PingSource event to ``function``, as its PingSource would; the status."""
+        body = {"message": "tick"}
         headers = {
             "ce-specversion": "1.0",
             "ce-id": str(uuid.uuid4()),
-            "ce-source": "/apis/v1/namespaces/kn-rescheduler/pingsources/sweep-failures",
+            "ce-source": f"/apis/v1/namespaces/kn-rescheduler/pingsources/{function}",
             "ce-type": PING_TYPE,
             "content-type": "application/json",
         }
-        response = requests.post(
-            self.servers["sweep-failures"].url, json=body, headers=headers, timeout=60
-        )
+        response = requests.post(self.servers[function].url, json=body, headers=headers, timeout=60)
         return response.status_code
 
-    def _ping_loop(self) -> None:
-        assert self.sweep_every
-        while not self._ping_stop.wait(self.sweep_every):
+    def _ping_loop(self, function: str, every: float) -> None:
+        while not self._ping_stop.wait(every):
             try:
-                self.sweep_now()
+                self.ping(function)
             except requests.RequestException as exc:
-                log.warning("sweep ping failed: %s", exc)
+                log.warning("%s ping failed: %s", function, exc)
 
     # -- for people -----------------------------------------------------------------------------
 

@@ -59,6 +59,9 @@ class FailureKind(StrEnum):
     NODE_FIXABLE = "node-fixable"
     # The pod cannot be scheduled at all because of the nodes we excluded.
     EXCLUSIONS_UNSCHEDULABLE = "exclusions-unschedulable"
+    # The pod's first node-fixable failure, below the thresholds: worth a move only when its
+    # node is already suspect (the fast path, shared/nodehealth/fastpath.py).
+    EARLY = "early"
 
 
 @dataclass(frozen=True)

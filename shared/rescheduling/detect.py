@@ -7,14 +7,22 @@ each pod at creation, so the pod event alone says whether the pod is opted in an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Final
 
 from shared.constants import APISERVER_ADD, APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.nodehealth.fastpath import early_config
 from shared.platform import events, metrics
 from shared.platform.config import Config
 from shared.platform.kubetypes import Pod
-from shared.rescheduling.classify import classify, unschedulable_due_to_exclusions, worth_forwarding
+from shared.rescheduling.classify import (
+    Failure,
+    FailureKind,
+    classify,
+    unschedulable_due_to_exclusions,
+    worth_forwarding,
+)
 from shared.rescheduling.failing import FailingPod
 from shared.rescheduling.podshape import MalformedPod, judged
 
@@ -51,10 +59,41 @@ def detect(event: events.Event, cfg: Config, now: datetime | None = None) -> eve
                 if not worth_forwarding(typed, cfg):
                     return None
                 failure = classify(typed, cfg, now)
+                if failure is None and cfg.suspect_fast_path:
+                    failure = _early(typed, cfg, now)
             if failure is None:
                 return None
             failing = FailingPod.from_pod(typed, failure)
     except MalformedPod as exc:
         raise events.BadEvent(f"not a pod the API server sends: {exc}") from exc
-    metrics.FAILURES.labels(reason=failure.reason).inc()
+    if failure.kind is not FailureKind.EARLY:
+        metrics.FAILURES.labels(reason=failure.reason).inc()
     return events.Reply(type=EVENT_POD_FAILING, subject=failing.subject, data=failing.to_data())
+
+
+def _early(pod: Pod, cfg: Config, now: datetime | None) -> Failure | None:
+    """The pod's first node-fixable failure, reported early for the fast path: acted on only
+    if its node is suspect (update-annotations checks the Node)."""
+    found = classify(pod, early_config(cfg), now)
+    if found is None or _killed_at_its_own_limit(pod, found):
+        return None
+    return replace(found, kind=FailureKind.EARLY, why=f"first failure: {found.why}")
+
+
+def _killed_at_its_own_limit(pod: Pod, found: Failure) -> bool:
+    """An OOM kill the full rules did not count is one at the container's own memory limit
+    (without a limit it counts at first sight): the application's doing, on any node."""
+    status = pod.get("status") or {}
+    statuses = (
+        status.get("initContainerStatuses")
+        if found.init_container
+        else status.get("containerStatuses")
+    )
+    for container in statuses or []:
+        if container.get("name") != found.container:
+            continue
+        terminated = (container.get("state") or {}).get("terminated") or (
+            container.get("lastState") or {}
+        ).get("terminated")
+        return bool(terminated and terminated.get("reason") == "OOMKilled")
+    return False

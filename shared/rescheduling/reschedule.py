@@ -67,6 +67,7 @@ from shared.constants import (
     RESET_AFTER_ANNOTATION,
     STATE_ANNOTATION,
 )
+from shared.nodehealth.fastpath import early_config, is_suspect
 from shared.platform import events, kube, metrics, recorder
 from shared.platform.config import Config
 from shared.platform.kubetypes import Pod
@@ -286,6 +287,8 @@ class Rescheduler:
         ns, name = failing.namespace, failing.name
         if self.cfg.is_excluded_namespace(ns):
             trace.note(f"namespace {ns} is excluded")
+            return None
+        if failing.failure.kind is FailureKind.EARLY and not self._on_suspect_node(failing, trace):
             return None
         try:
             live: Pod = self.api.get("Pod", ns, name)  # type: ignore[assignment]
@@ -529,6 +532,12 @@ class Rescheduler:
         now_failing = classify(live, self.cfg, self.clock()) or unschedulable_due_to_exclusions(
             live, self.cfg
         )
+        if now_failing is None and failing.failure.kind is FailureKind.EARLY:
+            found = classify(live, early_config(self.cfg), self.clock())
+            if found is not None and found.node == failing.failure.node:
+                now_failing = replace(
+                    found, why=f"{found.why}; node {found.node} is suspect: moved at first failure"
+                )
         if now_failing is not None:
             return now_failing
         if failing.uid in _handled_uids(holder.annotations.get(STATE_ANNOTATION)):
@@ -538,6 +547,27 @@ class Rescheduler:
             f"({failing.failure.reason} in the event): nothing to do"
         )
         return None
+
+    def _on_suspect_node(self, failing: FailingPod, trace: Trace) -> bool:
+        """An early report (the pod's first failure) is acted on only on a suspect node."""
+        node = failing.failure.node
+        if not self.cfg.suspect_fast_path or not node:
+            trace.note("early report: the fast path is off")
+            return False
+        try:
+            found = self.api.get("Node", None, node)
+        except kube.NotFound:
+            trace.note(f"early report: node {node} is gone")
+            return False
+        except kube.Forbidden as exc:
+            # An install whose RBAC predates the fast path: wait for the full rules.
+            log.warning("cannot read node %s for the fast path: %s", node, exc)
+            return False
+        if not is_suspect(found):
+            trace.note(f"early report: node {node} is not suspect, waiting for the thresholds")
+            return False
+        trace.note(f"early report on suspect node {node}: the fast path")
+        return True
 
     def _record(
         self,

@@ -327,12 +327,22 @@ def project_triggers() -> dict[str, triggers.Trigger]:
         (DEPLOYMENT_ADD, set()),
         (
             {**POD_ADD, "type": "io.kn-rescheduler.pod.failing", "source": "/kn-rescheduler/x"},
-            {"update-annotations"},
+            {"update-annotations", "assess-nodes"},
         ),
-        ({**POD_ADD, "type": "io.kn-rescheduler.pod.rescheduled"}, set()),
-        ({**POD_ADD, "type": "io.kn-rescheduler.pod.exhausted"}, set()),
+        ({**POD_ADD, "type": "io.kn-rescheduler.pod.rescheduled"}, {"assess-nodes"}),
+        ({**POD_ADD, "type": "io.kn-rescheduler.pod.exhausted"}, {"assess-nodes"}),
+        ({**POD_ADD, "type": "io.kn-rescheduler.node.suspected"}, set()),
     ],
-    ids=["add", "update", "delete", "deployment", "failing", "rescheduled", "exhausted"],
+    ids=[
+        "add",
+        "update",
+        "delete",
+        "deployment",
+        "failing",
+        "rescheduled",
+        "exhausted",
+        "node-suspected",
+    ],
 )
 def test_project_triggers_route(
     project_triggers: dict[str, triggers.Trigger], attributes: dict[str, str], expected: set[str]
