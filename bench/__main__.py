@@ -1,5 +1,5 @@
-"""``python -m bench [--quick] [--only NAME ...] [--systems SYSTEM ...] [--out DIR]``: run the
-benchmarks.
+"""``python -m bench [--quick] [--only NAME ...] [--systems SYSTEM ...] [--scenario NAME]
+[--kubelet-backoff compressed|real] [--out DIR]``: run the benchmarks.
 
 Measurements, in the order they run (``--only`` takes these names):
 
@@ -21,12 +21,20 @@ descheduler-2m, descheduler-10s, kn-rescheduler), on the same scenario: re-measu
 kn-rescheduler alone takes 3-5 minutes, the whole recovery run about 18, since vanilla and the
 descheduler never recover and each wait out the 300 s bound.
 
+``--scenario spread`` (with ``--only recovery``) places the recovery workloads with no node
+preference (``bench.recovery``: the committed scenario, ``prefer-faulty``, points every
+Deployment at a faulty node). ``--kubelet-backoff real`` (with ``--only``) gives every cluster of
+the run a real kubelet's crash-loop back-off (10 s, 20 s, 40 s ... up to 5 min) instead of the
+fake kubelet's restart every 3 s: the restart threshold then comes 30-45 s after the first
+failure instead of about 7 s. Both are recorded in the results and name the results file.
+
 The first four share one cluster of ``Scales.nodes`` nodes; ``scale`` and ``source-selector``
 start their own. The results go to ``DIR/<date>.json`` (``DIR/<date>-<names>.json`` with
 ``--only``, ``DIR/<date>-<names>-<systems>.json`` with ``--systems``; ``bench/results`` unless
 quick: a quick run writes to a temporary directory unless ``--out`` is given), the plots beside
 it. A partial run (``--only``) never overwrites a file: a second one the same day is
-``...-2.json``, and so on. A full run rewrites ``bench/RESULTS.md`` (keeping the
+``...-2.json``, and so on; a non-default scenario or back-off adds ``-spread`` or
+``-real-backoff`` to the name. A full run rewrites ``bench/RESULTS.md`` (keeping the
 source-selector section); a source-selector run that is not quick rewrites that section; no
 other partial run touches it.
 """
@@ -34,6 +42,7 @@ other partial run touches it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import shutil
 import sys
@@ -58,10 +67,22 @@ from bench.common import (
     write_json,
 )
 from localcluster.cluster import Cluster
+from localcluster.kubelet import Timing
 
 NAMES = ("recovery", "detect", "webhook", "cold-start", "scale")
 # Run only when named with --only.
 EXTRA_NAMES = ("source-selector",)
+# The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
+BACKOFFS = ("compressed", "real")
+# The shortest recovery window with a real kubelet's back-off (seconds).
+REAL_BACKOFF_MIN_BOUND = 150.0
+
+
+def timing(backoff: str) -> Timing:
+    """The fake kubelet's timing for ``--kubelet-backoff``."""
+    if backoff not in BACKOFFS:
+        raise ValueError(f"unknown back-off {backoff!r}; known: {BACKOFFS}")
+    return Timing.real() if backoff == "real" else Timing()
 
 
 def _log(message: str) -> None:
@@ -71,18 +92,25 @@ def _log(message: str) -> None:
 class Run:
     """One benchmark run: its scales, work directory and the shared cluster (started lazily)."""
 
-    def __init__(self, scales: Scales, workdir: Path, out: Path, quick: bool) -> None:
+    def __init__(
+        self, scales: Scales, workdir: Path, out: Path, quick: bool, timing: Timing | None = None
+    ) -> None:
         self.scales = scales
         self.workdir = workdir
         self.out = out
         self.quick = quick
+        self.timing = timing or Timing()
         self._cluster: Cluster | None = None
 
     def cluster(self) -> Cluster:
         if self._cluster is None:
             _log(f"starting a {self.scales.nodes}-node cluster")
             self._cluster = Cluster(
-                self.workdir / "cluster", nodes=self.scales.nodes, quiet=True, keep_workdir=True
+                self.workdir / "cluster",
+                nodes=self.scales.nodes,
+                timing=self.timing,
+                quiet=True,
+                keep_workdir=True,
             ).start()
         return self._cluster
 
@@ -99,15 +127,19 @@ def results_name(
     only: list[str] | None,
     systems: list[str] | None,
     quick: bool,
+    variant: list[str] | None = None,
 ) -> str:
     """The results file's name in ``out``, without ``.json``.
 
     A full run is the day's (a second one replaces it, as it replaces RESULTS.md). A partial run
     must not overwrite the full run of the same day, nor an earlier partial run: it names what
-    it measured and takes the first number not yet used."""
+    it measured (and ``variant``: its non-default scenario or back-off) and takes the first
+    number not yet used."""
     base = day
     if only:
         base += "-" + "-".join(names)
+    if variant:
+        base += "-" + "-".join(variant)
     if systems:
         base += "-" + "-".join(systems)
     suffix = "-quick" if quick else ""
@@ -133,6 +165,20 @@ def main(argv: list[str] | None = None) -> int:
         help="with --only recovery: only these systems (repeatable or comma-separated; "
         "default all)",
     )
+    parser.add_argument(
+        "--scenario",
+        choices=recovery.SCENARIOS,
+        default=recovery.SCENARIOS[0],
+        help="with --only recovery: where the workloads prefer to run (default: each prefers "
+        "a faulty node; spread: no preference)",
+    )
+    parser.add_argument(
+        "--kubelet-backoff",
+        choices=BACKOFFS,
+        default=BACKOFFS[0],
+        help="with --only: the fake kubelet restarts crash-looping containers every 3 s "
+        "(compressed, the default) or after a real kubelet's back-off, 10 s doubling to 5 min",
+    )
     parser.add_argument("--out", type=Path, help="where results and plots go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
@@ -147,6 +193,21 @@ def main(argv: list[str] | None = None) -> int:
         if given - set(known):
             parser.error(f"--systems: unknown {sorted(given - set(known))}; known: {known}")
         systems = [s for s in known if s in given]
+    # A full run rewrites RESULTS.md, whose figures are the committed scenario's.
+    if args.scenario != recovery.SCENARIOS[0] and (not args.only or "recovery" not in args.only):
+        parser.error("--scenario needs --only recovery (a full run measures the committed one)")
+    if args.kubelet_backoff != BACKOFFS[0] and not args.only:
+        parser.error("--kubelet-backoff needs --only (a full run measures the committed clock)")
+    if args.kubelet_backoff == "real":
+        # The restart threshold alone comes 30-45 s after the first failure, and a wasted move
+        # costs as much again: the quick window (45 s) would end before the first move.
+        scales = dataclasses.replace(
+            scales, recovery_bound=max(scales.recovery_bound, REAL_BACKOFF_MIN_BOUND)
+        )
+    variant = [
+        *([args.scenario] if args.scenario != recovery.SCENARIOS[0] else []),
+        *([f"{args.kubelet_backoff}-backoff"] if args.kubelet_backoff != BACKOFFS[0] else []),
+    ]
     out: Path = args.out or (
         Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-quick-")) if args.quick else RESULTS_DIR
     )
@@ -159,24 +220,29 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "code": code_version(),
         "scales": scales_dict(scales),
+        "kubelet_backoff": args.kubelet_backoff,
         "measurements": {},
         "errors": {},
     }
-    run = Run(scales, workdir, out, args.quick)
+    run = Run(scales, workdir, out, args.quick, timing(args.kubelet_backoff))
     steps: dict[str, Callable[[], Any]] = {
-        # A subset of systems keeps the full run's event corpus (bench/corpus): detect's input.
+        # A subset of systems, another scenario or another clock keeps the full run's event
+        # corpus (bench/corpus): detect's input.
         "recovery": lambda: recovery.measure(
             run.cluster(),
             scales,
             workdir / "recovery",
-            save_events=not args.quick and systems is None,
+            save_events=not args.quick and systems is None and not variant,
             log=_log,
             only=systems,
+            scenario=args.scenario,
         ),
         "detect": lambda: detect.measure(scales, workdir / "detect", log=_log),
         "webhook": lambda: webhook.measure(run.cluster(), scales, workdir / "webhook", log=_log),
         "cold-start": lambda: coldstart.measure(run.cluster(), scales, workdir / "cold", log=_log),
-        "scale": lambda: scale.measure(scales, workdir / "scale", log=_log, before=run.close),
+        "scale": lambda: scale.measure(
+            scales, workdir / "scale", log=_log, before=run.close, timing=run.timing
+        ),
         "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
     }
     try:
@@ -192,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         run.close()
     results["runtime_s"] = round(time.monotonic() - started, 1)
-    name = results_name(out, stamp.strftime("%Y-%m-%d"), names, args.only, systems, args.quick)
+    name = results_name(
+        out, stamp.strftime("%Y-%m-%d"), names, args.only, systems, args.quick, variant
+    )
     path = out / f"{name}.json"
     write_json(path, results)
     if "recovery" in results["measurements"]:

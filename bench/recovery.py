@@ -2,12 +2,27 @@
 
 One cluster of ``nodes`` kwok nodes, ``faulty`` of them crash-looping every pod bound to them.
 For each system in turn (vanilla, the descheduler at each interval, kn-rescheduler) a fresh
-namespace gets ``deployments`` Deployments of ``replicas`` replicas, each preferring one faulty
-node (preferred node affinity, weight 100), with ``scheduling-retries: "3"``. Every pod starts
-on a faulty node and crash-loops there; the tracker (``bench.tracker``) records when each
-replica first failed, when it crossed the restart threshold (3 restarts, CrashLoopBackOff), each
-removal, and when a replacement was Ready on a healthy node. A system gets ``recovery_bound``
-seconds from the creation of the workloads.
+namespace gets ``deployments`` Deployments of ``replicas`` replicas with
+``scheduling-retries: "3"``, placed by one of two scenarios:
+
+- ``prefer-faulty`` (the committed one): each Deployment prefers one faulty node (preferred
+  node affinity, weight 100), so every pod starts on a faulty node and crash-loops there, and a
+  replacement the scheduler places freely goes back to it (the pod's favourite node is the
+  broken one: locality, a cached image);
+- ``spread``: no node preference at all, the scheduler's default spreading and scoring only;
+  only the pods that happen to land on a faulty node fail, and a replacement lands wherever the
+  scheduler scores best, so a peer that merely evicts may recover some replicas by chance.
+
+The tracker (``bench.tracker``) records when each replica first failed, when it crossed the
+restart threshold (3 restarts, CrashLoopBackOff), each removal, and when a replacement was Ready
+on a healthy node. A system gets ``recovery_bound`` seconds from the creation of the workloads.
+Times are reported from the first failure (what a user sees) and from the threshold (what the
+system adds once a restart-count rule may act); how long the kubelet's restarts take between
+the two depends on its back-off: the fake kubelet's compressed clock (a restart every 3 s,
+threshold about 7 s after the first failure) or, with ``--kubelet-backoff real``, a real
+kubelet's (10 s, 20 s, ...: about 30-45 s; ``localcluster.kubelet.Timing.real``). Each result
+names its scenario and back-off, so runs of either can be put side by side
+(``python -m bench.report --compare``).
 
 API requests are counted per client (``bench.common``): the system's own requests (its user's
 flow schema) and all requests to the API server, from the system's start to the end of its run.
@@ -24,7 +39,7 @@ import random
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from bench import descheduler
 from bench.common import (
@@ -50,6 +65,17 @@ from shared.constants import APISERVER_ADD, APISERVER_UPDATE, POLICY_ANNOTATION
 from stack.stack import Stack
 
 IMAGE = "registry.example.com/shop/web:1.4.2"
+# The placement scenarios (see the module docstring); the first is the committed one.
+SCENARIOS: Final = ("prefer-faulty", "spread")
+
+
+def preferred_node(scenario: str, index: int, faulty: list[str]) -> str | None:
+    """The node the ``index``-th Deployment prefers in ``scenario`` (None: no preference)."""
+    if scenario == "prefer-faulty":
+        return faulty[index % len(faulty)]
+    if scenario == "spread":
+        return None
+    raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS}")
 
 
 def deployment(name: str, replicas: int, prefer: str | None, avoid: list[str]) -> JSON:
@@ -172,6 +198,7 @@ def run_system(
     faulty: list[str],
     namespace: str,
     *,
+    scenario: str = SCENARIOS[0],
     keep_running: bool = False,
 ) -> JSON:
     rest = cluster.rest
@@ -184,7 +211,8 @@ def run_system(
     try:
         t0 = time.monotonic()
         for i in range(scales.deployments):
-            body = deployment(f"web-{i}", scales.replicas, faulty[i % len(faulty)], [])
+            prefer = preferred_node(scenario, i, faulty)
+            body = deployment(f"web-{i}", scales.replicas, prefer, [])
             rest.post(f"/apis/apps/v1/namespaces/{namespace}/deployments", body)
         deadline = t0 + scales.recovery_bound
         settled = False
@@ -226,6 +254,8 @@ def run_system(
         },
         "recovery_from_failure_raw_s": [round(v, 3) for v in result["recovery_from_failure_s"]],
         "first_failure_after_create": summary(result["first_failure_after_create_s"]),
+        # The kubelet's restarts from the first failure to the threshold (its back-off).
+        "threshold_from_failure": summary(result["threshold_from_failure_s"]),
         "moves_total": moves,
         "wasted_moves": result["wasted_moves"],
         "moves_per_recovery": ratio(result["moves_of_recovered"], recovered),
@@ -334,12 +364,16 @@ def measure(
     save_events: bool,
     log: Callable[[str], None],
     only: Collection[str] | None = None,
+    scenario: str = SCENARIOS[0],
 ) -> JSON:
-    """Every system of ``system_names`` in turn, or only those named in ``only``.
+    """Every system of ``system_names`` in turn, or only those named in ``only``, on
+    ``scenario``, with the back-off of ``cluster``'s fake kubelet.
 
     A subset runs on the same scenario as a full run, in the same order; its figures are
     comparable with the full run's, but the systems left out did not share its cluster's
     moment (load, warm caches)."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS}")
     wanted = set(system_names(scales) if only is None else only)
     unknown = wanted - set(system_names(scales))
     if unknown:
@@ -366,12 +400,15 @@ def measure(
             continue
         # The same namespace as in a full run, whichever systems run.
         namespace = f"bench-recovery-{system_names(scales).index(system.name)}"
-        log(f"recovery: {system.name} ({scales.deployments}x{scales.replicas} replicas)")
+        log(
+            f"recovery: {system.name} ({scales.deployments}x{scales.replicas} replicas, "
+            f"{scenario}, {kubelet_backoff(cluster)} back-off)"
+        )
         if system is kn:
             # The pipeline stays up after its run for the healthy-update measurement.
             try:
                 runs[system.name] = run_system(
-                    cluster, system, scales, faulty, namespace, keep_running=True
+                    cluster, system, scales, faulty, namespace, scenario=scenario, keep_running=True
                 )
                 assert kn.stack is not None
                 log("api cost: healthy pod updates with the pipeline running")
@@ -382,7 +419,9 @@ def measure(
                 kn.stop()
             delete_namespace(cluster.rest, "bench-healthy")
         else:
-            runs[system.name] = run_system(cluster, system, scales, faulty, namespace)
+            runs[system.name] = run_system(
+                cluster, system, scales, faulty, namespace, scenario=scenario
+            )
         r = runs[system.name]
         log(
             f"  {system.name}: recovered {r['recovered']}/{r['affected']}, "
@@ -392,6 +431,8 @@ def measure(
     for node in faulty:
         cluster.set_fault(node, None)
     out: JSON = {
+        "scenario": scenario,
+        "kubelet_backoff": kubelet_backoff(cluster),
         "descheduler_version": descheduler.version(),
         "descheduler_policy": descheduler.policy(),
         "faulty_nodes": faulty,
@@ -402,6 +443,11 @@ def measure(
     if only is not None:
         out["only_systems"] = [n for n in system_names(scales) if n in wanted]
     return out
+
+
+def kubelet_backoff(cluster: Cluster) -> str:
+    """The fake kubelet's restart clock, as the results name it: "compressed" or "real"."""
+    return "real" if cluster.timing.backoff == "kubelet" else "compressed"
 
 
 def plot_cdf(result: JSON, path: Path) -> None:
@@ -438,7 +484,10 @@ def plot_cdf(result: JSON, path: Path) -> None:
     ax.set_xlim(0, max(bound, 10.0))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="center right")
-    ax.set_title("Time to recovery (CDF)", fontsize=10)
+    variant = ""
+    if "scenario" in result:
+        variant = f": {result['scenario']}, {result['kubelet_backoff']} kubelet back-off"
+    ax.set_title(f"Time to recovery (CDF){variant}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -3,6 +3,10 @@
 ``python -m bench.report bench/results/<date>.json`` rewrites it from a saved run.
 ``python -m bench.report --rows SYSTEM FILE ...`` prints one system's recovery row from each
 file, in the columns of sections 1-3, for putting re-measurements beside the full run's.
+``python -m bench.report --compare FILE ...`` prints every system of every file's recovery run
+in one table that names each run's scenario and kubelet back-off, with the times from the first
+failure and from the threshold side by side (runs of either back-off or scenario compared).
+``python -m bench.report --scale FILE ...`` prints the scale run's recovery row of each file.
 """
 
 from __future__ import annotations
@@ -227,6 +231,16 @@ def render(results: JSON, results_path: Path) -> str:
         )
         r = scl.get("recovery") or {}
         if "affected_replicas" in r:
+            lines += ["", *SCALE_HEADER, scale_row(scl)]
+            targets.append(
+                (
+                    f"exactly one move per recovery at scale ({scl['nodes']} nodes, "
+                    f"{scl['faulty_nodes']} faulty)",
+                    _met(r["moves_per_recovery"] == 1.0),
+                    f"{_f(r['moves_per_recovery'], 2)} moves per recovery, "
+                    f"{r['wasted_moves']} of {r['moves']} moves landed on another faulty node",
+                )
+            )
             lines += [
                 "",
                 f"Then {scl['faulty_nodes']} nodes ({sc['scale_faulty_share'] * 100:.0f}%) turned "
@@ -277,17 +291,107 @@ def recovery_cells(r: JSON) -> str:
     )
 
 
+SCALE_HEADER = [
+    "| nodes | faulty | affected replicas | recovered | moves | wasted moves (landed on another "
+    "faulty node) | moves / recovery | replicas moved more than once | all healthy after | p95 "
+    "from failure | p95 from threshold |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def scale_row(scl: JSON, first: str = "") -> str:
+    """The scale run's recovery as one row of ``SCALE_HEADER`` (``first``: a leading cell)."""
+    r = scl["recovery"]
+    moved_again = r.get("replicas_moved_more_than_once")
+    cells = [
+        f"{scl['nodes']:,}",
+        f"{scl['faulty_nodes']}",
+        f"{r['affected_replicas']}",
+        f"{r['recovered']}",
+        f"{r['moves']}",
+        f"**{r['wasted_moves']}** ({_f(r['wasted_moves'] * 100 / r['moves'], 0)}%)"
+        if r["moves"]
+        else "0",
+        _f(r["moves_per_recovery"], 2),
+        _f(moved_again),
+        _f(r["time_to_all_healthy_s"], 1, " s"),
+        _f(r["recovery_from_failure"]["p95"], 1, " s"),
+        _f(r["recovery_from_threshold"]["p95"], 1, " s"),
+    ]
+    return "| " + " | ".join(([first] if first else []) + cells) + " |"
+
+
+def scale_rows(paths: list[Path]) -> list[str]:
+    """Each file's scale recovery row, led by its date, commit, file and kubelet back-off."""
+    out = [
+        "| run (UTC), commit, raw, kubelet back-off " + SCALE_HEADER[0],
+        "| --- " + SCALE_HEADER[1],
+    ]
+    for path in paths:
+        results = json.loads(path.read_text())
+        scl = results["measurements"]["scale"]
+        if "affected_replicas" not in (scl.get("recovery") or {}):
+            continue
+        out.append(scale_row(scl, f"{_run_cell(results, path)}, {_backoff(results)}"))
+    return out
+
+
+COMPARE_HEADER = [
+    "| run (UTC), commit, raw | scenario | kubelet back-off | system | recovered (≤5 min) | "
+    "first failure to threshold p50 | p50 from failure | p95 from failure | p50 from threshold "
+    "| p95 from threshold | moves / recovery | wasted moves |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def compare(paths: list[Path]) -> list[str]:
+    """Every system of each file's recovery run, one row each, naming the run's scenario and
+    back-off (files from before either existed are the committed scenario, compressed clock)."""
+    out = list(COMPARE_HEADER)
+    for path in paths:
+        results = json.loads(path.read_text())
+        rec = results["measurements"]["recovery"]
+        scenario = rec.get("scenario", "prefer-faulty")
+        backoff = rec.get("kubelet_backoff", "compressed")
+        for name, r in sorted(rec["systems"].items(), key=lambda item: _system_order(item[0])):
+            share = _f((r["recovered_within_5min_share"] or 0) * 100, 0)
+            cells = [
+                _run_cell(results, path),
+                scenario,
+                backoff,
+                name,
+                f"{r['recovered']}/{r['affected']} ({share}%)",
+                _f((r.get("threshold_from_failure") or {}).get("p50"), 1, " s"),
+                _f(r["recovery_from_failure"]["p50"], 1, " s"),
+                _f(r["recovery_from_failure"]["p95"], 1, " s"),
+                _f(r["recovery_from_threshold"]["p50"], 1, " s"),
+                _f(r["recovery_from_threshold"]["p95"], 1, " s"),
+                _f(r["moves_per_recovery"], 2),
+                f"{r['wasted_moves']} of {r['moves_total']}",
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _run_cell(results: JSON, path: Path) -> str:
+    commit = (results.get("code") or {}).get("commit") or ""
+    return (
+        f"{results['date'][:16].replace('T', ' ')}, `{commit[:12]}`, "
+        f"[`{path.name}`](results/{path.name})"
+    )
+
+
+def _backoff(results: JSON) -> str:
+    return str(results.get("kubelet_backoff", "compressed"))
+
+
 def rows(system: str, paths: list[Path]) -> list[str]:
     """``system``'s row from each results file: its date, commit and file, then its cells."""
     out = []
     for path in paths:
         results = json.loads(path.read_text())
         r = results["measurements"]["recovery"]["systems"][system]
-        commit = (results.get("code") or {}).get("commit") or ""
-        out.append(
-            f"| {results['date'][:16].replace('T', ' ')}, `{commit[:12]}`, "
-            f"[`{path.name}`](results/{path.name}) | {recovery_cells(r)} |"
-        )
+        out.append(f"| {_run_cell(results, path)} | {recovery_cells(r)} |")
     return out
 
 
@@ -335,6 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if args[:1] == ["--rows"]:
         print("\n".join(rows(args[1], [Path(a) for a in args[2:]])))
+        return 0
+    if args[:1] == ["--compare"]:
+        print("\n".join(compare([Path(a) for a in args[1:]])))
+        return 0
+    if args[:1] == ["--scale"]:
+        print("\n".join(scale_rows([Path(a) for a in args[1:]])))
         return 0
     path = Path(args[0]).resolve()
     write(json.loads(path.read_text()), path, ROOT / "bench" / "RESULTS.md")

@@ -13,8 +13,10 @@ labelling the nodes ``crashloop`` and deleting every pod on them at the same mom
 removals are the harness's, not counted as moves). The ReplicaSets recreate the pods, which
 prefer their home node, land there again and crash-loop, as the old ones would have; from then
 on only kn-rescheduler acts. Measured: the time from the fault until every affected replica is
-Ready on a healthy node, and the CPU seconds the function processes used (from /proc), during
-the rollout and during the recovery.
+Ready on a healthy node, the moves it took and how many of them were *wasted* (the replacement
+landed on another faulty node: with 2 % of the nodes emptied at once, those are the emptiest
+nodes in the cluster, which the scheduler's default scores prefer), and the CPU seconds the
+function processes used (from /proc), during the rollout and during the recovery.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from bench.recovery import deployment
 from bench.tracker import Tracker
 from localcluster import cluster as cluster_module
 from localcluster.cluster import Cluster
+from localcluster.kubelet import Timing
 from stack.stack import Stack
 
 NAMESPACE = "bench-scale"
@@ -56,7 +59,12 @@ def _function_pids(stack: Stack) -> dict[str, int]:
 
 
 def measure(
-    scales: Scales, workdir: Path, *, log: Callable[[str], None], before: Callable[[], None]
+    scales: Scales,
+    workdir: Path,
+    *,
+    log: Callable[[str], None],
+    before: Callable[[], None],
+    timing: Timing | None = None,
 ) -> JSON:
     before()  # the shared cluster makes room
     nodes, pods = scales.scale_nodes, scales.scale_pods
@@ -69,7 +77,9 @@ def measure(
     default_timeout = cluster_module.START_TIMEOUT
     cluster_module.START_TIMEOUT = max(default_timeout, 120.0 + nodes * 0.6)  # type: ignore[misc]
     try:
-        cluster = Cluster(workdir / "cluster", nodes=nodes, quiet=True, keep_workdir=True).start()
+        cluster = Cluster(
+            workdir / "cluster", nodes=nodes, timing=timing, quiet=True, keep_workdir=True
+        ).start()
     finally:
         cluster_module.START_TIMEOUT = default_timeout  # type: ignore[misc]
     result: JSON = {
@@ -204,6 +214,7 @@ def _phases(
     last = max((c.recovered for c in recovered if c.recovered), default=None)
     requests = delta(requests0, requests1)
     moves = sum(c.moves for c in affected)
+    wasted = sum(c.wasted for c in affected)
     out["recovery"] = {
         "pods_restarted_by_fault": removed,
         "affected_replicas": len(affected),
@@ -218,8 +229,15 @@ def _phases(
             [c.recovered - c.threshold for c in recovered if c.recovered and c.threshold]
         ),
         "moves": moves,
-        "wasted_moves": sum(c.wasted for c in affected),
+        # Moves whose replacement landed on another faulty node (bench.tracker).
+        "wasted_moves": wasted,
+        "wasted_share": ratio(wasted, moves),
         "moves_per_recovery": ratio(sum(c.moves for c in recovered), len(recovered)),
+        "replicas_moved_more_than_once": sum(1 for c in recovered if c.moves > 1),
+        "moves_histogram": {
+            str(k): sum(1 for c in recovered if c.moves == k)
+            for k in sorted({c.moves for c in recovered})
+        },
         "function_cpu_s": {k: round(cpu3[k] - cpu2.get(k, 0.0), 2) for k in cpu3},
         "harness_cpu_s": round(harness3 - harness2, 2),
         "pipeline_requests": requests.get(f"fs:{KN_USER}", 0.0),
@@ -227,6 +245,6 @@ def _phases(
     }
     log(
         f"  recovered {len(recovered)}/{len(affected)} in "
-        f"{out['recovery']['time_to_all_healthy_s']} s"
+        f"{out['recovery']['time_to_all_healthy_s']} s; {moves} moves, {wasted} wasted"
     )
     return out

@@ -218,6 +218,13 @@ class Tracker:
             c.recovered - c.threshold for c in recovered if c.recovered and c.threshold
         ]
         first_failure = [c.start - t0 for c in affected if c.start]
+        # What the restart back-off alone costs before a restart-count rule (the descheduler's,
+        # kn-rescheduler's crash-loop threshold) may act: from the first failure to 3 restarts.
+        threshold_from_failure = [
+            c.threshold - c.start
+            for c in affected
+            if c.threshold is not None and c.start is not None
+        ]
         return {
             "affected": len(affected),
             "recovered": len(recovered),
@@ -225,6 +232,7 @@ class Tracker:
             "recovery_from_failure_s": from_failure,
             "recovery_from_threshold_s": from_threshold,
             "first_failure_after_create_s": first_failure,
+            "threshold_from_failure_s": threshold_from_failure,
             "moves_total": sum(c.moves for c in affected),
             "moves_of_recovered": sum(c.moves for c in recovered),
             "wasted_moves": sum(c.wasted for c in affected),
