@@ -11,11 +11,12 @@ It scrapes the endpoints of :mod:`localcluster.nodeexporter` with a generated co
   test should not wait for that), targets from a ``file_sd`` file rewritten whenever a node
   appears, goes or changes its address (Prometheus watches the file);
 - each target carries the labels a real cluster's node-exporter scrape configuration usually
-  gives: ``node="<Node name>"`` (kube-prometheus and the Prometheus Helm chart copy it from the
-  pod's node name) and ``instance="<InternalIP>:9100"`` (the address of a node-exporter
-  DaemonSet on the host network). ``label-nodes`` matches a value to its Node by ``node``, and
-  falls back to ``instance`` -> the Node's InternalIP. A target label ``instance`` is kept as
-  is: Prometheus defaults it to the scraped address only when it is unset;
+  gives: ``node="<Node name>"`` (the Prometheus community Helm chart's
+  ``kubernetes-service-endpoints`` job copies it from the pod's node name) and
+  ``instance="<InternalIP>:9100"`` (that job's default: the address of a node-exporter pod on
+  the host network). ``label-nodes`` matches a value to its Node by ``node``, and falls back to
+  ``instance`` -> the Node's InternalIP. A target label ``instance`` is kept as is: Prometheus
+  defaults it to the scraped address only when it is unset (scrape/target.go);
 - a TSDB under the cluster's work directory (``prometheus/data``), kept an hour.
 
 The process runs like the control plane's (:mod:`localcluster.procs`): its own process group,
