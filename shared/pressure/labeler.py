@@ -120,8 +120,8 @@ class Status:
         return {
             "prometheus_url": self.prometheus_url,
             "prometheus_reachable": self.prometheus_reachable,
-            "last_evaluation": _stamp(self.last_evaluation),
-            "last_success": _stamp(self.last_success),
+            "last_evaluation": _precise(self.last_evaluation),
+            "last_success": _precise(self.last_success),
             "last_error": self.last_error,
             "labelled": self.labelled,
             "cap": self.cap,
@@ -339,3 +339,10 @@ class Labeler:
 
 def _stamp(moment: datetime | None) -> str | None:
     return format_time(moment) if moment is not None else None
+
+
+def _precise(moment: datetime | None) -> str | None:
+    """Evaluations may be less than a second apart: /status tells them apart."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
