@@ -56,6 +56,7 @@ from shared.platform.kubetypes import (
     NodeSelectorTerm,
     Pod,
     PodSpec,
+    PreferredSchedulingTerm,
 )
 from shared.rescheduling.policy import (
     parse_retries,
@@ -86,6 +87,28 @@ class OwnerFacts:
     # The owner's kn-rescheduler.io/stuck-after, copied verbatim for the sweep; None if unset.
     stuck_after: str | None = None
     max_retries: int = MAX_RETRIES
+    # Preferred node affinities away from nodes carrying a label (suspect, under pressure).
+    avoid: tuple[SoftAvoid, ...] = ()
+
+
+@dataclass(frozen=True)
+class SoftAvoid:
+    """A preferred node affinity away from nodes labelled ``key=value``: the scheduler scores
+    those nodes ``weight`` lower, and still uses them when nothing else fits."""
+
+    key: str
+    value: str
+    weight: int
+    what: str  # for the reasons: "suspect nodes", "nodes under pressure"
+
+    def term(self) -> PreferredSchedulingTerm:
+        # NotIn also matches nodes without the label at all: every healthy node scores.
+        return {
+            "weight": self.weight,
+            "preference": {
+                "matchExpressions": [{"key": self.key, "operator": "NotIn", "values": [self.value]}]
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -144,7 +167,7 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
     labels = pod.get("metadata", {}).get("labels") or {}
     if OPT_OUT_LABEL in labels:
         return Mutation(reasons=(f"pod has the {OPT_OUT_LABEL} label",), pod=pod)
-    if owner.policy is None and not _carries_our_marks(pod):
+    if owner.policy is None and not owner.avoid and not _carries_our_marks(pod):
         # Most pods of a cluster: nothing to stamp, nothing stale to remove. Every pod create
         # comes here, so no copy and no diff for them.
         return Mutation(reasons=("not opted in",), pod=pod)
@@ -210,6 +233,11 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
             reasons.append(f"pod is bound to node {spec['nodeName']}: affinity left alone")
         else:
             reasons.extend(_exclude_nodes(spec, nodes))
+
+    if owner.avoid:
+        spec = changed.setdefault("spec", {})
+        if not spec.get("nodeName"):
+            reasons.extend(_prefer_away(spec, owner.avoid))
 
     patch = tuple(jsonpatch.make_patch(pod, changed).patch)
     if not patch:
@@ -298,4 +326,25 @@ def _exclude_nodes(spec: PodSpec, nodes: tuple[str, ...]) -> list[str]:
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
     affinity["nodeAffinity"] = node_affinity
     spec["affinity"] = dict(affinity)
+    return done
+
+
+def _prefer_away(spec: PodSpec, avoid: tuple[SoftAvoid, ...]) -> list[str]:
+    """Add each preferred term the pod does not have yet (a manifest written for the seed
+    already says `status NotIn [presure]`: not added twice); return what was done."""
+    affinity = cast(Affinity, spec.get("affinity") or {})
+    node_affinity: NodeAffinity = affinity.get("nodeAffinity") or {}
+    preferred = list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    have = [term.get("preference") for term in preferred]
+    done: list[str] = []
+    for soft in avoid:
+        term = soft.term()
+        if term["preference"] in have:
+            continue
+        preferred.append(term)
+        done.append(f"prefers nodes that are not {soft.what} (weight {soft.weight})")
+    if done:
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+        affinity["nodeAffinity"] = node_affinity
+        spec["affinity"] = dict(affinity)
     return done

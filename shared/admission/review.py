@@ -30,15 +30,19 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
-from shared.admission.mutation import Mutation, OwnerFacts, mutate
+from shared.admission.mutation import Mutation, OwnerFacts, SoftAvoid, mutate
 from shared.constants import (
+    AVOID_PRESSURE_KEY,
     IGNORE_DISRUPTIONS_ANNOTATION,
     POLICY_ANNOTATION,
     STATE_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
+    SUSPECT_LABEL,
+    SUSPECT_VALUE,
 )
 from shared.platform import kube, metrics
 from shared.platform.config import Config
@@ -50,6 +54,11 @@ from shared.rescheduling.policy import OwnerKind, parse_retries
 from shared.rescheduling.state import StateError, exclusions_for, foreign_copy, load_state_lenient
 
 log = logging.getLogger(__name__)
+
+# How long a namespace's pressure opt-in label is trusted before it is read again (seconds),
+# and how many namespaces are remembered.
+NAMESPACE_TTL: Final = 30.0
+NAMESPACE_CACHE_MAX: Final = 10_000
 
 
 def review_response(uid: str, mutation: Mutation | JobMutation | None = None) -> dict[str, Any]:
@@ -67,6 +76,8 @@ class Admitter:
         self._make_api = api
         self._api: kube.Kube | None = None
         self.cfg = cfg
+        # namespace -> (monotonic expiry, avoids pressure)
+        self._namespaces: dict[str, tuple[float, bool]] = {}
 
     @property
     def api(self) -> kube.Kube:
@@ -128,6 +139,7 @@ class Admitter:
             kse_compat=self.cfg.kse_compat,
             stuck_after=holder.annotations.get(STUCK_AFTER_ANNOTATION),
             max_retries=self.cfg.max_retries,
+            avoid=self._avoid(resolution.policy, holder, namespace),
         )
         # Also for pods that did not opt in: stamps and the opted-in label copied from a
         # template or another pod are removed, so such a pod never looks opted in to
@@ -143,6 +155,48 @@ class Admitter:
                 },
             )
         return mutation
+
+    def _avoid(self, policy: str | None, holder: Holder, namespace: str) -> tuple[SoftAvoid, ...]:
+        """The soft affinities this pod gets: away from suspect nodes for a pod whose policy
+        allows moves; away from nodes under pressure for those, and for pods whose workload
+        (annotation) or namespace (label) says ``kn-rescheduler.io/avoid-pressure: "true"``."""
+        retries = parse_retries(policy, self.cfg.max_retries)
+        moves = isinstance(retries, int) and retries > 0
+        avoid: list[SoftAvoid] = []
+        if moves and self.cfg.suspect_affinity_weight:
+            avoid.append(
+                SoftAvoid(SUSPECT_LABEL, SUSPECT_VALUE, self.cfg.suspect_affinity_weight, "suspect")
+            )
+        if self.cfg.pressure_affinity_weight and (
+            moves
+            or holder.annotations.get(AVOID_PRESSURE_KEY) == "true"
+            or self._namespace_avoids_pressure(namespace)
+        ):
+            key, _, value = self.cfg.pressure_label.partition("=")
+            avoid.append(
+                SoftAvoid(key, value, self.cfg.pressure_affinity_weight, f"labelled {key}={value}")
+            )
+        return tuple(avoid)
+
+    def _namespace_avoids_pressure(self, namespace: str) -> bool:
+        """The namespace's opt-in label, read at most every NAMESPACE_TTL seconds per
+        namespace (every pod create comes here). Unreadable: no (never block a pod)."""
+        now = time.monotonic()
+        cached = self._namespaces.get(namespace)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            found = self.api.get("Namespace", None, namespace)
+        except kube.KubeError as exc:
+            log.info("cannot read namespace %s for the pressure opt-in: %s", namespace, exc)
+            answer = False
+        else:
+            labels = (found.get("metadata") or {}).get("labels") or {}
+            answer = labels.get(AVOID_PRESSURE_KEY) == "true"
+        if len(self._namespaces) > NAMESPACE_CACHE_MAX:
+            self._namespaces.clear()
+        self._namespaces[namespace] = (now + NAMESPACE_TTL, answer)
+        return answer
 
     def decide_job(self, request: Mapping[str, Any]) -> JobMutation | None:
         """A Job being created: the Ignore DisruptionTarget rule, when asked and opted in."""

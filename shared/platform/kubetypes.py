@@ -189,9 +189,14 @@ class NodeSelector(TypedDict, total=False):
     nodeSelectorTerms: list[NodeSelectorTerm]
 
 
+class PreferredSchedulingTerm(TypedDict):
+    weight: int
+    preference: NodeSelectorTerm
+
+
 class NodeAffinity(TypedDict, total=False):
     requiredDuringSchedulingIgnoredDuringExecution: NodeSelector
-    preferredDuringSchedulingIgnoredDuringExecution: list[dict[str, Any]]
+    preferredDuringSchedulingIgnoredDuringExecution: list[PreferredSchedulingTerm]
 
 
 class Affinity(TypedDict, total=False):

@@ -52,6 +52,28 @@ def test_the_pod_is_allowed_unpatched_when_the_api_server_cannot_be_reached(
     assert answer["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
 
 
+# What every pod whose policy allows moves gets by default: the scheduler prefers nodes that
+# are not suspect (weight 100) and not labelled status=presure (weight 20, as the seed's).
+SOFT_AFFINITY = {
+    "preferredDuringSchedulingIgnoredDuringExecution": [
+        {
+            "weight": 100,
+            "preference": {
+                "matchExpressions": [
+                    {"key": "kn-rescheduler.io/suspect", "operator": "NotIn", "values": ["true"]}
+                ]
+            },
+        },
+        {
+            "weight": 20,
+            "preference": {
+                "matchExpressions": [{"key": "status", "operator": "NotIn", "values": ["presure"]}]
+            },
+        },
+    ]
+}
+
+
 def test_a_bare_pod_with_a_policy_is_stamped_without_any_lookup(
     function_client: ClientFactory, unreachable_kubeconfig: Path
 ) -> None:
@@ -60,7 +82,8 @@ def test_a_bare_pod_with_a_policy_is_stamped_without_any_lookup(
     answer = client.post("/", json=review(obj=bare)).get_json()["response"]
     assert answer["allowed"] is True
     # The user's own annotation is the policy; the stamp is ours, next to it, and the label
-    # the ApiServerSource selects on. No exclusions yet.
+    # the ApiServerSource selects on. No exclusions yet; the soft affinities away from suspect
+    # nodes and nodes under pressure (labels, so no lookup either).
     assert sorted(patch_of(answer), key=lambda op: str(op["path"])) == [
         {
             "op": "add",
@@ -68,6 +91,7 @@ def test_a_bare_pod_with_a_policy_is_stamped_without_any_lookup(
             "value": "2",
         },
         {"op": "add", "path": "/metadata/labels/kn-rescheduler.io~1opted-in", "value": "true"},
+        {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": SOFT_AFFINITY}},
     ]
 
 
@@ -96,7 +120,8 @@ def test_invalid_node_names_in_a_bare_pods_state_are_skipped_and_the_pod_stays_v
                     ]
                 }
             ]
-        }
+        },
+        **SOFT_AFFINITY,
     }
     assert created["metadata"]["annotations"][EXCLUDED_NODES_ANNOTATION] == '["node-1"]'
     assert api_server_errors(created) == []

@@ -1,0 +1,129 @@
+"""The webhook's soft affinities away from suspect nodes and nodes under pressure.
+
+Preferred, never required: the scheduler scores those nodes lower and still uses them when
+nothing else fits. They are labels, so the webhook needs no lookup of the nodes.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from shared.admission.mutation import OwnerFacts, SoftAvoid, mutate
+from shared.admission.review import Admitter
+from shared.constants import AVOID_PRESSURE_KEY, SUSPECT_LABEL
+from shared.platform import kube
+from shared.platform.config import Config
+from shared.rescheduling.owners import Holder, Ref
+
+from . import pods
+from .apivalidation import api_server_errors
+
+SUSPECT = SoftAvoid(SUSPECT_LABEL, "true", 100, "suspect")
+PRESSURE = SoftAvoid("status", "presure", 20, "labelled status=presure")
+
+
+def preferred(pod: Any) -> list[dict[str, Any]]:
+    return list(
+        pod["spec"]
+        .get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("preferredDuringSchedulingIgnoredDuringExecution", [])
+    )
+
+
+def new_pod(**kw: Any) -> Any:
+    return pods.pod(node=None, stamp=None, **kw)
+
+
+def test_an_opted_in_pod_prefers_nodes_that_are_neither_suspect_nor_under_pressure() -> None:
+    done = mutate(new_pod(), OwnerFacts(policy="3", avoid=(SUSPECT, PRESSURE)))
+    assert preferred(done.pod) == [SUSPECT.term(), PRESSURE.term()]
+    assert SUSPECT.term()["preference"]["matchExpressions"] == [
+        {"key": "kn-rescheduler.io/suspect", "operator": "NotIn", "values": ["true"]}
+    ]
+    assert api_server_errors(done.pod) == []
+    assert jsonpatch.apply_patch(new_pod(), list(done.patch)) == done.pod
+
+
+def test_the_users_own_preferences_are_kept_and_the_seeds_term_is_not_added_twice() -> None:
+    pod = new_pod()
+    own = {
+        "weight": 5,
+        "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+    }
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [own, PRESSURE.term()]}
+    }
+    done = mutate(pod, OwnerFacts(policy="3", avoid=(SUSPECT, PRESSURE)))
+    assert preferred(done.pod) == [own, PRESSURE.term(), SUSPECT.term()]
+
+
+def test_a_pod_bound_at_creation_gets_no_affinity() -> None:
+    pod = pods.pod(node="node-1", stamp=None)
+    done = mutate(pod, OwnerFacts(policy="3", avoid=(SUSPECT,)))
+    assert preferred(done.pod) == []
+
+
+def test_a_pod_opted_in_to_pressure_only_gets_that_preference_and_no_stamps() -> None:
+    pod = new_pod()
+    done = mutate(pod, OwnerFacts(policy=None, avoid=(PRESSURE,)))
+    assert preferred(done.pod) == [PRESSURE.term()]
+    assert done.pod["metadata"].get("annotations", {}) == pod["metadata"].get("annotations", {})
+    assert "kn-rescheduler.io/opted-in" not in done.pod["metadata"].get("labels", {})
+
+
+def test_a_second_admission_of_the_same_pod_changes_nothing() -> None:
+    once = mutate(new_pod(), OwnerFacts(policy="3", avoid=(SUSPECT, PRESSURE))).pod
+    assert (
+        mutate(copy.deepcopy(once), OwnerFacts(policy="3", avoid=(SUSPECT, PRESSURE))).patch == ()
+    )
+
+
+# -- who gets which (the Admitter reads the policy, the workload and the namespace) -------------
+
+
+def admitter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: Config) -> Admitter:
+    # An API server nobody listens on: the namespace lookup fails, which must mean "no".
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    return Admitter(kube.Kube.from_environment, cfg)
+
+
+def holder(**annotations: str) -> Holder:
+    return Holder(Ref("ReplicaSet", "shop", "web-7d9c8b6f4", "u"), "1", annotations)
+
+
+@pytest.mark.parametrize(
+    ("policy", "annotations", "cfg", "expected"),
+    [
+        ("3", {}, Config(), ["suspect", "labelled status=presure"]),
+        ("0", {}, Config(), []),
+        ("abc", {}, Config(), []),
+        (None, {AVOID_PRESSURE_KEY: "true"}, Config(), ["labelled status=presure"]),
+        ("3", {}, Config(suspect_affinity_weight=0), ["labelled status=presure"]),
+        ("3", {}, Config(pressure_affinity_weight=0), ["suspect"]),
+        ("3", {}, Config(pressure_label="load=high"), ["suspect", "labelled load=high"]),
+    ],
+    ids=["moves", "zero", "unreadable", "workload-opt-in", "no-suspect", "no-pressure", "label"],
+)
+def test_who_gets_which_preference(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str | None,
+    annotations: dict[str, str],
+    cfg: Config,
+    expected: list[str],
+) -> None:
+    found = admitter(tmp_path, monkeypatch, cfg)._avoid(policy, holder(**annotations), "shop")
+    assert [soft.what for soft in found] == expected
