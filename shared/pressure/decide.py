@@ -165,6 +165,8 @@ class NodeDecision:
     record: Record | None
     # Whether the Node must be written (label or record differ from what it has).
     changed: bool
+    # Qualifies for the label, but worse nodes hold every label the cap allows.
+    capped: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,10 @@ class Decision:
     def labelled(self) -> tuple[NodeDecision, ...]:
         return tuple(d for d in self.nodes if d.labelled)
 
+    @property
+    def capped(self) -> tuple[NodeDecision, ...]:
+        return tuple(d for d in self.nodes if d.capped)
+
 
 @dataclass(frozen=True)
 class _Wish:
@@ -191,6 +197,7 @@ class _Wish:
     reason: str
     record: Record | None
     severity: float = -math.inf
+    capped: bool = False
 
 
 def decide(
@@ -318,6 +325,7 @@ def _capped(
         False,
         f"{wish.reason}; but at most {cap} node(s) may be labelled and {cap} are worse",
         Record(pending=pending) if pending else None,
+        capped=True,
     )
 
 
@@ -333,7 +341,9 @@ def _decision(wish: _Wish) -> NodeDecision:
         action = Action.NONE
     before = view.record if (view.record is not None or not view.annotated) else _UNREADABLE
     changed = wish.label != view.labelled or wish.record != before
-    return NodeDecision(view.name, action, wish.reason, wish.label, wish.record, changed)
+    return NodeDecision(
+        view.name, action, wish.reason, wish.label, wish.record, changed, wish.capped
+    )
 
 
 # A stand-in that equals no record: an unreadable annotation is always rewritten or removed.

@@ -311,6 +311,8 @@ class Labeler:
             len(decision.changes),
             extra={
                 "labelled": sorted(d.node for d in decision.labelled),
+                # Qualify for the label, held back because worse nodes hold all it allows.
+                "capped": sorted(d.node for d in decision.capped),
                 "outcome": outcome,
             },
         )

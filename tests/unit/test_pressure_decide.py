@@ -219,6 +219,7 @@ def test_over_the_cap_only_the_worst_nodes_are_labelled_and_the_others_say_why()
         fresh(), [CPU], observed(node_a=75, node_b=98, node_c=85, node_d=10), NOW, config
     )
     assert labelled(decision) == {"node-b"}
+    assert {d.node for d in decision.capped} == {"node-a", "node-c"}
     capped = by_node(decision)["node-c"]
     assert "at most 1 node(s) may be labelled" in capped.reason  # type: ignore[attr-defined]
     assert not capped.changed  # type: ignore[attr-defined]
