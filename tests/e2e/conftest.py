@@ -21,7 +21,15 @@ import pytest
 from kubernetes import client as k8s
 
 from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
-from shared.constants import APISERVER_UPDATE, STATE_ANNOTATION
+from shared.constants import (
+    APISERVER_UPDATE,
+    NODE_HEALTH_ANNOTATION,
+    NODE_OPT_OUT_LABEL,
+    PRESSURE_ANNOTATION,
+    PRESSURE_LABEL_KEY,
+    STATE_ANNOTATION,
+    SUSPECT_LABEL,
+)
 from shared.platform import events
 from shared.platform.config import Config
 from shared.platform.kube import Kube
@@ -72,6 +80,43 @@ def local_function_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     from the environment: give them the fake kubelet's compressed clock too."""
     for key, value in LOCAL_FUNCTION_SETTINGS.items():
         monkeypatch.setenv(key, value)
+
+
+@pytest.fixture(autouse=True)
+def node_marks_cleared(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Suspect marks, health records and pressure labels are the cluster's, which outlives
+    the test: take them off every node after a test that used the cluster, so the next test's
+    pods are scheduled as on fresh nodes."""
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("cluster")
+    for node in cluster.rest.get("/api/v1/nodes")["items"]:
+        meta = node["metadata"]
+        labels = meta.get("labels") or {}
+        taints = node["spec"].get("taints") or []
+        kept = [t for t in taints if t.get("key") != SUSPECT_LABEL]
+        patch: dict[str, Any] = {"metadata": {}}
+        stale_labels = {
+            key: None
+            for key in (SUSPECT_LABEL, NODE_OPT_OUT_LABEL, PRESSURE_LABEL_KEY)
+            if key in labels
+        }
+        if stale_labels:
+            patch["metadata"]["labels"] = stale_labels
+        stale = [
+            k
+            for k in (NODE_HEALTH_ANNOTATION, PRESSURE_ANNOTATION)
+            if k in (meta.get("annotations") or {})
+        ]
+        if stale:
+            patch["metadata"]["annotations"] = {k: None for k in stale}
+        if len(kept) != len(taints):
+            patch["spec"] = {"taints": kept}
+        if node["spec"].get("unschedulable"):
+            patch.setdefault("spec", {})["unschedulable"] = None
+        if patch != {"metadata": {}}:
+            cluster.rest.patch(f"/api/v1/nodes/{meta['name']}", patch)
 
 
 @pytest.fixture(scope="session")
