@@ -124,7 +124,7 @@ def test_the_base_holds_everything_an_install_needs_and_nothing_that_needs_other
     }
     assert names(base, "Broker") == {"default"}
     assert names(base, "ApiServerSource") == {"pod-events"}
-    assert names(base, "PingSource") == {"sweep-failures"}
+    assert names(base, "PingSource") == {"sweep-failures", "assess-nodes", "label-nodes"}
     assert WEBHOOK_SERVICE in {o["metadata"]["name"] for o in base if o["apiVersion"] == "v1"}
     assert names(base, "MutatingWebhookConfiguration") == {local_webhook.NAME}
     assert not of_kind(base, *CERT_MANAGER_KINDS, *MONITORING_KINDS)
@@ -186,6 +186,20 @@ def test_sweep_failures_is_called_every_five_minutes_and_sends_to_the_broker(
     }
     sink = environment(base, knative_service(base, "sweep-failures"))["K_SINK"]
     assert sink.endswith(f"/{NAMESPACE}/default")
+
+
+def test_assess_nodes_hears_every_failure_report_and_ticks_every_minute(base: list[Obj]) -> None:
+    trigger = find(base, "Trigger", "assess-nodes")
+    (types,) = trigger["spec"]["filters"]
+    assert {f["exact"]["type"] for f in types["any"]} == {
+        "io.kn-rescheduler.pod.failing",
+        "io.kn-rescheduler.pod.rescheduled",
+        "io.kn-rescheduler.pod.exhausted",
+    }
+    assert trigger["spec"]["subscriber"]["ref"]["name"] == "assess-nodes"
+    ping = find(base, "PingSource", "assess-nodes")
+    assert ping["spec"]["schedule"] == "* * * * *"
+    assert ping["spec"]["sink"]["ref"]["name"] == "assess-nodes"
 
 
 def test_the_pod_event_source_watches_opted_in_pods_in_every_namespace_into_the_broker(
@@ -414,9 +428,15 @@ def test_a_per_function_deploy_selects_that_function_and_its_config_only(
 ) -> None:
     # The selectors hack/deploy.mk applies with.
     selector = {"app.kubernetes.io/name": function, "app.kubernetes.io/component": "function"}
-    (picked,) = selected(base, selector)
-    assert picked["apiVersion"] == KSVC
+    chosen = selected(base, selector)
+    (picked,) = [o for o in chosen if o["apiVersion"] == KSVC]
     assert picked["metadata"]["name"] == function
+    # Besides its Service, only a ConfigMap of its own may go with it (label-nodes' rules).
+    assert all(
+        o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith(function)
+        for o in chosen
+        if o is not picked
+    )
     (config,) = selected(base, {"app.kubernetes.io/component": "config"})
     assert config["kind"] == "ConfigMap"
     if function == "mutate-admission":

@@ -77,6 +77,13 @@ WEBHOOK = "mutate-admission"
 SWEEP = "sweep-failures"
 DETECT = "detect-failures"
 SOURCE = "pod-events-source"
+ASSESS = "assess-nodes"
+LABEL = "label-nodes"
+
+
+def nodes(who: str, verb: str) -> Can:
+    return Can(who, verb, "nodes", namespace="")
+
 
 ALLOWED = [
     # update-annotations, anywhere: the live pod and its removal (a delete or an eviction).
@@ -105,6 +112,18 @@ ALLOWED = [
     # ... and a Deployment's own policy, and our state removed from it (rollout undo).
     apps(UPDATE, "get", "deployments"),
     apps(UPDATE, "patch", "deployments"),
+    # ... and, for the fast path, whether the failing pod's node is suspect.
+    nodes(UPDATE, "get"),
+    # assess-nodes: the failing node's record, label and taint (one patch), the list the cap
+    # counts, and the Events on Nodes (which live in "default").
+    nodes(ASSESS, "get"),
+    nodes(ASSESS, "list"),
+    nodes(ASSESS, "patch"),
+    Can(ASSESS, "create", "events", namespace="default"),
+    Can(ASSESS, "get", "events", namespace="default"),
+    Can(ASSESS, "patch", "events", namespace="default"),
+    # mutate-admission: the namespace's pressure opt-in label.
+    Can(WEBHOOK, "get", "namespaces", namespace=""),
     # mutate-admission: reads the owner chain, nothing else.
     apps(WEBHOOK, "get", "replicasets"),
     apps(WEBHOOK, "get", "statefulsets"),
@@ -179,6 +198,19 @@ DENIED = [
     apps(SWEEP, "list", "replicasets"),
     Can(SWEEP, "list", "secrets", namespace=""),
     Can(SWEEP, "create", "events"),
+    # assess-nodes: marks nodes, never removes, cordons, drains or evicts.
+    nodes(ASSESS, "delete"),
+    nodes(ASSESS, "update"),
+    nodes(ASSESS, "create"),
+    Can(ASSESS, "patch", "nodes", subresource="status", namespace=""),
+    pods(ASSESS, "list", namespace=""),
+    pods(ASSESS, "delete"),
+    pods(ASSESS, "create", subresource="eviction"),
+    Can(ASSESS, "get", "secrets", namespace=""),
+    # The other functions never write a Node.
+    *(nodes(who, "patch") for who in (DETECT, WEBHOOK, SWEEP, SOURCE)),
+    nodes(WEBHOOK, "list"),
+    Can(WEBHOOK, "patch", "namespaces", namespace=""),
     # The source's adapter watches pods and does nothing else.
     pods(SOURCE, "delete"),
     Can(SOURCE, "list", "secrets", namespace=""),
@@ -285,7 +317,14 @@ def test_each_binding_gives_one_role_to_one_account(manifests: list[Obj]) -> Non
         assert subject["namespace"] == NAMESPACE
         bound.add(subject["name"])
     # detect-failures is bound to nothing.
-    assert bound == {"update-annotations", "mutate-admission", "sweep-failures", SOURCE}
+    assert bound == {
+        "update-annotations",
+        "mutate-admission",
+        "sweep-failures",
+        ASSESS,
+        LABEL,
+        SOURCE,
+    }
 
 
 def test_pod_creation_is_granted_only_by_the_per_namespace_opt_in(
