@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True, help="where the archive and stack.json go")
     parser.add_argument("--log-dir", help="function logs (default DIR/logs)")
     parser.add_argument("--sweep-every", type=float, default=300.0, help="seconds, 0 = never")
+    parser.add_argument(
+        "--prometheus-url", help="the Prometheus label-nodes asks (default: none, not started)"
+    )
     args = parser.parse_args(argv)
     directory = Path(args.dir).resolve()
     kubeconfig = Path(os.environ["KUBECONFIG"])
@@ -41,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         directory / "stack",
         Path(args.log_dir) if args.log_dir else directory / "logs",
         sweep_every=args.sweep_every or None,
+        prometheus_url=args.prometheus_url or None,
     )
     stack.start()
     try:

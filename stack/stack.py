@@ -5,7 +5,8 @@
     Triggers from knative/, retries, dead letters, archive) -> detect-failures -> router ->
     update-annotations -> router;   kube-apiserver -> mutate-admission (TLS, registered);
     router -> assess-nodes (failure reports: node health) -> router;
-    a timer (the PingSources) -> sweep-failures -> router, and -> assess-nodes.
+    a timer (the PingSources) -> sweep-failures -> router, and -> assess-nodes;
+    a timer -> label-nodes -> the cluster's Prometheus (when the Stack is given its URL).
 
 Each function is its own gunicorn process started with the image's command line; one that dies
 (killed, crashed) is started again on the same port within a fraction of a second, as the
@@ -36,6 +37,7 @@ from stack.functions import ROOT, FunctionServer, Watchdog, environment, free_po
 log = logging.getLogger(__name__)
 
 PING_TYPE: Final = "dev.knative.sources.ping"
+LOCAL_PRESSURE_RULES: Final = ROOT / "stack" / "pressure-rules.yaml"
 TRIGGERED_FUNCTIONS: Final = ("detect-failures", "update-annotations", "assess-nodes")
 
 
@@ -64,6 +66,8 @@ class Stack:
         settings: Mapping[str, str] | None = None,
         sweep_every: float | None = 300.0,
         assess_every: float | None = 60.0,
+        prometheus_url: str | None = None,
+        label_every: float | None = 10.0,
         triggers_dir: Path = ROOT / "knative",
         restart_functions: bool = True,
     ) -> None:
@@ -74,6 +78,9 @@ class Stack:
         self.settings = dict(settings or {})
         self.sweep_every = sweep_every
         self.assess_every = assess_every
+        # label-nodes runs only with a Prometheus to ask (the local cluster's, by default).
+        self.prometheus_url = prometheus_url
+        self.label_every = label_every
         self.triggers_dir = triggers_dir
         self.archive = workdir / "archive.jsonl"
         self.dead_letters = workdir / "dead-letters.jsonl"
@@ -107,6 +114,18 @@ class Stack:
         self.servers["sweep-failures"] = FunctionServer(
             "sweep-failures", self.log_dir, env={**env, "K_SINK": self.broker_url}
         ).start()
+        if self.prometheus_url:
+            self.servers["label-nodes"] = FunctionServer(
+                "label-nodes",
+                self.log_dir,
+                env={
+                    **env,
+                    "KN_RESCHEDULER_PROMETHEUS_URL": self.prometheus_url,
+                    # The built-in rules with a 10 s CPU window: the local clock is compressed.
+                    "KN_RESCHEDULER_PRESSURE_RULES_FILE": str(LOCAL_PRESSURE_RULES),
+                    **self.settings,
+                },
+            ).start()
         ca, crt, key = webhook_setup.make_tls(self.workdir / "tls")
         hook = FunctionServer(
             "mutate-admission", self.log_dir, env=env, tls=(crt, key), ca_file=ca
@@ -134,8 +153,9 @@ class Stack:
         for function, every in (
             ("sweep-failures", self.sweep_every),
             ("assess-nodes", self.assess_every),
+            ("label-nodes", self.label_every),
         ):
-            if every:
+            if every and function in self.servers:
                 thread = threading.Thread(
                     target=self._ping_loop, args=(function, every), daemon=True
                 )

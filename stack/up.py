@@ -15,7 +15,18 @@ def components(cluster: Cluster) -> list[Component]:
     return [
         Component(
             name="stack",
-            argv=[sys.executable, "-m", "stack.run", "--dir", str(cluster.workdir)],
+            argv=[
+                sys.executable,
+                "-m",
+                "stack.run",
+                "--dir",
+                str(cluster.workdir),
+                *(
+                    ["--prometheus-url", cluster.prometheus_url]
+                    if cluster.prometheus is not None
+                    else []
+                ),
+            ],
             env={"PYTHONPATH": str(ROOT)},
             cwd=ROOT,
             ready=ready_file.exists,
