@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from shared.constants import (
+    AVOID_PRESSURE_KEY,
     EVENT_NODE_SUSPECTED,
     EVENT_POD_RESCHEDULED,
     NODE_HEALTH_ANNOTATION,
@@ -330,3 +331,45 @@ def first_move(stack: Stack) -> dict[str, Any] | None:
         if e["type"] == EVENT_POD_RESCHEDULED and data["workload"]["name"].startswith("db-"):
             return e
     return None
+
+
+def test_new_opted_in_pods_go_to_a_node_without_pressure_when_one_has_room(
+    cluster: Any, api: Kube, namespace: str, webhook: Webhook
+) -> None:
+    # label-nodes' mark (docs/pressure.md) on every node but one: the webhook's preference
+    # (status NotIn [presure], weight 20) sends new opted-in pods to that one.
+    calm, *pressed = cluster.nodes
+    for node in pressed:
+        api.merge_patch("Node", None, node, {"metadata": {"labels": {"status": "presure"}}})
+    for i in range(3):
+        pod = opted_in_pod(f"web-{i}", calm)
+        pod["spec"].pop("affinity")  # no preference of its own
+        api.create("Pod", namespace, pod)
+    assert {bound_node(api, namespace, f"web-{i}") for i in range(3)} == {calm}
+    created = api.get("Pod", namespace, "web-0")
+    terms = created["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert {
+        "weight": 20,
+        "preference": {
+            "matchExpressions": [{"key": "status", "operator": "NotIn", "values": ["presure"]}]
+        },
+    } in terms
+
+
+def test_a_namespace_can_opt_all_its_pods_in_to_avoiding_pressure(
+    api: Kube, namespace: str, webhook: Webhook
+) -> None:
+    api.merge_patch(
+        "Namespace", None, namespace, {"metadata": {"labels": {AVOID_PRESSURE_KEY: "true"}}}
+    )
+    pod = opted_in_pod("plain", "node-0")
+    pod["metadata"]["annotations"] = {}  # not opted in to rescheduling
+    pod["spec"].pop("affinity")
+    created = api.create("Pod", namespace, pod)
+    (term,) = created["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["preference"]["matchExpressions"][0]["key"] == "status"
+    assert "kn-rescheduler.io/opted-in" not in (created["metadata"].get("labels") or {})
