@@ -23,6 +23,7 @@ unit: venv
 	$(PY) -m pytest -m "not e2e" -q
 
 cluster-bins:
+	bash hack/install-packages.sh
 	bash hack/build-bins.sh
 
 # Knative's own ApiServerSource receive adapter, the local source of pod events.
