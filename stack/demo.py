@@ -5,8 +5,13 @@ them faulty (a crash-looping runtime, an OOM-killing node, a broken image mirror
 pipeline (Knative's ApiServerSource adapter, the Broker stand-in with the Triggers of knative/,
 detect-failures, update-annotations, the mutate-admission webhook over TLS). It then creates a
 Deployment, a StatefulSet and a Job that opt in with ``scheduling-retries: "3"`` and prefer the
-faulty nodes, narrates what happens as it happens, and ends with a summary table and a
-timeline chart. Exit status 0 means every workload ended healthy on a good node.
+faulty nodes, narrates what happens as it happens (a node where two workloads failed turns
+suspect: assess-nodes labels and taints it), and ends with a summary table and a timeline chart.
+
+A second act shows node pressure: one healthy node's simulated CPU climbs, the real Prometheus
+the local cluster runs reads it, label-nodes labels the node ``status=presure``, new pods of an
+opted-in Deployment go elsewhere, the load falls and the label goes. Exit status 0 means every
+workload ended healthy on a good node and the second act went as told.
 
 ``--existing`` runs the same story against the cluster in $KUBECONFIG, where the functions are
 already deployed (for instance the one ``make up`` starts). See docs/demo.md.
@@ -24,31 +29,41 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final, TextIO
 
+import requests
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from localcluster import FAULT_MODES, Cluster, Timing
 from localcluster.bins import ensure_bins
 from pipeline.source import adapter_binary
-from shared.constants import PREFIX, SIM_FAULT_LABEL, STATE_ANNOTATION
+from shared.constants import (
+    PREFIX,
+    SIM_FAULT_LABEL,
+    STATE_ANNOTATION,
+    SUSPECT_LABEL,
+    SUSPECT_VALUE,
+)
 from shared.platform.config import Config
+from shared.platform.durations import format_duration
 from shared.platform.kube import Kube, KubeError, NotFound
+from shared.pressure.rules import Rule, load_rules
 from shared.rescheduling.policy import OwnerKind, Policy, parse_retries
 from shared.rescheduling.state import StateError, load_state
 from stack import demo_chart
-from stack.demo_feeds import ApiFeed, ArchiveFeed, Feed
+from stack.demo_feeds import ApiFeed, ArchiveFeed, Feed, Feeds, NodeFeed
 from stack.demo_model import (
     APP_LABEL,
     HEALTHY,
     NAMESPACE,
     Lineage,
+    NodeMarks,
     Note,
     Timeline,
     Workload,
@@ -58,7 +73,7 @@ from stack.demo_model import (
     phase,
 )
 from stack.functions import ROOT
-from stack.stack import Stack
+from stack.stack import LOCAL_PRESSURE_RULES, Stack
 
 JSON = dict[str, Any]
 
@@ -83,6 +98,16 @@ SWEEP_EVERY: Final = 30.0
 BOLD: Final = "\033[1m"
 # On the namespace the demo makes, so that it never deletes one it did not make.
 DEMO_LABEL: Final = PREFIX + "demo"
+# The second act. label-nodes evaluates its rules this often (a PingSource's 30 s by default);
+# short, so that the act is not mostly a wait.
+LABEL_EVERY: Final = 2.0
+# The pressured node's simulated CPU, and what it falls back to (the node exporter's default).
+PRESSURE_CPU: Final = 0.9
+QUIET_CPU: Final = 0.1
+# The rule of stack/pressure-rules.yaml the act drives.
+PRESSURE_RULE: Final = "cpu-usage"
+# How long each step of the act may take before the demo gives up on it.
+ACT_STEP_TIMEOUT: Final = 60.0
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -96,11 +121,24 @@ _STYLES: Final = {
     "ready": ("\033[32m", "✓"),
     "succeeded": ("\033[32m", "✓"),
     "healthy": ("\033[1;32m", "✔"),
+    "early": ("\033[2;31m", "✗"),
+    "suspect": ("\033[1;35m", "⚑"),
+    "pressure": ("\033[1;33m", "⚑"),
     "info": ("", " "),
     "step": ("\033[1m", "▸"),
     "warn": ("\033[1;31m", "!"),
 }
-_ASCII: Final = {"·": ".", "✗": "x", "↪": ">", "↺": "~", "✓": "+", "✔": "+", "▸": ">", "→": "->"}
+_ASCII: Final = {
+    "·": ".",
+    "✗": "x",
+    "↪": ">",
+    "↺": "~",
+    "✓": "+",
+    "✔": "+",
+    "▸": ">",
+    "→": "->",
+    "⚑": "!",
+}
 
 
 class Console:
@@ -157,7 +195,10 @@ def plan_workloads(faulty: Sequence[str], healthy: Sequence[str]) -> list[Worklo
 
     The Deployment prefers the first faulty node and, less, the second: once it is kept off the
     first, the scheduler still picks a bad one, and the exclusions grow. The StatefulSet prefers
-    the third: each of its pods fails there in turn, since its exclusions are kept per pod.
+    the third, then the second: each of its pods fails on the third in turn, since its
+    exclusions are kept per pod, and a pod kept off the third tries the second, where the Job
+    fails too. So the second faulty node breaks pods of at least two workloads and turns
+    suspect (or, if another did first, the cap holds it back, and says so).
 
     The Job prefers the second and may only run on a node pool of that node and two healthy
     ones. A Job's controller waits 10s, 20s, 40s ... before it replaces a failed pod, and an
@@ -181,7 +222,7 @@ def plan_workloads(faulty: Sequence[str], healthy: Sequence[str]) -> list[Worklo
     pool = tuple(sorted({*good, *([job_node] if job_node else [])}))
     return [
         Workload("Deployment", "web", 3, prefs(pick(0), pick(1))),
-        Workload("StatefulSet", "db", 2, prefs(pick(2))),
+        Workload("StatefulSet", "db", 2, prefs(pick(2), pick(1))),
         Workload("Job", "report", 1, prefs(job_node), pool=pool),
     ]
 
@@ -460,6 +501,245 @@ def play(
     return Outcome(True, story_seconds=story)
 
 
+# -- act 2: node pressure ------------------------------------------------------------------------
+
+
+@dataclass
+class PressureOutcome:
+    """What the second act saw, with times in seconds since the demo started."""
+
+    node: str
+    pool: list[str]
+    rule: str
+    threshold: float
+    clear: float
+    label_every: float
+    ok: bool = False
+    problems: list[str] = field(default_factory=list)
+    climbed: float | None = None
+    # When the demo first saw Prometheus read the node over the threshold, and the value.
+    read_over: float | None = None
+    read_over_value: float | None = None
+    labelled: float | None = None
+    # Where the pods created while the node was labelled went, pod -> node.
+    placed_while_labelled: dict[str, str] = field(default_factory=dict)
+    fell: float | None = None
+    read_under: float | None = None
+    cleared: float | None = None
+    # Where the pod created after the label went was placed.
+    placed_after: dict[str, str] = field(default_factory=dict)
+
+
+def plan_pressure(healthy: Sequence[str]) -> tuple[str, Workload] | None:
+    """The node to press and the act's Deployment: it may only run on the healthy nodes (a
+    faulty node would turn this act into the first one), and prefers the pressed node a little:
+    half the weight of the webhook's affinity away from a pressured node. Without pressure its
+    first pod goes to that node; under pressure the webhook's affinity outweighs the
+    preference, and only then do its pods go elsewhere."""
+    if len(healthy) < 2:
+        return None
+    node = healthy[1] if len(healthy) > 2 else healthy[0]
+    weight = max(1, Config().pressure_affinity_weight // 2)
+    api = Workload("Deployment", "api", len(healthy), ((node, weight),), tuple(healthy), act=2)
+    return node, api
+
+
+class Prometheus:
+    """The pressure rule's value per node, asked of Prometheus as label-nodes asks it."""
+
+    def __init__(self, url: str, rule: Rule):
+        self.url = url.rstrip("/")
+        self.rule = rule
+        self.session = requests.Session()
+        self.session.trust_env = False
+
+    def values(self) -> dict[str, float]:
+        try:
+            body = self.session.get(
+                f"{self.url}/api/v1/query", params={"query": self.rule.expr}, timeout=5
+            ).json()
+        except (requests.RequestException, ValueError):
+            return {}
+        out: dict[str, float] = {}
+        for sample in (body.get("data") or {}).get("result") or []:
+            node = (sample.get("metric") or {}).get("node")
+            if node:
+                out[str(node)] = float(sample["value"][1])
+        return out
+
+
+def _until(
+    what: str, check: Callable[[], Any], feed: Feed, timeout: float = ACT_STEP_TIMEOUT
+) -> Any:
+    """Polls ``check`` (and the feed, so the story goes on) until it is truthy; None on time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        feed.poll()
+        found = check()
+        if found:
+            return found
+        time.sleep(POLL)
+    log_what = f"{what}: not within {timeout:g}s"
+    raise _ActFailed(log_what)
+
+
+class _ActFailed(Exception):
+    pass
+
+
+def _scale(kube: Kube, w: Workload, replicas: int) -> None:
+    kube.merge_patch("Deployment", NAMESPACE, w.name, {"spec": {"replicas": replicas}})
+
+
+def _ready_pods(kube: Kube, w: Workload, replicas: int) -> dict[str, str] | None:
+    pods = _live_pods(kube, w)
+    if len(pods) != replicas or not all(is_ready(p) and node_of(p) for p in pods):
+        return None
+    return {str(p["metadata"]["name"]): str(node_of(p)) for p in pods}
+
+
+def pressure_act(
+    cluster: Cluster,
+    kube: Kube,
+    feed: Feed,
+    timeline: Timeline,
+    console: Console,
+    node: str,
+    api: Workload,
+) -> PressureOutcome:
+    rule = next(r for r in load_rules(LOCAL_PRESSURE_RULES) if r.name == PRESSURE_RULE)
+    out = PressureOutcome(node, list(api.pool), rule.name, rule.threshold, rule.clear, LABEL_EVERY)
+    prom = Prometheus(cluster.prometheus_url, rule)
+    others = [n for n in api.pool if n != node]
+    now = lambda: time.time() - console.t0  # noqa: E731
+    console.plain()
+    console.say(
+        f"act 2: node pressure. label-nodes evaluates its rules every {LABEL_EVERY:g}s against "
+        f"the cluster's Prometheus; rule {rule.name} labels a node over {rule.threshold:g} "
+        f"and clears it under {rule.clear:g} (CPU %, a 10s rate)",
+        "step",
+    )
+    console.plain(
+        f"  {api.ref} opts in like the others, may only run on {', '.join(api.pool)} and "
+        f"prefers {node} a little (weight {api.prefer[0][1]}; the webhook's affinity away from "
+        f"a pressured node weighs {Config().pressure_affinity_weight})"
+    )
+    try:
+        # A fresh node's first 10 s rate can read high: start once every node reads quiet.
+        quiet = _until(
+            "every node to read quiet",
+            lambda: (
+                (v := prom.values()).keys() >= set(cluster.nodes)
+                and all(x < rule.clear for x in v.values())
+                and v
+            ),
+            feed,
+        )
+        console.say(
+            "Prometheus reads every node quiet: "
+            + ", ".join(f"{n} {quiet[n]:.0f}%" for n in cluster.nodes)
+        )
+        manifest_ = manifest(api, RETRIES)
+        manifest_["spec"]["replicas"] = 0
+        kube.create("Deployment", NAMESPACE, manifest_)
+        console.say(f"created {api.ref} with 0 replicas")
+        cluster.set_node_usage(node, cpu=PRESSURE_CPU)
+        out.climbed = now()
+        console.say(
+            f"{node}'s CPU climbs to {PRESSURE_CPU:.0%} (its node-exporter serves it)", "step"
+        )
+
+        def over() -> float | None:
+            value = prom.values().get(node)
+            return value if value is not None and value > rule.threshold else None
+
+        out.read_over_value = _until(f"Prometheus to read {node} over the threshold", over, feed)
+        out.read_over = now()
+        console.say(
+            f"Prometheus reads {node} at {out.read_over_value:.0f}%: over {rule.name}'s "
+            f"{rule.threshold:g}, {out.read_over - out.climbed:.1f}s after the climb"
+        )
+
+        def labelled() -> float | None:
+            marks = timeline.nodes.get(node)
+            return marks.pressure_labelled if marks is not None else None
+
+        out.labelled = _until(f"label-nodes to label {node}", labelled, feed)
+        console.say(
+            f"{node} labelled {out.labelled - out.read_over:.1f}s after Prometheus read it over "
+            f"the threshold (label-nodes evaluates every {LABEL_EVERY:g}s)"
+        )
+        want = len(others)
+        console.say(
+            f"scaling {api.ref} to {want}: the webhook gives each new pod a preferred "
+            f"affinity away from {node}'s label",
+            "step",
+        )
+        _scale(kube, api, want)
+        out.placed_while_labelled = _until(
+            f"{want} pods of {api.ref} Ready", lambda: _ready_pods(kube, api, want), feed
+        )
+        feed.poll()
+        where = sorted(out.placed_while_labelled.values())
+        on_node = [p for p, n in out.placed_while_labelled.items() if n == node]
+        if on_node:
+            out.problems.append(f"{', '.join(on_node)} went to {node}, which was labelled")
+            console.say(f"{', '.join(on_node)} went to {node} although it was labelled", "warn")
+        else:
+            console.say(
+                f"{api.ref}: {want}/{want} Ready on {', '.join(where)}; none on {node}, "
+                "which it prefers but which is under pressure",
+                "healthy",
+            )
+        cluster.set_node_usage(node, cpu=QUIET_CPU)
+        out.fell = now()
+        console.say(f"{node}'s CPU falls back to {QUIET_CPU:.0%}", "step")
+
+        def under() -> float | None:
+            value = prom.values().get(node)
+            return value if value is not None and value < rule.clear else None
+
+        value = _until(f"Prometheus to read {node} under the clear threshold", under, feed)
+        out.read_under = now()
+        console.say(
+            f"Prometheus reads {node} at {value:.0f}%: under {rule.name}'s clear threshold "
+            f"{rule.clear:g}, {out.read_under - out.fell:.1f}s after the fall"
+        )
+
+        def cleared() -> float | None:
+            marks = timeline.nodes.get(node)
+            return marks.pressure_cleared if marks is not None else None
+
+        out.cleared = _until(f"label-nodes to remove {node}'s label", cleared, feed)
+        console.say(
+            f"{node}'s label went {out.cleared - out.read_under:.1f}s after Prometheus read it "
+            f"under the clear threshold; it was labelled for {out.cleared - out.labelled:.1f}s"
+        )
+        console.say(f"scaling {api.ref} to {want + 1}", "step")
+        before = set(out.placed_while_labelled)
+        _scale(kube, api, want + 1)
+        placed = _until(
+            f"{want + 1} pods of {api.ref} Ready", lambda: _ready_pods(kube, api, want + 1), feed
+        )
+        feed.poll()
+        out.placed_after = {p: n for p, n in placed.items() if p not in before}
+        new_nodes = ", ".join(sorted(set(out.placed_after.values())))
+        console.say(
+            f"{api.ref}: the pod created after the label went is Ready on {new_nodes}"
+            + (
+                " (the node it prefers, no longer under pressure)"
+                if node in out.placed_after.values()
+                else ""
+            ),
+            "healthy",
+        )
+    except _ActFailed as exc:
+        out.problems.append(f"act 2: {exc}")
+        console.say(f"act 2: {exc}", "warn")
+    out.ok = not out.problems
+    return out
+
+
 _FAULT_TEXT: Final = {
     "crashloop": "every container exits 1: CrashLoopBackOff",
     "oom": "every container is OOMKilled (exit 137)",
@@ -474,6 +754,7 @@ def _describe_setup(
     faults: Mapping[str, str],
     nodes: Sequence[str],
     workloads: Sequence[Workload],
+    pressure: tuple[str, Workload] | None = None,
 ) -> None:
     cfg = Config()
     console.plain()
@@ -514,7 +795,49 @@ def _describe_setup(
             + f"prefers {prefer}; {RETRIES} moves",
         }[w.kind]
         console.plain(f"  {w.ref:<15} {what}")
+    console.plain(
+        f"assess-nodes: a node where {cfg.suspect_workloads} distinct workloads failed within "
+        f"{format_duration(cfg.suspect_window)} turns suspect (label and PreferNoSchedule taint "
+        f"{SUSPECT_LABEL}={SUSPECT_VALUE}), at most {cfg.suspect_max_share:.0%} of the nodes"
+    )
+    if pressure is not None:
+        node, api = pressure
+        console.plain(
+            f"then act 2, node pressure: {node}'s CPU climbs, and {api.ref} (may only run on "
+            f"{', '.join(api.pool)}, prefers {node} a little) scales up"
+        )
     console.plain()
+
+
+def _node_lines(timeline: Timeline, act2: PressureOutcome | None) -> list[str]:
+    """The nodes' part of the summary: suspicions (and the cap), and the pressure act."""
+    lines: list[str] = []
+    for marks in sorted(timeline.nodes.values(), key=lambda m: m.name):
+        if marks.suspect_labelled is not None:
+            marked = [f"label {SUSPECT_LABEL}={SUSPECT_VALUE}"]
+            if marks.suspect_tainted is not None:
+                marked.append("PreferNoSchedule taint")
+            if marks.event:
+                marked.append("Warning Event NodeSuspected")
+            if marks.suspected is not None:
+                marked.append("reply event node.suspected")
+            lines.append(
+                f"{marks.name}  suspect at {marks.suspect_labelled:.1f}s: "
+                f"{', '.join(marks.workloads) or '?'}; {', '.join(marked)}"
+            )
+        elif marks.why.startswith("cap: "):
+            lines.append(f"{marks.name}  not marked: {marks.why[5:]}")
+    if act2 is not None and act2.labelled is not None:
+        marks = timeline.nodes.get(act2.node) or NodeMarks(act2.node)
+        value = f"{marks.pressure_value:.0f}" if marks.pressure_value is not None else "?"
+        until = f" to {act2.cleared:.1f}s" if act2.cleared is not None else " (still)"
+        lines.append(
+            f"{act2.node}  {timeline.pressure_label[0]}={timeline.pressure_label[1]} from "
+            f"{act2.labelled:.1f}s{until} ({act2.rule} read {value}); pods placed meanwhile "
+            f"on {', '.join(sorted(act2.placed_while_labelled.values())) or 'none'}, after on "
+            f"{', '.join(sorted(act2.placed_after.values())) or 'none'}"
+        )
+    return lines
 
 
 def _finish(
@@ -524,6 +847,7 @@ def _finish(
     outcome: Outcome,
     console: Console,
     opts: Options,
+    act2: PressureOutcome | None = None,
 ) -> int:
     outcome.rows = summarize(kube, timeline, workloads)
     outcome.elapsed_seconds = round(time.time() - console.t0, 1)
@@ -537,11 +861,19 @@ def _finish(
             outcome.problems.append(
                 f"{r.workload}: {r.workload_moves} moves, over its budget of {r.budget}"
             )
+    if act2 is not None:
+        outcome.problems.extend(act2.problems)
     outcome.ok = outcome.ok and not outcome.problems
     console.plain()
     console.plain("summary (✗: the pod failed on that node):", BOLD)
     for line in table(outcome.rows, "→"):
         console.plain("  " + line)
+    node_lines = _node_lines(timeline, act2)
+    if node_lines:
+        console.plain()
+        console.plain("nodes:", BOLD)
+        for line in node_lines:
+            console.plain("  " + line)
     console.plain()
     opts.png.parent.mkdir(parents=True, exist_ok=True)
     healthy_at = (
@@ -549,7 +881,14 @@ def _finish(
         if timeline.started is not None and outcome.story_seconds is not None
         else None
     )
-    demo_chart.render(timeline, workloads, opts.png, healthy_at=healthy_at, retries=RETRIES)
+    spans = (
+        [(act2.labelled, act2.cleared, f"{act2.node} labelled {'='.join(timeline.pressure_label)}")]
+        if act2 is not None and act2.labelled is not None
+        else []
+    )
+    demo_chart.render(
+        timeline, workloads, opts.png, healthy_at=healthy_at, retries=RETRIES, spans=spans
+    )
     summary = {
         "ok": outcome.ok,
         "problems": outcome.problems,
@@ -560,6 +899,8 @@ def _finish(
         "timing": asdict(TIMING),
         "png": str(opts.png),
         "rows": [asdict(r) for r in outcome.rows],
+        "nodes": [asdict(m) for m in sorted(timeline.nodes.values(), key=lambda m: m.name)],
+        "pressure": asdict(act2) if act2 is not None else None,
     }
     (opts.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.say(f"timeline chart: {_shown(opts.png)}")
@@ -569,6 +910,12 @@ def _finish(
             "created",
             "healthy",
         )
+        if act2 is not None:
+            console.say(
+                f"act 2: {act2.node} was labelled and unlabelled as its load rose and fell, and "
+                "the pods created meanwhile went elsewhere",
+                "healthy",
+            )
         return 0
     console.say("NOT every workload recovered:", "warn")
     for p in outcome.problems:
@@ -607,9 +954,10 @@ def run_local(opts: Options, console: Console) -> int:
     if unknown:
         raise SystemExit(f"--fault names nodes the cluster will not have: {', '.join(unknown)}")
     faults = {n: m for n, m in opts.faults.items() if m != HEALTHY}
-    workloads = plan_workloads(
-        sorted(faults, key=nodes.index), [n for n in nodes if n not in faults]
-    )
+    healthy = [n for n in nodes if n not in faults]
+    workloads = plan_workloads(sorted(faults, key=nodes.index), healthy)
+    pressure = plan_pressure(healthy)
+    everything = [*workloads, *([pressure[1]] if pressure else [])]
     with contextlib.redirect_stderr(_QuietCached(sys.stderr)):
         bins = ensure_bins()
         adapter_binary()
@@ -626,11 +974,11 @@ def run_local(opts: Options, console: Console) -> int:
             console.say(f"control plane ready in {cluster.startup_seconds or 0:.1f}s")
             for node, mode in faults.items():
                 cluster.set_fault(node, mode)
-            _describe_setup(console, faults, cluster.nodes, workloads)
+            _describe_setup(console, faults, cluster.nodes, workloads, pressure)
             console.say(
                 "starting the pipeline: ApiServerSource (Knative's adapter) -> Broker (the "
-                "Triggers in knative/) -> detect-failures -> update-annotations, and the "
-                "mutate-admission webhook over TLS",
+                "Triggers in knative/) -> detect-failures -> update-annotations, assess-nodes, "
+                "the mutate-admission webhook over TLS, and label-nodes on a timer",
                 "step",
             )
             api = cluster.api_client()
@@ -640,12 +988,17 @@ def run_local(opts: Options, console: Console) -> int:
                 opts.run_dir / "stack",
                 opts.run_dir / "logs",
                 sweep_every=SWEEP_EVERY,
+                prometheus_url=cluster.prometheus_url,
+                label_every=LABEL_EVERY,
             )
             with stack:
                 console.say("pipeline ready; the webhook is registered with the API server")
                 kube = Kube(api)
-                timeline = Timeline(workloads, faults, console.note)
-                feed = ArchiveFeed(stack.archive, timeline, console.t0)
+                timeline = Timeline(everything, faults, console.note)
+                feed = Feeds(
+                    ArchiveFeed(stack.archive, timeline, console.t0),
+                    NodeFeed(kube, timeline, console.t0),
+                )
                 outcome = play(
                     kube,
                     feed,
@@ -656,7 +1009,12 @@ def run_local(opts: Options, console: Console) -> int:
                     job_must_complete=True,
                     recreate_namespace=False,
                 )
-                code = _finish(kube, timeline, workloads, outcome, console, opts)
+                act2: PressureOutcome | None = None
+                if outcome.ok and pressure is not None:
+                    act2 = pressure_act(cluster, kube, feed, timeline, console, *pressure)
+                elif pressure is None:
+                    console.say("act 2 (node pressure) needs two healthy nodes: skipped")
+                code = _finish(kube, timeline, everything, outcome, console, opts, act2)
                 console.say("stopping the pipeline and the control plane")
     finally:
         # The logs and the archive stay for a post-mortem; etcd's data is only bulk.
@@ -701,11 +1059,12 @@ def run_existing(opts: Options, console: Console, archive: Path | None) -> int:
         _describe_setup(console, faults, nodes, workloads)
         timeline = Timeline(workloads, faults, console.note)
         # An archive of a running Broker holds earlier runs: follow it from its end.
-        feed: Feed = (
+        events: Feed = (
             ArchiveFeed(archive, timeline, console.t0, from_end=True)
             if archive
             else ApiFeed(kube, timeline, console.t0)
         )
+        feed = Feeds(events, NodeFeed(kube, timeline, console.t0))
         outcome = play(
             kube,
             feed,

@@ -4,7 +4,8 @@ A bar starts when the pod was created (grey until it is scheduled), takes the co
 node it was placed on (green for a healthy node, lighter until the pod is Ready; one colour per
 fault) and ends when the pod was deleted, completed, or the demo ended. Markers: a cross where
 detect-failures reported the failure, a triangle where update-annotations deleted the pod to move
-it, a dot where the pod became Ready, a star where a Job pod completed.
+it, a dot where the pod became Ready, a star where a Job pod completed. A shaded band is a
+time a node was labelled under pressure (the second act).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ FAULT_COLORS: Final = {
 GOOD: Final = "#2ca02c"
 GOOD_STARTING: Final = "#a6dba0"
 PENDING: Final = "#c7c7c7"
+PRESSURE: Final = "#f2b600"
 BAR_HEIGHT: Final = 0.56
 
 
@@ -60,6 +62,7 @@ def render(
     title_faults: Mapping[str, str] | None = None,
     healthy_at: float | None = None,
     retries: int | None = None,
+    spans: Sequence[tuple[float, float | None, str]] = (),
 ) -> None:
     rows = _rows(timeline, workloads)
     zero = timeline.started or min((lin.start for lin in rows), default=0.0)
@@ -69,7 +72,8 @@ def render(
         for t in (p.created, p.scheduled, p.ready, p.failing, p.moved, p.gone, p.succeeded)
         if t is not None
     ]
-    now = max([*times, healthy_at or 0.0], default=zero + 1) + 1.0
+    span_ends = [t for start, end, _ in spans for t in (start, end) if t is not None]
+    now = max([*times, *span_ends, healthy_at or 0.0], default=zero + 1) + (2.5 if spans else 1.0)
     height = 1.9 + 0.5 * max(len(rows), 1)
     fig, ax = plt.subplots(figsize=(11, height), dpi=100)
     faults_seen: set[str] = set()
@@ -129,6 +133,17 @@ def render(
         y -= len(timeline.lineages_of(w))
         if 0 < y < len(rows):
             ax.axhline(y - 0.5, color="#999999", lw=0.6, ls=":")
+    for start, span_end, label in spans:
+        right = (span_end if span_end is not None else now) - zero
+        ax.axvspan(start - zero, right, color=PRESSURE, alpha=0.18, lw=0, zorder=0)
+        ax.text(
+            start - zero,
+            len(rows) - 0.45,
+            f" {label}",
+            color="#9a6a00",
+            fontsize=8,
+            va="bottom",
+        )
     if healthy_at is not None:
         ax.axvline(healthy_at - zero, color=GOOD, lw=1.2, ls="--")
         ax.text(
@@ -168,6 +183,8 @@ def render(
     handles += [
         Patch(color=_color(mode), label=f"faulty node: {mode}") for mode in sorted(faults_seen)
     ]
+    if spans:
+        handles.append(Patch(color=PRESSURE, alpha=0.18, label="a node under pressure"))
     handles += [
         Line2D([], [], ls="", marker="x", color="#555555", mew=2, label="failure detected"),
         Line2D([], [], ls="", marker="v", color="black", label="deleted to move it"),

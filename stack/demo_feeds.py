@@ -9,6 +9,10 @@ uses it whenever it runs the pipeline itself (or is pointed at one with ``--arch
 them with the same ``classify`` detect-failures runs, and reads the Kubernetes Events
 update-annotations records on the workloads (``Rescheduled``, ``ExclusionsCleared``,
 ``RetriesExhausted``).
+
+``NodeFeed`` runs beside either: the marks on the Nodes (assess-nodes' suspect label and
+taint, label-nodes' ``status=presure``) and the Events on them are facts of the Node objects,
+which only the API server has.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from shared.constants import (
     APISERVER_ADD,
     APISERVER_DELETE,
     APISERVER_UPDATE,
+    EVENT_NODE_SUSPECTED,
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
@@ -98,6 +103,8 @@ class ArchiveFeed:
             self.timeline.on_decision(t, data, source=source)
         elif kind == EVENT_POD_EXHAUSTED:
             self.timeline.on_decision(t, data, exhausted=True, source=source)
+        elif kind == EVENT_NODE_SUSPECTED:
+            self.timeline.on_node_suspected(t, data, source=source)
         else:
             return 0
         return 1
@@ -205,3 +212,49 @@ class ApiFeed:
             self.timeline.on_pod_gone(t, uid)
         self._present = present
         return handled
+
+
+# assess-nodes records its Node Events here: a Node is cluster-scoped, and an Event about it
+# goes to the default namespace, as the kubelet's own Node Events do.
+NODE_EVENTS_NAMESPACE: Final = "default"
+
+
+class NodeFeed:
+    """Node snapshots and the Events on Nodes, from the API server. Events that were there
+    before the first poll (an earlier run's) are not told."""
+
+    def __init__(self, kube: Kube, timeline: Timeline, t0: float):
+        self.kube = kube
+        self.timeline = timeline
+        self.t0 = t0
+        self._events_seen: set[str] | None = None
+
+    def poll(self) -> int:
+        t = time.time() - self.t0
+        handled = 0
+        if self._events_seen is None:
+            self._events_seen = {
+                str(e["metadata"].get("uid", ""))
+                for e in self.kube.list_all("Event", NODE_EVENTS_NAMESPACE)
+            }
+        for node in self.kube.list_all("Node"):
+            self.timeline.on_node(t, node)
+            handled += 1
+        for event in self.kube.list_all("Event", NODE_EVENTS_NAMESPACE):
+            uid = str(event["metadata"].get("uid", ""))
+            if uid in self._events_seen:
+                continue
+            self._events_seen.add(uid)
+            self.timeline.on_node_event(t, event)
+            handled += 1
+        return handled
+
+
+class Feeds:
+    """Several feeds polled in turn, as one."""
+
+    def __init__(self, *feeds: Feed):
+        self.feeds = feeds
+
+    def poll(self) -> int:
+        return sum(feed.poll() for feed in self.feeds)

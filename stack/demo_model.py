@@ -6,6 +6,11 @@ replica: a StatefulSet pod keeps its name, a Job runs one pod at a time, and a D
 replica's replacement is the next pod of the Deployment created after one of its pods went
 away. Every change worth telling a person is handed to ``sink`` as a ``Note``.
 
+It also keeps what happened to the nodes: the suspicions assess-nodes announced (its reply
+``io.kn-rescheduler.node.suspected``) and, from Node snapshots, when the suspect label and
+taint and the pressure label ``status=presure`` appeared and went. A node's marks are facts of
+the Node object, so they come from snapshots; the reply event says why.
+
 Times are seconds since the demo started (wall clock, so the archive's arrival times and the
 demo's own clock agree).
 """
@@ -17,7 +22,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shared.constants import EXCLUDED_NODES_ANNOTATION, SIM_FAULT_LABEL
+from shared.constants import (
+    EXCLUDED_NODES_ANNOTATION,
+    PRESSURE_ANNOTATION,
+    PRESSURE_LABEL_KEY,
+    PRESSURE_LABEL_VALUE,
+    REASON_NODE_SUSPECTED,
+    REASON_SUSPECT_CAP_REACHED,
+    SIM_FAULT_LABEL,
+    SUSPECT_LABEL,
+    SUSPECT_VALUE,
+)
+from shared.rescheduling.classify import FailureKind
 
 JSON = dict[str, Any]
 
@@ -37,6 +53,8 @@ class Workload:
     prefer: tuple[tuple[str, int], ...] = ()
     # The only nodes the pods may run on (a required node affinity): a node pool.
     pool: tuple[str, ...] = ()
+    # Which act of the demo it belongs to (the second one is about node pressure).
+    act: int = 1
 
     @property
     def ref(self) -> str:
@@ -127,6 +145,14 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
     return str(node) if node else None
 
 
+def _json_object(raw: object) -> dict[str, Any]:
+    try:
+        value = json.loads(str(raw)) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def kept_off(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """The nodes the webhook stamped on the pod when it was created."""
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(EXCLUDED_NODES_ANNOTATION)
@@ -148,6 +174,9 @@ class PodLife:
     scheduled: float | None = None
     kept_off: tuple[str, ...] = ()
     ready: float | None = None
+    # detect-failures' early report: the pod's first failure, below the thresholds (acted on
+    # only when the node is already suspect: the fast path).
+    first_failure: float | None = None
     failing: float | None = None
     reason: str = ""
     restarts: int = 0
@@ -207,6 +236,28 @@ class Lineage:
         return [p.node for p in self.pods if p.node]
 
 
+@dataclass
+class NodeMarks:
+    """What the demo saw on one Node over time: blame (suspect) and pressure."""
+
+    name: str
+    # assess-nodes' reply: when it arrived, the workloads it named, its reason.
+    suspected: float | None = None
+    workloads: tuple[str, ...] = ()
+    why: str = ""
+    # The Node object: when the suspect label and taint were first seen, and when they went.
+    suspect_labelled: float | None = None
+    suspect_tainted: float | None = None
+    suspect_cleared: float | None = None
+    # The NodeSuspected Warning Event recorded on the Node (its message), once seen.
+    event: str = ""
+    # label-nodes' pressure label: when first seen, the rule and value it named, when it went.
+    pressure_labelled: float | None = None
+    pressure_rule: str = ""
+    pressure_value: float | None = None
+    pressure_cleared: float | None = None
+
+
 @dataclass(frozen=True)
 class Note:
     """One line for a person: at ``t``, about ``subject`` (a pod or a workload)."""
@@ -244,6 +295,9 @@ class Timeline:
         self._gone_uids: set[str] = set()
         # New pod uid -> the pod it replaced.
         self._replaces: dict[str, PodLife] = {}
+        self.nodes: dict[str, NodeMarks] = {}
+        # The pressure label as label-nodes writes it (key, value).
+        self.pressure_label: tuple[str, str] = (PRESSURE_LABEL_KEY, PRESSURE_LABEL_VALUE)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -299,6 +353,9 @@ class Timeline:
         if life is None:
             self._pending.append((t, "failing", source, dict(data)))
             return
+        if data.get("kind") == FailureKind.EARLY:
+            self._on_early(t, life, data, source)
+            return
         if life.failing is not None:
             return  # the same failure, reported again (at-least-once delivery, sweeps)
         life.failing = t
@@ -307,6 +364,25 @@ class Timeline:
         node = data.get("node") or life.node or "?"
         after = f" after {life.restarts} restarts" if life.restarts else ""
         self.sink(Note(t, life.name, "failing", f"failing on {node}: {life.reason}{after}", source))
+
+    def _on_early(self, t: float, life: PodLife, data: Mapping[str, Any], source: str) -> None:
+        if life.first_failure is not None or life.failing is not None:
+            return
+        life.first_failure = t
+        node = str(data.get("node") or life.node or "?")
+        restarts = int(data.get("restartCount") or 0)
+        after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
+        marks = self.nodes.get(node)
+        suspect = (
+            marks is not None and marks.suspected is not None and marks.suspect_cleared is None
+        )
+        then = (
+            f"{node} is suspect: moved now (the fast path)"
+            if suspect
+            else f"{node} is not suspect: moved only at the threshold"
+        )
+        text = f"first failure on {node}: {data.get('reason') or '?'}{after}; {then}"
+        self.sink(Note(t, life.name, "early", text, source))
 
     def on_decision(
         self, t: float, data: Mapping[str, Any], *, exhausted: bool = False, source: str = ""
@@ -319,7 +395,7 @@ class Timeline:
         if life.moved is not None or life.exhausted is not None:
             return
         if life.failing is None:  # the feed saw the decision before (or without) the failure
-            self.on_failing(t, data, source=source)
+            self.on_failing(t, {**data, "kind": FailureKind.NODE_FIXABLE}, source=source)
         action = str(data.get("action") or "")
         moves, budget = int(data.get("moves") or 0), int(data.get("budget") or 0)
         excluded = tuple(str(n) for n in data.get("excludedNodes") or ())
@@ -346,6 +422,96 @@ class Timeline:
             text = f"deleted, move {moves}/{budget}{of}; its replacement avoids {avoid}"
             self.sink(Note(t, life.name, "moved", text, source))
         self._vacate(life)
+
+    def on_node_suspected(self, t: float, data: Mapping[str, Any], *, source: str = "") -> None:
+        """assess-nodes' reply ``io.kn-rescheduler.node.suspected``: the node, the workloads."""
+        name = str(data.get("node") or "")
+        if not name:
+            return
+        marks = self.nodes.setdefault(name, NodeMarks(name))
+        if marks.suspected is not None and marks.suspect_cleared is None:
+            return  # the same suspicion, told again (at-least-once delivery)
+        marks.suspected, marks.suspect_cleared = t, None
+        marks.workloads = tuple(
+            f"{w.get('workload', '?')} ({w.get('reason', '?')})"
+            for w in data.get("workloads") or ()
+            if isinstance(w, Mapping)
+        )
+        marks.why = str(data.get("message") or "")
+        why = marks.why or "distinct workloads failed here"
+        text = f"suspect: {why}: {', '.join(marks.workloads)}"
+        self.sink(Note(t, name, "suspect", text, source))
+
+    def on_node(self, t: float, node: Mapping[str, Any]) -> None:
+        """A snapshot of a Node: the suspect label and taint, the pressure label, as they are."""
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if not name:
+            return
+        labels = meta.get("labels") or {}
+        taints = (node.get("spec") or {}).get("taints") or []
+        marks = self.nodes.get(name)
+        suspect = labels.get(SUSPECT_LABEL) == SUSPECT_VALUE
+        tainted = any(tn.get("key") == SUSPECT_LABEL for tn in taints)
+        key, value = self.pressure_label
+        pressured = labels.get(key) == value
+        if marks is None:
+            if not (suspect or tainted or pressured):
+                return
+            marks = self.nodes[name] = NodeMarks(name)
+        if suspect and marks.suspect_labelled is None:
+            marks.suspect_labelled = t
+            effect = next(
+                (str(tn.get("effect")) for tn in taints if tn.get("key") == SUSPECT_LABEL), ""
+            )
+            marks.suspect_tainted = t if tainted else None
+            text = f"labelled {SUSPECT_LABEL}={SUSPECT_VALUE}" + (
+                f" and tainted {SUSPECT_LABEL}={SUSPECT_VALUE}:{effect}" if tainted else ""
+            )
+            self.sink(Note(t, name, "suspect", text + ": new pods prefer other nodes"))
+        if marks.suspect_labelled is not None and not suspect and marks.suspect_cleared is None:
+            marks.suspect_cleared = t
+            self.sink(Note(t, name, "info", f"no longer suspect: label {SUSPECT_LABEL} removed"))
+        if pressured and (marks.pressure_labelled is None or marks.pressure_cleared is not None):
+            marks.pressure_labelled, marks.pressure_cleared = t, None
+            record = _json_object((meta.get("annotations") or {}).get(PRESSURE_ANNOTATION))
+            marks.pressure_rule = str(record.get("rule") or "")
+            raw_value = record.get("value")
+            marks.pressure_value = float(raw_value) if isinstance(raw_value, int | float) else None
+            shown = f"{marks.pressure_value:.0f}" if marks.pressure_value is not None else "?"
+            text = (
+                f"label-nodes labelled it {key}={value}: rule {marks.pressure_rule or '?'} "
+                f"read {shown}"
+            )
+            self.sink(Note(t, name, "pressure", text))
+        if not pressured and marks.pressure_labelled is not None and marks.pressure_cleared is None:
+            marks.pressure_cleared = t
+            self.sink(Note(t, name, "healthy", f"label-nodes removed its label {key}={value}"))
+
+    def on_node_event(self, t: float, event: Mapping[str, Any]) -> None:
+        """A Kubernetes Event on a Node (assess-nodes' NodeSuspected, SuspectCapReached)."""
+        involved = event.get("involvedObject") or {}
+        if involved.get("kind") != "Node":
+            return
+        name, reason = str(involved.get("name") or ""), str(event.get("reason") or "")
+        message = str(event.get("message") or "")
+        if reason == REASON_NODE_SUSPECTED:
+            marks = self.nodes.setdefault(name, NodeMarks(name))
+            if marks.event:
+                return
+            marks.event = message
+            self.sink(Note(t, name, "suspect", f"Warning Event NodeSuspected: {message}"))
+        elif reason == REASON_SUSPECT_CAP_REACHED:
+            marks = self.nodes.setdefault(name, NodeMarks(name))
+            if marks.why.startswith("cap: "):
+                return
+            marks.why = f"cap: {message}"
+            self.sink(
+                Note(t, name, "info", f"not marked, Warning Event SuspectCapReached: {message}")
+            )
+
+    def suspects(self) -> list[NodeMarks]:
+        return [m for m in self.nodes.values() if m.suspect_labelled is not None]
 
     # -- internals ---------------------------------------------------------------------------
 
