@@ -59,11 +59,15 @@ def test_the_quick_suite_runs_every_measurement_without_errors(results: dict[str
 
 def test_recovery_has_numbers_for_every_system(results: dict[str, Any]) -> None:
     rec = results["measurements"]["recovery"]
+    # make bench-quick measures the committed scenario on the compressed clock, and says so.
+    assert (rec["scenario"], rec["kubelet_backoff"]) == ("prefer-faulty", "compressed")
     systems = rec["systems"]
     assert set(systems) == {"vanilla", "descheduler-10s", "kn-rescheduler"}
     for run in systems.values():
         assert run["affected"] > 0
         assert positive(run["api"]["all_requests_per_s"])
+        # Every pod here crash-loops to the threshold: the back-off's cost is measured.
+        assert positive(run["threshold_from_failure"]["p50"])
     assert systems["vanilla"]["moves_total"] == 0
     kn = systems["kn-rescheduler"]
     assert kn["recovered"] > 0 and kn["moves_total"] > 0
@@ -116,5 +120,8 @@ def test_scale_rolls_out_and_recovers(results: dict[str, Any]) -> None:
     recovery = scale["recovery"]
     assert recovery["affected_replicas"] > 0
     assert recovery["recovered"] > 0
+    # Wasted moves are a figure of their own, with their share of the moves.
+    assert 0 <= recovery["wasted_moves"] <= recovery["moves"]
+    assert recovery["wasted_share"] == round(recovery["wasted_moves"] / recovery["moves"], 3)
     assert positive(recovery["time_to_all_healthy_s"])
     assert positive(sum(recovery["function_cpu_s"].values()))
