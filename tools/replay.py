@@ -42,6 +42,7 @@ from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
 from pipeline import triggers as trigger_manifests
+from shared.nodehealth.assess import Assessor
 from shared.platform import events, kube
 from shared.platform.config import Config
 from shared.rescheduling.detect import detect
@@ -183,6 +184,7 @@ class InProcess:
         self.cfg = cfg
         self._api = api
         self._rescheduler: Rescheduler | None = None
+        self._assessor: Assessor | None = None
         self.triggers, _ = trigger_manifests.load(
             triggers_dir, namespace="kn-rescheduler", broker="default"
         )
@@ -198,6 +200,11 @@ class InProcess:
         if self._rescheduler is None:
             self._rescheduler = Rescheduler(self._api(), self.cfg)
         return self._rescheduler
+
+    def assessor(self) -> Assessor:
+        if self._assessor is None:
+            self._assessor = Assessor(self._api(), self.cfg)
+        return self._assessor
 
     def send(self, event: events.Event, dry_run: bool) -> list[Outcome]:
         outcomes = []
@@ -224,6 +231,12 @@ class InProcess:
                     trace = last_trace()
                     if trace is not None:
                         decision.extend(trace.steps)
+            if function == "assess-nodes":
+                reply = self.assessor().handle(e)
+                decision.append(
+                    f"node {reply.data['node']} turns suspect" if reply else "no node turns suspect"
+                )
+                return reply
             decision.append("no in-process handler for this function")
             return None
 

@@ -16,9 +16,9 @@ Job, the fewer failures each Job collects in the storm.
 The pipeline runs with the install's own RBAC (knative/rbac.yaml, applied for real), as the
 ServiceAccount update-annotations; the namespace of the bare pods opts in to their replacement
 with knative/bare-pod-replacement, as docs/install.md tells users to. The local Stack runs
-every component with one kubeconfig, so that account is also bound to the ApiServerSource
-adapter's own ClusterRole (watching pods) for this run: a little more than update-annotations
-has in a cluster, nothing it uses to move a pod.
+every component with one kubeconfig, so that account is also bound, for this run, to the
+ApiServerSource adapter's own ClusterRole (watching pods) and to assess-nodes's (marking
+Nodes): a little more than update-annotations has in a cluster, nothing it uses to move a pod.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ IMAGE: Final = "registry.example.com/shop/web:1.4.2"
 LABEL: Final = "chaos.kn-rescheduler.io/run"
 SERVICE_ACCOUNT: Final = "update-annotations"
 SOURCE_ROLE: Final = "kn-rescheduler-pod-events-source"
+ASSESS_ROLE: Final = "kn-rescheduler-assess-nodes"
 NAMESPACES: Final = {
     "Deployment": "chaos-deployments",
     "StatefulSet": "chaos-statefulsets",
@@ -329,30 +330,38 @@ def create_namespaces(cluster: Cluster, workdir: Path) -> list[str]:
 def install_identity(cluster: Cluster, workdir: Path) -> Path:
     """The install's RBAC from knative/ (namespace, ServiceAccounts, ClusterRoles and their
     bindings), for real, and a kubeconfig with a token of the ServiceAccount update-annotations
-    (see the module docstring for the one extra binding)."""
+    (see the module docstring for the two extra bindings)."""
     rbac = [
         o
         for o in _kustomize(KNATIVE_DIR)
         if o.get("kind") in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
     _apply(cluster, rbac)
-    _create(
-        cluster.rest,
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kn-rescheduler-chaos-local-source"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": SOURCE_ROLE,
+    for role, binding in (
+        (SOURCE_ROLE, "kn-rescheduler-chaos-local-source"),
+        (ASSESS_ROLE, "kn-rescheduler-chaos-local-assess-nodes"),
+    ):
+        _create(
+            cluster.rest,
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": binding},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": SERVICE_ACCOUNT,
+                        "namespace": DEFAULT_NAMESPACE,
+                    }
+                ],
             },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": DEFAULT_NAMESPACE}
-            ],
-        },
-    )
+        )
     # A TokenRequest, as the kubelet gets a projected token (an hour outlasts any run).
     answer = cluster.rest.post(
         f"/api/v1/namespaces/{DEFAULT_NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}/token",
