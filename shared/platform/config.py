@@ -155,8 +155,11 @@ class Config:
     suspect_max_share: float = 0.3
     # Also taint a suspect node PreferNoSchedule (the label alone steers only opted-in pods).
     suspect_taint: bool = True
-    # Weight of the preferred node affinity away from suspect nodes on opted-in pods; 0: none.
-    suspect_affinity_weight: int = 100
+    # Weight of a preferred node affinity away from suspect nodes on opted-in pods; 0 (the
+    # default): none. Measured (bench/RESULTS.md): the taint alone gives one move per
+    # recovery, and a term every healthy node matches dilutes the pod's own preferences even
+    # when no node is suspect (the scheduler normalizes NodeAffinity scores by their maximum).
+    suspect_affinity_weight: int = 0
     # Move a pod failing on a suspect node at its first node-fixable failure.
     suspect_fast_path: bool = True
 

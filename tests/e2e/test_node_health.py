@@ -256,7 +256,8 @@ def test_new_pods_avoid_a_suspect_node_and_still_use_it_when_nothing_else_fits(
     bad = cluster.nodes[1]
     mark(assess(), bad)
     # The pod prefers the suspect node as strongly as a preference can (weight 100); the
-    # webhook's preference away from suspect nodes and the PreferNoSchedule taint outweigh it.
+    # PreferNoSchedule taint outweighs it (TaintToleration's score weighs 3, NodeAffinity's 2
+    # in the default profile).
     for i in range(3):
         api.create("Pod", namespace, opted_in_pod(f"web-{i}", bad))
     assert {bound_node(api, namespace, f"web-{i}") for i in range(3)}.isdisjoint({bad})

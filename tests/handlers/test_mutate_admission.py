@@ -52,18 +52,11 @@ def test_the_pod_is_allowed_unpatched_when_the_api_server_cannot_be_reached(
     assert answer["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
 
 
-# What every pod whose policy allows moves gets by default: the scheduler prefers nodes that
-# are not suspect (weight 100) and not labelled status=presure (weight 20, as the seed's).
+# What every pod whose policy allows moves gets by default: the scheduler prefers nodes not
+# labelled status=presure (weight 20, as the seed's). Suspect nodes are kept off by their taint;
+# a preference away from them is off by default (docs/node-health.md).
 SOFT_AFFINITY = {
     "preferredDuringSchedulingIgnoredDuringExecution": [
-        {
-            "weight": 100,
-            "preference": {
-                "matchExpressions": [
-                    {"key": "kn-rescheduler.io/suspect", "operator": "NotIn", "values": ["true"]}
-                ]
-            },
-        },
         {
             "weight": 20,
             "preference": {

@@ -100,6 +100,10 @@ def admitter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: Config) -> Ad
     return Admitter(kube.Kube.from_environment, cfg)
 
 
+# The preference away from suspect nodes, turned on (off by default: the taint does the work).
+SUSPECT_ON = Config(suspect_affinity_weight=100)
+
+
 def holder(**annotations: str) -> Holder:
     return Holder(Ref("ReplicaSet", "shop", "web-7d9c8b6f4", "u"), "1", annotations)
 
@@ -107,15 +111,25 @@ def holder(**annotations: str) -> Holder:
 @pytest.mark.parametrize(
     ("policy", "annotations", "cfg", "expected"),
     [
-        ("3", {}, Config(), ["suspect", "labelled status=presure"]),
+        ("3", {}, Config(), ["labelled status=presure"]),
         ("0", {}, Config(), []),
         ("abc", {}, Config(), []),
         (None, {AVOID_PRESSURE_KEY: "true"}, Config(), ["labelled status=presure"]),
-        ("3", {}, Config(suspect_affinity_weight=0), ["labelled status=presure"]),
-        ("3", {}, Config(pressure_affinity_weight=0), ["suspect"]),
-        ("3", {}, Config(pressure_label="load=high"), ["suspect", "labelled load=high"]),
+        ("3", {}, SUSPECT_ON, ["suspect", "labelled status=presure"]),
+        ("0", {}, SUSPECT_ON, []),
+        ("3", {}, Config(suspect_affinity_weight=100, pressure_affinity_weight=0), ["suspect"]),
+        ("3", {}, Config(pressure_label="load=high"), ["labelled load=high"]),
     ],
-    ids=["moves", "zero", "unreadable", "workload-opt-in", "no-suspect", "no-pressure", "label"],
+    ids=[
+        "moves",
+        "zero",
+        "unreadable",
+        "workload-opt-in",
+        "suspect-on",
+        "suspect-on-zero",
+        "no-pressure",
+        "label",
+    ],
 )
 def test_who_gets_which_preference(
     tmp_path: Path,
