@@ -104,7 +104,12 @@ def test_an_evicted_replicaset_pods_early_replacement_is_redirected_off_the_node
 
     # What the real ReplicaSet controller did before anyone could record the node: a
     # replacement, admitted by our webhook without the exclusion, preferring the same node.
-    early = [p for p in pods(api, namespace) if p["metadata"]["uid"] != failed["metadata"]["uid"]]
+    # (The controller's watch may lag the kubelet's write by a moment on a busy machine.)
+    def early_replacement() -> list[dict[str, Any]]:
+        uid = failed["metadata"]["uid"]
+        return [p for p in pods(api, namespace) if p["metadata"]["uid"] != uid]
+
+    early = wait_for("the ReplicaSet's replacement", early_replacement, timeout=10)
     assert len(early) == 1
     replacement = early[0]
     # Measured here: created within the same second as the kubelet's Failed status write
