@@ -77,8 +77,15 @@ def measure(
     default_timeout = cluster_module.START_TIMEOUT
     cluster_module.START_TIMEOUT = max(default_timeout, 120.0 + nodes * 0.6)  # type: ignore[misc]
     try:
+        # No Prometheus: nothing here reads node metrics, and scraping every node each second
+        # (the local default) costs the 2 cores a run of this size needs.
         cluster = Cluster(
-            workdir / "cluster", nodes=nodes, timing=timing, quiet=True, keep_workdir=True
+            workdir / "cluster",
+            nodes=nodes,
+            timing=timing,
+            quiet=True,
+            keep_workdir=True,
+            prometheus=False,
         ).start()
     finally:
         cluster_module.START_TIMEOUT = default_timeout  # type: ignore[misc]

@@ -272,7 +272,11 @@ def measure(scales: Scales, workdir: Path, *, log: Callable[[str], None]) -> JSO
     rounds: list[JSON] = []
     with (
         Cluster(
-            workdir / "cluster", nodes=scales.selector_nodes, quiet=True, keep_workdir=True
+            workdir / "cluster",
+            nodes=scales.selector_nodes,
+            quiet=True,
+            keep_workdir=True,
+            prometheus=False,  # nothing here reads node metrics
         ) as cluster,
         _pipelines(cluster, workdir) as pipelines,
     ):

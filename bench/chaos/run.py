@@ -101,7 +101,10 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
     rng = random.Random(seed)
     started = time.monotonic()
     log(f"starting a {scales.nodes}-node cluster")
-    cluster = Cluster(workdir / "cluster", nodes=scales.nodes, quiet=True, keep_workdir=True)
+    # No Prometheus: the storm reads no node metrics.
+    cluster = Cluster(
+        workdir / "cluster", nodes=scales.nodes, quiet=True, keep_workdir=True, prometheus=False
+    )
     cluster.start()
     stop = threading.Event()
     stack: Stack | None = None
