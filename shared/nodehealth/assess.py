@@ -140,9 +140,9 @@ class Assessor:
             name = str(meta.get("name", ""))
             try:
                 outcome = self._review_one(node, nodes)
-            except RecordError as exc:
+            except events.MustNotAct as exc:
                 # One unreadable record must not stop the review of the others.
-                log.error("node %s: %s; left alone", name, exc)
+                log.error("%s; left alone", exc)
                 continue
             except kube.Transient as exc:
                 log.warning("node %s: %s; next review", name, exc)

@@ -22,6 +22,7 @@ from typing import Final
 from shared.constants import POLICY_ANNOTATION, RESET_AFTER_ANNOTATION
 from shared.platform.config import MAX_RETRIES
 from shared.platform.durations import format_duration, parse_duration
+from shared.platform.recorder import format_time
 
 DEFAULT_RESET_AFTER: Final = timedelta(minutes=30)
 
@@ -110,14 +111,8 @@ def parse_kube_time(value: str | None) -> datetime | None:
         return None
 
 
-def format_kube_time(value: datetime) -> str:
-    """Format an aware datetime the way the API server does (second precision, Z)."""
-    if value.tzinfo is None:
-        raise ValueError("timestamps must be timezone-aware")
-    # Four-digit years whatever the platform's strftime does with years before 1000, so
-    # that what we write parses back.
-    moment = value.astimezone(UTC)
-    return f"{moment.year:04d}-" + moment.strftime("%m-%dT%H:%M:%SZ")
+# Formatting an aware datetime the way the API server does (second precision, Z).
+format_kube_time = format_time
 
 
 class OwnerKind(StrEnum):

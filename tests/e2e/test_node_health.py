@@ -374,3 +374,24 @@ def test_a_namespace_can_opt_all_its_pods_in_to_avoiding_pressure(
     ]
     assert term["preference"]["matchExpressions"][0]["key"] == "status"
     assert "kn-rescheduler.io/opted-in" not in (created["metadata"].get("labels") or {})
+
+
+def test_an_unreadable_record_on_one_node_does_not_stop_the_others_expiring(
+    cluster: Any, api: Kube, assess: Callable[..., Any]
+) -> None:
+    client = assess(suspect_window="3s")
+    bad, broken = cluster.nodes[1], cluster.nodes[2]
+    now = datetime.now(UTC)
+    post(client, rescheduled(bad, "web", "web-1", now))
+    assert post(client, rescheduled(bad, "api", "api-1", now)).status_code == 200
+    garbage = {"metadata": {"annotations": {NODE_HEALTH_ANNOTATION: "{not json"}}}
+    api.merge_patch("Node", None, broken, garbage)
+    time.sleep(3.5)
+    # The review skips the record it cannot read (logged), leaves it as it is, and still
+    # expires the other node's suspicion.
+    assert ping(client).status_code == 202
+    assert not suspect(node_of(api, bad))
+    annotations = node_of(api, broken)["metadata"]["annotations"]
+    assert annotations[NODE_HEALTH_ANNOTATION] == "{not json"
+    # A failure report for the broken node is answered 500: kept in the dead-letter sink.
+    assert post(client, rescheduled(broken, "web", "web-2", now)).status_code == 500
