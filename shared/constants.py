@@ -144,6 +144,31 @@ PRESSURE_ANNOTATION: Final = PREFIX + "pressure"
 # rescheduling: the annotation "true" on a workload, or the label "true" on a namespace.
 AVOID_PRESSURE_KEY: Final = PREFIX + "avoid-pressure"
 
+# --- Load-aware placement (annotate-usage, score-nodes, rebalance-nodes) ------------------------
+# Versioned JSON on a Node: its measured CPU and memory usage (percent of allocatable: current,
+# 5-minute average, 1-hour maximum), when and from which source it was sampled, and the requests
+# of pods bound there too recently to show in the usage (the estimate against herding). The
+# extender and rebalance-nodes read it from the Node; nothing on a hot path calls Prometheus.
+USAGE_ANNOTATION: Final = PREFIX + "usage"
+# Bucket label the annotator keeps with hysteresis, for the scheduler-config-free mode: the
+# webhook injects preferred affinities on it into pods that opted in to load-aware placement.
+LOAD_LABEL: Final = PREFIX + "load"
+LOAD_LOW: Final = "low"
+LOAD_MEDIUM: Final = "medium"
+LOAD_HIGH: Final = "high"
+LOAD_OVERLOADED: Final = "overloaded"
+LOAD_BUCKETS: Final = (LOAD_LOW, LOAD_MEDIUM, LOAD_HIGH, LOAD_OVERLOADED)
+# A Node labelled for maintenance ("true") is filtered by the extender, labelled overloaded and
+# drained gradually by rebalance-nodes.
+MAINTENANCE_LABEL: Final = PREFIX + "maintenance"
+MAINTENANCE_VALUE: Final = "true"
+# Opt-in to load-aware placement in the label mode: the annotation "true" on a workload, or the
+# label "true" on a namespace (pods opted in to rescheduling get it too).
+LOAD_AWARE_KEY: Final = PREFIX + "load-aware"
+# The second scheduler profile that calls the extender (a scheduler of its own: the extenders of
+# a KubeSchedulerConfiguration are shared by all its profiles).
+LOAD_AWARE_SCHEDULER_NAME: Final = "kn-rescheduler-load-aware"
+
 # --- Local simulation (tests and demo only) ----------------------------------------------------
 # Simulated node usage the local node-exporter endpoints serve: fractions 0..1 of the node's
 # CPU and memory in use, as annotations on the Node.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,11 @@ from shared.platform.durations import parse_duration
 # A bound on what a user can ask for: enough for any sane workload, small enough that a typo
 # ("30000") cannot turn the rescheduler into a pod-deleting loop.
 MAX_RETRIES: Final = 100
+
+# Where annotate-usage reads node usage.
+USAGE_SOURCE_PROMETHEUS: Final = "prometheus"
+USAGE_SOURCE_METRICS_API: Final = "metrics-api"
+USAGE_SOURCES: Final = (USAGE_SOURCE_PROMETHEUS, USAGE_SOURCE_METRICS_API)
 
 ENV_PREFIX: Final = "KN_RESCHEDULER_"
 # Where a mounted config file is looked for when the caller names none.
@@ -178,9 +184,58 @@ class Config:
     # evaluation, then removed (soft affinity never blocks scheduling; stale labels mislead).
     pressure_stale_after: timedelta = timedelta(minutes=5)
 
+    # --- load-aware placement (annotate-usage, score-nodes) ---------------------------------
+    # Where annotate-usage reads node usage: "prometheus" (prometheus_url) or "metrics-api"
+    # (metrics.k8s.io, what metrics-server serves).
+    usage_source: str = USAGE_SOURCE_PROMETHEUS
+    # A Node's usage annotation is rewritten only when a value moved by more than this many
+    # percentage points (or the estimate or the bucket changed, or the record is getting stale).
+    usage_tolerance: float = 2.0
+    # Usage sampled longer ago than this is no usage: the extender neither filters nor penalises
+    # the node, and its load label is removed.
+    usage_stale_after: timedelta = timedelta(minutes=3)
+    # Pods bound to a node within this long before a sample count as estimated usage (their
+    # requests times usage_estimate_factor): their load does not show in the usage yet.
+    usage_estimate_window: timedelta = timedelta(minutes=1)
+    usage_estimate_factor: float = 1.0
+    # Filter: a node whose CPU or memory usage is above these (percent) is failed by the extender.
+    cpu_threshold: float = 80.0
+    memory_threshold: float = 80.0
+    # Filter: a node whose usage plus the pod's requests would exceed this (percent) is failed.
+    predicted_usage_limit: float = 95.0
+    # Prioritize: (100 - cpu) * cpu_score_weight + (100 - memory) * memory_score_weight, plus
+    # load_balance_bonus when both are under low_load_threshold, scaled to the extender's range.
+    cpu_score_weight: float = 0.5
+    memory_score_weight: float = 0.5
+    load_balance_bonus: float = 10.0
+    # Load buckets (label mode): low under low_load_threshold, medium under high_load_threshold,
+    # high under the CPU/memory threshold, overloaded above it or in maintenance; a node leaves a
+    # bucket downwards only load_hysteresis points below its boundary.
+    low_load_threshold: float = 30.0
+    high_load_threshold: float = 60.0
+    load_hysteresis: float = 5.0
+    # Weight of the preferred affinities the webhook injects on the load label; 0: none.
+    load_affinity_weight: int = 30
+
     def __post_init__(self) -> None:
         for name in ("waiting_reasons", "termination_reasons"):
             _refuse_never_move(getattr(self, name), name)
+        if (
+            not self.low_load_threshold
+            < self.high_load_threshold
+            <= min(self.cpu_threshold, self.memory_threshold)
+        ):
+            raise ConfigError(
+                "KN_RESCHEDULER_HIGH_LOAD_THRESHOLD",
+                "expected low_load_threshold < high_load_threshold <= cpu_threshold and "
+                f"memory_threshold, got {self.low_load_threshold}, {self.high_load_threshold}, "
+                f"{self.cpu_threshold}, {self.memory_threshold}",
+            )
+        if self.cpu_score_weight + self.memory_score_weight <= 0:
+            raise ConfigError(
+                "KN_RESCHEDULER_CPU_SCORE_WEIGHT",
+                "cpu_score_weight and memory_score_weight cannot both be 0",
+            )
 
     @property
     def api_timeout_seconds(self) -> float:
@@ -365,6 +420,46 @@ def _as_label(raw: object, where: str) -> str:
     return f"{key.strip()}={value.strip()}"
 
 
+def _as_number(raw: object, where: str, expected: str) -> float:
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        if isinstance(raw, int | float):
+            value = float(raw)
+        elif isinstance(raw, str):
+            value = float(raw.strip().removesuffix("%"))
+        else:
+            raise TypeError
+    except (TypeError, ValueError) as err:
+        raise ConfigError(where, f"expected {expected}, got {raw!r}") from err
+    if math.isnan(value) or math.isinf(value):
+        raise ConfigError(where, f"expected {expected}, got {raw!r}")
+    return value
+
+
+def _as_percent(raw: object, where: str) -> float:
+    """Percentage points, 0..100: 80, 80.5 or "80%"."""
+    value = _as_number(raw, where, "a percentage from 0 to 100 such as 80 or 80%")
+    if not 0 <= value <= 100:
+        raise ConfigError(where, f"expected a percentage from 0 to 100, got {raw!r}")
+    return value
+
+
+def _as_factor(raw: object, where: str) -> float:
+    """A multiplier from 0 to 10 (a weight, a share of requests)."""
+    value = _as_number(raw, where, "a number from 0 to 10 such as 0.5")
+    if not 0 <= value <= 10:
+        raise ConfigError(where, f"expected a number from 0 to 10, got {raw!r}")
+    return value
+
+
+def _as_usage_source(raw: object, where: str) -> str:
+    text = _as_text(raw, where)
+    if text not in USAGE_SOURCES:
+        raise ConfigError(where, f"expected one of {', '.join(USAGE_SOURCES)}, got {raw!r}")
+    return text
+
+
 # Every Config field and how to read it from a string (env) or a YAML value (file).
 _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "waiting_reasons": _as_reasons,
@@ -397,6 +492,21 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "pressure_affinity_weight": _as_weight,
     "pressure_max_share": _as_share,
     "pressure_stale_after": _as_duration,
+    "usage_source": _as_usage_source,
+    "usage_tolerance": _as_percent,
+    "usage_stale_after": _as_duration,
+    "usage_estimate_window": _as_duration,
+    "usage_estimate_factor": _as_factor,
+    "cpu_threshold": _as_percent,
+    "memory_threshold": _as_percent,
+    "predicted_usage_limit": _as_percent,
+    "cpu_score_weight": _as_factor,
+    "memory_score_weight": _as_factor,
+    "load_balance_bonus": _as_percent,
+    "low_load_threshold": _as_percent,
+    "high_load_threshold": _as_percent,
+    "load_hysteresis": _as_percent,
+    "load_affinity_weight": _as_weight,
 }
 
 

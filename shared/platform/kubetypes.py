@@ -203,3 +203,37 @@ class Affinity(TypedDict, total=False):
     nodeAffinity: NodeAffinity
     podAffinity: dict[str, Any]
     podAntiAffinity: dict[str, Any]
+
+
+# A Node, as far as the node-level functions read it (what the API server and the scheduler's
+# extender request carry).
+class Taint(TypedDict, total=False):
+    key: str
+    value: str
+    effect: str
+
+
+class NodeSpec(TypedDict, total=False):
+    unschedulable: bool
+    taints: list[Taint]
+
+
+class NodeAddress(TypedDict, total=False):
+    type: str
+    address: str
+
+
+class NodeStatus(TypedDict, total=False):
+    # Quantities as the API writes them: {"cpu": "4", "memory": "16Gi", "pods": "110"}.
+    capacity: dict[str, str]
+    allocatable: dict[str, str]
+    addresses: list[NodeAddress]
+    conditions: list[dict[str, Any]]
+
+
+class Node(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    spec: NodeSpec
+    status: NodeStatus
