@@ -1,0 +1,289 @@
+"""The scheduler extender's decisions: which nodes a pod may go to, and which it should prefer.
+
+kube-scheduler runs its own filters and scores first, then POSTs the pod and the nodes that are
+left to score-nodes (``filter``, then ``prioritize``). Both answers come from the Node objects
+in that request alone: their usage annotation (written by annotate-usage), their allocatable,
+their maintenance label. No API call, no Prometheus, no state: the same request gets the same
+answer from any replica.
+
+Filter. A node fails when its usage is over ``cpu_threshold`` / ``memory_threshold``, when it
+is labelled for maintenance, or when its usage plus the pod's requests (percent of allocatable)
+would go over ``predicted_usage_limit`` (the seed's Reserve at 95 %). The reason is short and
+the same for every node that fails for the same cause, because the scheduler counts identical
+reasons into the pod's FailedScheduling event ("0/4 nodes are available: 3 node CPU usage over
+80%, 1 node in maintenance.", framework.FitError.Error).
+
+Prioritize. ``(100 - cpu) * cpu_score_weight + (100 - mem) * memory_score_weight``, divided by
+the weights' sum, plus ``load_balance_bonus`` when both are under ``low_load_threshold``, scaled
+onto the extender's range 0..10 (extender/v1 MaxExtenderPriority; the scheduler multiplies it
+by the extender's weight and by MaxNodeScore / MaxExtenderPriority).
+
+Usage we cannot trust (no record, a record older than ``usage_stale_after``, a record or an
+allocatable we cannot read) neither fails a node nor pushes pods away from it: the scheduler's
+own plugins decide there, as without the extender. Such a node scores the mean of the nodes
+that were scored: a low score would drain pods off every node whose annotator lags or that
+just joined, a high one would herd them onto exactly the nodes nobody measured.
+
+What the extender sees, and what it cannot (herding). Usage is measured: it lags the pods
+placed on a node. The record therefore carries an estimate, the requests of pods bound to the
+node within a window before the sample, and both the filter and the score use
+``estimated_cpu`` / ``estimated_memory`` (measured plus that estimate). What the extender
+cannot see are pods bound since the last sample: the annotator counts them at its next tick
+(every 30 s by default). Within a tick, the scheduler's own NodeResourcesFit scoring counts the
+requests of pods it has just assumed, which spreads a burst. Caveat, in the kube-scheduler
+this project runs (1.36; kubernetes/kubernetes#141781, still open): with ``nodeCacheCapable:
+false`` the scheduler wraps the nodes an extender's filter returns in new NodeInfos without
+their pods (HTTPExtender.Filter), so that scoring sees every node empty whenever the filter
+verb is configured; a burst within one tick then leans on the extender's score and on the
+scheduler's random choice among equal scores. The pod's own requests always count: the
+predicted-usage check adds them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from shared.constants import MAINTENANCE_LABEL, MAINTENANCE_VALUE
+from shared.loadaware.usage import (
+    Resources,
+    UsageError,
+    UsageRecord,
+    allocatable,
+    percent_of,
+    pod_requests,
+    read_usage,
+)
+from shared.platform import quantity
+from shared.platform.config import Config
+from shared.platform.kubetypes import Node, Pod
+
+# k8s.io/kube-scheduler/extender/v1: MinExtenderPriority, MaxExtenderPriority.
+MIN_PRIORITY: Final = 0
+MAX_PRIORITY: Final = 10
+
+# Why a node passed or failed: metric labels and log fields (the text the scheduler shows is
+# FilterVerdict.message).
+FITS: Final = "fits"
+NO_USAGE: Final = "no-usage"
+STALE_USAGE: Final = "stale-usage"
+UNREADABLE_USAGE: Final = "unreadable-usage"
+UNREADABLE_ALLOCATABLE: Final = "unreadable-allocatable"
+MAINTENANCE: Final = "maintenance"
+CPU_OVER: Final = "cpu-over-threshold"
+MEMORY_OVER: Final = "memory-over-threshold"
+CPU_PREDICTED_OVER: Final = "cpu-predicted-over-limit"
+MEMORY_PREDICTED_OVER: Final = "memory-predicted-over-limit"
+SCORED: Final = "scored"
+# A node whose usage cannot be trusted passes and scores neutral (the reasons above, for it).
+UNKNOWN_REASONS: Final = frozenset(
+    {NO_USAGE, STALE_USAGE, UNREADABLE_USAGE, UNREADABLE_ALLOCATABLE}
+)
+
+
+@dataclass(frozen=True)
+class Load:
+    """A node's usage as the extender counts it: measured plus estimate, percent of
+    allocatable, with the allocatable it is a percentage of."""
+
+    cpu: float
+    memory: float
+    allocatable: Resources
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """Why a node's usage cannot be used (one of UNKNOWN_REASONS) and the detail."""
+
+    reason: str
+    detail: str
+
+
+def node_name(node: Node) -> str:
+    return str((node.get("metadata") or {}).get("name") or "")
+
+
+def in_maintenance(node: Node) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return labels.get(MAINTENANCE_LABEL) == MAINTENANCE_VALUE
+
+
+def load_of(node: Node, cfg: Config, now: datetime) -> Load | Unknown:
+    """The node's load from its usage annotation, or why there is none we can use."""
+    try:
+        record: UsageRecord | None = read_usage(node)
+    except (UsageError, AttributeError, TypeError) as err:
+        # AttributeError/TypeError: annotations that are not a map of strings, which only a
+        # hand-made object can carry; the API server would have refused it.
+        return Unknown(UNREADABLE_USAGE, f"unreadable usage record: {err}")
+    if record is None:
+        return Unknown(NO_USAGE, "no usage record")
+    if record.is_stale(now, cfg.usage_stale_after):
+        return Unknown(STALE_USAGE, f"usage sampled {record.age(now)} ago")
+    try:
+        whole = allocatable(node)
+    except (AttributeError, TypeError):
+        whole = None
+    if whole is None:
+        return Unknown(UNREADABLE_ALLOCATABLE, "no usable CPU and memory allocatable")
+    return Load(cpu=record.estimated_cpu, memory=record.estimated_memory, allocatable=whole)
+
+
+# -- filter ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilterVerdict:
+    """One node: passed or not, the reason (a label), and the text the scheduler shows."""
+
+    node: str
+    passed: bool
+    reason: str
+    message: str
+    cpu: float | None = None
+    memory: float | None = None
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    verdicts: tuple[FilterVerdict, ...]
+    # The pod's requests as the scheduler counts them (for the log line).
+    pod_requests: Resources
+
+    @property
+    def passed(self) -> tuple[str, ...]:
+        return tuple(v.node for v in self.verdicts if v.passed)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Failed node -> the message the scheduler puts into FailedScheduling."""
+        return {v.node: v.message for v in self.verdicts if not v.passed}
+
+
+def _percent_text(value: float) -> str:
+    return f"{value:g}%"
+
+
+def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> FilterResult:
+    """Which of ``nodes`` the pod may go to, one verdict per node, in the given order."""
+    try:
+        requests = pod_requests(pod)
+    except (quantity.QuantityError, AttributeError, TypeError):
+        # The API server validated the pod's quantities on create, so this is a hand-made
+        # object; without its requests the prediction adds nothing rather than failing nodes.
+        requests = Resources()
+    return FilterResult(
+        verdicts=tuple(_filter_one(node, requests, cfg, now) for node in nodes),
+        pod_requests=requests,
+    )
+
+
+def _filter_one(node: Node, requests: Resources, cfg: Config, now: datetime) -> FilterVerdict:
+    name = node_name(node)
+    if in_maintenance(node):
+        return FilterVerdict(name, False, MAINTENANCE, "node in maintenance")
+    load = load_of(node, cfg, now)
+    if isinstance(load, Unknown):
+        return FilterVerdict(name, True, load.reason, load.detail)
+    cpu, memory = load.cpu, load.memory
+
+    def failed(reason: str, message: str) -> FilterVerdict:
+        return FilterVerdict(name, False, reason, message, cpu, memory)
+
+    if cpu > cfg.cpu_threshold:
+        return failed(CPU_OVER, f"node CPU usage over {_percent_text(cfg.cpu_threshold)}")
+    if memory > cfg.memory_threshold:
+        return failed(MEMORY_OVER, f"node memory usage over {_percent_text(cfg.memory_threshold)}")
+    pod_cpu, pod_memory = percent_of(requests, load.allocatable)
+    limit = _percent_text(cfg.predicted_usage_limit)
+    if cpu + pod_cpu > cfg.predicted_usage_limit:
+        return failed(CPU_PREDICTED_OVER, f"node CPU usage with the pod would exceed {limit}")
+    if memory + pod_memory > cfg.predicted_usage_limit:
+        return failed(MEMORY_PREDICTED_OVER, f"node memory usage with the pod would exceed {limit}")
+    return FilterVerdict(name, True, FITS, "fits", cpu, memory)
+
+
+# -- prioritize -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeScore:
+    """One node's score on the extender's range, the reason, and the unscaled value."""
+
+    node: str
+    score: int
+    reason: str
+    raw: float | None = None
+
+
+@dataclass(frozen=True)
+class Priorities:
+    scores: tuple[NodeScore, ...]
+
+
+def raw_score(cpu: float, memory: float, cfg: Config) -> float:
+    """Free capacity, weighted (0..100), plus the bonus for a node low on both."""
+    cpu = min(max(cpu, 0.0), 100.0)
+    memory = min(max(memory, 0.0), 100.0)
+    weights = cfg.cpu_score_weight + cfg.memory_score_weight
+    free = ((100.0 - cpu) * cfg.cpu_score_weight + (100.0 - memory) * cfg.memory_score_weight) / (
+        weights
+    )
+    if cpu < cfg.low_load_threshold and memory < cfg.low_load_threshold:
+        free += cfg.load_balance_bonus
+    return free
+
+
+def _scaled(raw: float, cfg: Config) -> int:
+    top = 100.0 + max(cfg.load_balance_bonus, 0.0)
+    value = math.floor(raw * MAX_PRIORITY / top + 0.5)
+    return min(max(value, MIN_PRIORITY), MAX_PRIORITY)
+
+
+def prioritize(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> Priorities:
+    """A score 0..10 per node, in the given order; unknown usage scores the others' mean.
+
+    ``pod`` is not used by the formula (it scores the node, not the placement); it is part of
+    the signature because it is part of the request, and a later formula may weigh it.
+    """
+    del pod
+    known: list[tuple[str, int, float]] = []
+    unknown: dict[str, str] = {}
+    order: list[str] = []
+    for node in nodes:
+        name = node_name(node)
+        order.append(name)
+        load = load_of(node, cfg, now)
+        if isinstance(load, Unknown):
+            unknown[name] = load.reason
+            continue
+        raw = raw_score(load.cpu, load.memory, cfg)
+        known.append((name, _scaled(raw, cfg), raw))
+    neutral = (
+        math.floor(sum(score for _, score, _ in known) / len(known) + 0.5)
+        if known
+        else (MIN_PRIORITY + MAX_PRIORITY) // 2
+    )
+    by_name = {name: NodeScore(name, score, SCORED, raw) for name, score, raw in known}
+    for name, reason in unknown.items():
+        by_name[name] = NodeScore(name, neutral, reason)
+    return Priorities(scores=tuple(by_name[name] for name in order))
+
+
+def pass_unknown(names: Sequence[str]) -> FilterResult:
+    """Nodes sent by name only (nodeCacheCapable: true): nothing to read, so all pass."""
+    return FilterResult(
+        verdicts=tuple(
+            FilterVerdict(name, True, NO_USAGE, "no Node object sent") for name in names
+        ),
+        pod_requests=Resources(),
+    )
+
+
+def unknown_nodes(names: Sequence[str]) -> Priorities:
+    """Scores for nodes sent by name only (nodeCacheCapable: true): nothing to read, all equal."""
+    neutral = (MIN_PRIORITY + MAX_PRIORITY) // 2
+    return Priorities(scores=tuple(NodeScore(name, neutral, NO_USAGE) for name in names))
