@@ -38,6 +38,8 @@ FUNCTIONS: Final = (
     "sweep-failures",
     "assess-nodes",
     "label-nodes",
+    "annotate-usage",
+    "score-nodes",
 )
 
 

@@ -188,6 +188,9 @@ class Config:
     # Where annotate-usage reads node usage: "prometheus" (prometheus_url) or "metrics-api"
     # (metrics.k8s.io, what metrics-server serves).
     usage_source: str = USAGE_SOURCE_PROMETHEUS
+    # Prometheus source: the current CPU usage is a rate over this window (at least 4 scrape
+    # intervals; the 5-minute average and 1-hour maximum have their own windows).
+    usage_rate_window: timedelta = timedelta(minutes=1)
     # A Node's usage annotation is rewritten only when a value moved by more than this many
     # percentage points (or the estimate or the bucket changed, or the record is getting stale).
     usage_tolerance: float = 2.0
@@ -493,6 +496,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "pressure_max_share": _as_share,
     "pressure_stale_after": _as_duration,
     "usage_source": _as_usage_source,
+    "usage_rate_window": _as_duration,
     "usage_tolerance": _as_percent,
     "usage_stale_after": _as_duration,
     "usage_estimate_window": _as_duration,

@@ -61,6 +61,9 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     # Namespace for the per-namespace pressure opt-in.
     "Node": ("/api/v1", "nodes"),
     "Namespace": ("/api/v1", "namespaces"),
+    # The Metrics API (metrics-server, through the API server's aggregation layer): one
+    # NodeMetrics per node, usage in cores and bytes ({"cpu": "1250m", "memory": "2Gi"}).
+    "NodeMetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes"),
 }
 
 
@@ -350,12 +353,15 @@ class Kube:
         limit: int = 500,
         continue_token: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> JSON:
         query = {"limit": str(limit)}
         if continue_token:
             query["continue"] = continue_token
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         return self.request("GET", path_for(kind, namespace), query=query)
 
     def list_all(
@@ -365,12 +371,18 @@ class Kube:
         *,
         limit: int = 500,
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> Iterator[JSON]:
         """Every object, a page at a time (each page is one request; memory stays flat)."""
         token: str | None = None
         while True:
             page = self.list_page(
-                kind, namespace, limit=limit, continue_token=token, label_selector=label_selector
+                kind,
+                namespace,
+                limit=limit,
+                continue_token=token,
+                label_selector=label_selector,
+                field_selector=field_selector,
             )
             yield from page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")

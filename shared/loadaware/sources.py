@@ -1,0 +1,143 @@
+"""Where node usage comes from: Prometheus (node-exporter's metrics) or the Metrics API.
+
+Both answer the same question, cores and bytes in use per Node (`annotate.Measured`); the
+annotator turns them into percent of the node's allocatable. They differ in what they know:
+
+- Prometheus keeps history, so it gives the current usage (a rate over 1 minute), the 5-minute
+  average and the 1-hour maximum. CPU in use is the sum over the node's CPUs of the share of
+  time not idle (``1 - rate(node_cpu_seconds_total{mode="idle"})``): iowait and steal count as
+  in use, as the CPU is not available to pods then either. Memory in use is MemTotal minus
+  MemAvailable (what the kernel could give without swapping; the working set the kubelet
+  evicts on is close to it). Series are matched to Nodes as label-nodes matches them
+  (shared.platform.prometheus.node_values).
+- The Metrics API (metrics-server, what ``kubectl top nodes`` reads) keeps no history: the
+  current usage only (metrics-server's window, 10-30 s), the average and maximum stay unknown.
+  Its memory is the node's working set.
+
+A source that cannot answer raises `SourceDown` with what a person needs to fix it; one answer
+that lacks a node leaves that node without a measurement (its record ages, then its bucket
+goes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Final, Protocol
+
+from shared.loadaware.annotate import Measured
+from shared.platform import kube as kubeapi
+from shared.platform import prometheus as prom
+from shared.platform import quantity
+from shared.platform.config import USAGE_SOURCE_METRICS_API, USAGE_SOURCE_PROMETHEUS
+
+log = logging.getLogger(__name__)
+
+_CPU_IN_USE: Final = '1 - rate(node_cpu_seconds_total{mode="idle"}[%s])'
+_MEMORY_IN_USE: Final = "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes"
+# Summed per scrape target (instance) and, where present, node label, so that the per-CPU
+# series of one node-exporter become one value per node.
+_BY: Final = "by (instance, node)"
+
+
+def queries(rate_window: timedelta) -> dict[str, str]:
+    """The PromQL per measured value; the current CPU usage is a rate over ``rate_window``."""
+    now = f"{max(1, int(rate_window.total_seconds()))}s"
+    return {
+        "cpu": f"sum {_BY} ({_CPU_IN_USE % now})",
+        "cpu_avg5m": f"sum {_BY} ({_CPU_IN_USE % '5m'})",
+        # A subquery: the current usage every minute over the last hour, its maximum.
+        "cpu_max1h": f"max_over_time((sum {_BY} ({_CPU_IN_USE % now}))[1h:1m])",
+        "memory": f"sum {_BY} ({_MEMORY_IN_USE})",
+        "memory_avg5m": f"sum {_BY} (avg_over_time(({_MEMORY_IN_USE})[5m:30s]))",
+        "memory_max1h": f"max_over_time((sum {_BY} ({_MEMORY_IN_USE}))[1h:1m])",
+    }
+
+
+# Without these two there is no measurement; the others only add history.
+_REQUIRED: Final = ("cpu", "memory")
+
+
+class SourceDown(Exception):
+    """The source gave no usable answer; the message says why."""
+
+
+class Source(Protocol):
+    name: str
+
+    def sample(self, internal_ips: Mapping[str, Iterable[str]]) -> dict[str, Measured]:
+        """Usage per Node name. ``internal_ips`` maps every Node to its InternalIP addresses."""
+        ...
+
+
+@dataclass
+class PrometheusSource:
+    prometheus: prom.Prometheus
+    rate_window: timedelta = timedelta(minutes=1)
+    name: str = USAGE_SOURCE_PROMETHEUS
+
+    def sample(self, internal_ips: Mapping[str, Iterable[str]]) -> dict[str, Measured]:
+        ips = {node: list(addresses) for node, addresses in internal_ips.items()}
+        values: dict[str, dict[str, float]] = {}
+        for key, expr in queries(self.rate_window).items():
+            try:
+                samples = self.prometheus.query(expr)
+            except prom.QueryFailed as err:
+                if key in _REQUIRED:
+                    raise SourceDown(f"Prometheus refused the {key} query: {err}") from err
+                log.warning("usage history unavailable (%s): %s", key, err)
+                continue
+            except prom.PrometheusError as err:
+                raise SourceDown(f"Prometheus: {err}") from err
+            for node, found in prom.node_values(samples, ips).items():
+                # Several series for one node (scraped by two jobs) are the same machine.
+                values.setdefault(node, {})[key] = max(found)
+        measured: dict[str, Measured] = {}
+        for node, got in values.items():
+            if not all(key in got for key in _REQUIRED):
+                continue
+            measured[node] = Measured(
+                cpu_cores=got["cpu"],
+                memory_bytes=got["memory"],
+                cpu_cores_avg5m=got.get("cpu_avg5m"),
+                memory_bytes_avg5m=got.get("memory_avg5m"),
+                cpu_cores_max1h=got.get("cpu_max1h"),
+                memory_bytes_max1h=got.get("memory_max1h"),
+            )
+        return measured
+
+
+@dataclass
+class MetricsApiSource:
+    kube: kubeapi.Kube
+    name: str = USAGE_SOURCE_METRICS_API
+
+    def sample(self, internal_ips: Mapping[str, Iterable[str]]) -> dict[str, Measured]:
+        try:
+            items = list(self.kube.list_all("NodeMetrics"))
+        except kubeapi.NotFound as err:
+            raise SourceDown(
+                "the Metrics API (metrics.k8s.io/v1beta1) is not served: is metrics-server "
+                f"installed and its APIService Available? ({err})"
+            ) from err
+        except kubeapi.Forbidden as err:
+            raise SourceDown(f"not allowed to list nodes.metrics.k8s.io: {err}") from err
+        except kubeapi.KubeError as err:
+            # 503 from the aggregation layer when metrics-server is down, or a timeout.
+            raise SourceDown(f"the Metrics API did not answer: {err}") from err
+        measured: dict[str, Measured] = {}
+        for item in items:
+            name = (item.get("metadata") or {}).get("name")
+            usage = item.get("usage") or {}
+            if name not in internal_ips:
+                continue
+            try:
+                cpu = quantity.parse(usage.get("cpu"))
+                memory = quantity.parse(usage.get("memory"))
+            except quantity.QuantityError as err:
+                log.warning("NodeMetrics %s: unreadable usage %r: %s", name, usage, err)
+                continue
+            measured[str(name)] = Measured(cpu_cores=float(cpu), memory_bytes=float(memory))
+        return measured
