@@ -163,7 +163,8 @@ LOAD_BUCKETS: Final = (LOAD_LOW, LOAD_MEDIUM, LOAD_HIGH, LOAD_OVERLOADED)
 MAINTENANCE_LABEL: Final = PREFIX + "maintenance"
 MAINTENANCE_VALUE: Final = "true"
 # Opt-in to load-aware placement in the label mode: the annotation "true" on a workload, or the
-# label "true" on a namespace (pods opted in to rescheduling get it too).
+# label "true" on a namespace. Not implied by opting in to rescheduling: preferred affinities
+# are normalised by their maximum and dilute a pod's own preferences (docs/node-health.md).
 LOAD_AWARE_KEY: Final = PREFIX + "load-aware"
 # The second scheduler profile that calls the extender (a scheduler of its own: the extenders of
 # a KubeSchedulerConfiguration are shared by all its profiles).

@@ -100,13 +100,22 @@ class SoftAvoid:
     value: str
     weight: int
     what: str  # for the reasons: "suspect nodes", "nodes under pressure"
+    # More values to avoid with the same term (load buckets: high and overloaded).
+    more_values: tuple[str, ...] = ()
 
     def term(self) -> PreferredSchedulingTerm:
-        # NotIn also matches nodes without the label at all: every healthy node scores.
+        # NotIn also matches nodes without the label at all: every healthy node scores, and a
+        # node nobody measured is never ranked below a measured one.
         return {
             "weight": self.weight,
             "preference": {
-                "matchExpressions": [{"key": self.key, "operator": "NotIn", "values": [self.value]}]
+                "matchExpressions": [
+                    {
+                        "key": self.key,
+                        "operator": "NotIn",
+                        "values": [self.value, *self.more_values],
+                    }
+                ]
             },
         }
 

@@ -38,6 +38,11 @@ from shared.admission.mutation import Mutation, OwnerFacts, SoftAvoid, mutate
 from shared.constants import (
     AVOID_PRESSURE_KEY,
     IGNORE_DISRUPTIONS_ANNOTATION,
+    LOAD_AWARE_KEY,
+    LOAD_HIGH,
+    LOAD_LABEL,
+    LOAD_MEDIUM,
+    LOAD_OVERLOADED,
     POLICY_ANNOTATION,
     STATE_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
@@ -55,8 +60,8 @@ from shared.rescheduling.state import StateError, exclusions_for, foreign_copy, 
 
 log = logging.getLogger(__name__)
 
-# How long a namespace's pressure opt-in label is trusted before it is read again (seconds),
-# and how many namespaces are remembered.
+# How long a namespace's opt-in labels (pressure, load-aware) are trusted before they are read
+# again (seconds), and how many namespaces are remembered.
 NAMESPACE_TTL: Final = 30.0
 NAMESPACE_CACHE_MAX: Final = 10_000
 
@@ -76,8 +81,8 @@ class Admitter:
         self._make_api = api
         self._api: kube.Kube | None = None
         self.cfg = cfg
-        # namespace -> (monotonic expiry, avoids pressure)
-        self._namespaces: dict[str, tuple[float, bool]] = {}
+        # namespace -> (monotonic expiry, its labels)
+        self._namespaces: dict[str, tuple[float, dict[str, str]]] = {}
 
     @property
     def api(self) -> kube.Kube:
@@ -170,33 +175,58 @@ class Admitter:
         if self.cfg.pressure_affinity_weight and (
             moves
             or holder.annotations.get(AVOID_PRESSURE_KEY) == "true"
-            or self._namespace_avoids_pressure(namespace)
+            or self._namespace_opts_in(namespace, AVOID_PRESSURE_KEY)
         ):
             key, _, value = self.cfg.pressure_label.partition("=")
             avoid.append(
                 SoftAvoid(key, value, self.cfg.pressure_affinity_weight, f"labelled {key}={value}")
             )
+        weight = self.cfg.load_affinity_weight
+        if weight and (
+            holder.annotations.get(LOAD_AWARE_KEY) == "true"
+            or self._namespace_opts_in(namespace, LOAD_AWARE_KEY)
+        ):
+            # Two terms: low-load nodes score weight * 1.5, medium weight, high and overloaded
+            # nothing; a node without the label (not measured, stale) scores as a low one.
+            avoid.append(
+                SoftAvoid(
+                    LOAD_LABEL,
+                    LOAD_HIGH,
+                    weight,
+                    "under high load or overloaded",
+                    more_values=(LOAD_OVERLOADED,),
+                )
+            )
+            avoid.append(
+                SoftAvoid(
+                    LOAD_LABEL,
+                    LOAD_MEDIUM,
+                    max(1, weight // 2),
+                    "under medium load or more",
+                    more_values=(LOAD_HIGH, LOAD_OVERLOADED),
+                )
+            )
         return tuple(avoid)
 
-    def _namespace_avoids_pressure(self, namespace: str) -> bool:
-        """The namespace's opt-in label, read at most every NAMESPACE_TTL seconds per
-        namespace (every pod create comes here). Unreadable: no (never block a pod)."""
+    def _namespace_opts_in(self, namespace: str, key: str) -> bool:
+        """Whether the namespace carries the label ``key: "true"``; its labels are read at
+        most every NAMESPACE_TTL seconds per namespace (every pod create comes here).
+        Unreadable: no (never block a pod)."""
         now = time.monotonic()
         cached = self._namespaces.get(namespace)
         if cached is not None and cached[0] > now:
-            return cached[1]
+            return cached[1].get(key) == "true"
         try:
             found = self.api.get("Namespace", None, namespace)
         except kube.KubeError as exc:
-            log.info("cannot read namespace %s for the pressure opt-in: %s", namespace, exc)
-            answer = False
+            log.info("cannot read namespace %s for its opt-in labels: %s", namespace, exc)
+            labels: dict[str, str] = {}
         else:
-            labels = (found.get("metadata") or {}).get("labels") or {}
-            answer = labels.get(AVOID_PRESSURE_KEY) == "true"
+            labels = dict((found.get("metadata") or {}).get("labels") or {})
         if len(self._namespaces) > NAMESPACE_CACHE_MAX:
             self._namespaces.clear()
-        self._namespaces[namespace] = (now + NAMESPACE_TTL, answer)
-        return answer
+        self._namespaces[namespace] = (now + NAMESPACE_TTL, labels)
+        return labels.get(key) == "true"
 
     def decide_job(self, request: Mapping[str, Any]) -> JobMutation | None:
         """A Job being created: the Ignore DisruptionTarget rule, when asked and opted in."""

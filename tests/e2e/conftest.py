@@ -23,12 +23,17 @@ from kubernetes import client as k8s
 from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from shared.constants import (
     APISERVER_UPDATE,
+    LOAD_LABEL,
+    MAINTENANCE_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     PRESSURE_ANNOTATION,
     PRESSURE_LABEL_KEY,
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
     STATE_ANNOTATION,
     SUSPECT_LABEL,
+    USAGE_ANNOTATION,
 )
 from shared.platform import events
 from shared.platform.config import Config
@@ -99,14 +104,26 @@ def node_marks_cleared(request: pytest.FixtureRequest) -> Iterator[None]:
         patch: dict[str, Any] = {"metadata": {}}
         stale_labels = {
             key: None
-            for key in (SUSPECT_LABEL, NODE_OPT_OUT_LABEL, PRESSURE_LABEL_KEY)
+            for key in (
+                SUSPECT_LABEL,
+                NODE_OPT_OUT_LABEL,
+                PRESSURE_LABEL_KEY,
+                LOAD_LABEL,
+                MAINTENANCE_LABEL,
+            )
             if key in labels
         }
         if stale_labels:
             patch["metadata"]["labels"] = stale_labels
         stale = [
             k
-            for k in (NODE_HEALTH_ANNOTATION, PRESSURE_ANNOTATION)
+            for k in (
+                NODE_HEALTH_ANNOTATION,
+                PRESSURE_ANNOTATION,
+                USAGE_ANNOTATION,
+                SIM_CPU_USAGE_ANNOTATION,
+                SIM_MEMORY_USAGE_ANNOTATION,
+            )
             if k in (meta.get("annotations") or {})
         ]
         if stale:

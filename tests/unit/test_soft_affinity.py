@@ -15,7 +15,7 @@ import pytest
 
 from shared.admission.mutation import OwnerFacts, SoftAvoid, mutate
 from shared.admission.review import Admitter
-from shared.constants import AVOID_PRESSURE_KEY, SUSPECT_LABEL
+from shared.constants import AVOID_PRESSURE_KEY, LOAD_AWARE_KEY, LOAD_LABEL, SUSPECT_LABEL
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.rescheduling.owners import Holder, Ref
@@ -100,6 +100,8 @@ def admitter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: Config) -> Ad
     return Admitter(kube.Kube.from_environment, cfg)
 
 
+LOAD_TERMS = ["under high load or overloaded", "under medium load or more"]
+
 # The preference away from suspect nodes, turned on (off by default: the taint does the work).
 SUSPECT_ON = Config(suspect_affinity_weight=100)
 
@@ -119,6 +121,10 @@ def holder(**annotations: str) -> Holder:
         ("0", {}, SUSPECT_ON, []),
         ("3", {}, Config(suspect_affinity_weight=100, pressure_affinity_weight=0), ["suspect"]),
         ("3", {}, Config(pressure_label="load=high"), ["labelled load=high"]),
+        (None, {LOAD_AWARE_KEY: "true"}, Config(), LOAD_TERMS),
+        ("3", {LOAD_AWARE_KEY: "true"}, Config(), ["labelled status=presure", *LOAD_TERMS]),
+        (None, {LOAD_AWARE_KEY: "true"}, Config(load_affinity_weight=0), []),
+        (None, {LOAD_AWARE_KEY: "yes"}, Config(), []),
     ],
     ids=[
         "moves",
@@ -129,6 +135,10 @@ def holder(**annotations: str) -> Holder:
         "suspect-on-zero",
         "no-pressure",
         "label",
+        "load-aware",
+        "load-aware-and-moves",
+        "load-aware-off",
+        "load-aware-not-true",
     ],
 )
 def test_who_gets_which_preference(
@@ -141,3 +151,45 @@ def test_who_gets_which_preference(
 ) -> None:
     found = admitter(tmp_path, monkeypatch, cfg)._avoid(policy, holder(**annotations), "shop")
     assert [soft.what for soft in found] == expected
+
+
+def test_a_load_aware_pod_prefers_low_load_nodes_then_medium_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found = admitter(tmp_path, monkeypatch, Config(load_affinity_weight=30))._avoid(
+        None, holder(**{LOAD_AWARE_KEY: "true"}), "shop"
+    )
+    terms = [soft.term() for soft in found]
+    assert terms == [
+        {
+            "weight": 30,
+            "preference": {
+                "matchExpressions": [
+                    {"key": LOAD_LABEL, "operator": "NotIn", "values": ["high", "overloaded"]}
+                ]
+            },
+        },
+        {
+            "weight": 15,
+            "preference": {
+                "matchExpressions": [
+                    {
+                        "key": LOAD_LABEL,
+                        "operator": "NotIn",
+                        "values": ["medium", "high", "overloaded"],
+                    }
+                ]
+            },
+        },
+    ]
+
+    # What the scheduler's NodeAffinity plugin adds up per node: low (or unlabelled) 45,
+    # medium 30, high and overloaded 0.
+    def score(bucket: str | None) -> int:
+        return sum(
+            t["weight"]
+            for t in terms
+            if bucket not in t["preference"]["matchExpressions"][0]["values"]
+        )
+
+    assert [score(b) for b in ("low", None, "medium", "high", "overloaded")] == [45, 45, 30, 0, 0]
