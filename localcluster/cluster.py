@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -132,6 +132,7 @@ class Cluster:
         keep_workdir: bool | None = None,
         quiet: bool = False,
         prometheus: bool = True,
+        scheduler_config: Mapping[str, Any] | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
@@ -162,6 +163,8 @@ class Cluster:
         self.with_prometheus = prometheus
         self.prometheus: LocalPrometheus | None = None
         self.node_exporter: NodeExporter | None = None
+        # A KubeSchedulerConfiguration for the cluster's kube-scheduler (see _scheduler_argv).
+        self.scheduler_config = dict(scheduler_config) if scheduler_config is not None else None
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -608,18 +611,9 @@ class Cluster:
         )
         self._spawn(
             "kube-scheduler",
-            [
-                str(bins / "kube-scheduler"),
-                f"--kubeconfig={sched_kubeconfig}",
-                f"--authentication-kubeconfig={sched_kubeconfig}",
-                f"--authorization-kubeconfig={sched_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports.scheduler}",
-                f"--cert-dir={self.workdir / 'certs'}",
-                "--leader-elect=true",
-                "--profiling=false",
-                "--v=1",
-            ],
+            self._scheduler_argv(
+                bins, "kube-scheduler", ports.scheduler, self.scheduler_config, "kube-scheduler"
+            ),
         )
         kwok_dir = self.workdir / "kwok"
         kwok_dir.mkdir()
@@ -802,6 +796,119 @@ class Cluster:
         kubelet = self.kubelet
         assert kubelet is not None
         self._wait("the fake kubelet's pod list", kubelet.synced.is_set, deadline)
+
+    def _scheduler_argv(
+        self,
+        bins: Path,
+        name: str,
+        port: int,
+        config: Mapping[str, Any] | None,
+        lease: str,
+    ) -> list[str]:
+        """kube-scheduler's command line; with ``config``, a KubeSchedulerConfiguration file.
+
+        With --config, kube-scheduler ignores its deprecated flags (--kubeconfig, --profiling,
+        ...: Options.ApplyTo in cmd/kube-scheduler/app/options) and honours only the leader
+        election flags besides the serving and delegated-auth ones, so the kubeconfig goes into
+        clientConnection.kubeconfig and the lease name into leaderElection.resourceName.
+        """
+        kubeconfig = self.workdir / "scheduler.kubeconfig"
+        argv = [
+            str(bins / "kube-scheduler"),
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.workdir / 'certs'}",
+            "--v=1",
+        ]
+        if config is None:
+            return [*argv, f"--kubeconfig={kubeconfig}", "--leader-elect=true", "--profiling=false"]
+        full: dict[str, Any] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "enableProfiling": False,
+            **config,
+        }
+        full["clientConnection"] = {
+            "kubeconfig": str(kubeconfig),
+            **(config.get("clientConnection") or {}),
+        }
+        full["leaderElection"] = {
+            "leaderElect": True,
+            "resourceNamespace": "kube-system",
+            "resourceName": lease,
+            **(config.get("leaderElection") or {}),
+        }
+        path = self.workdir / f"{name}.config.yaml"
+        path.write_text(yaml.safe_dump(full, sort_keys=False))
+        return [*argv, f"--config={path}"]
+
+    def start_scheduler(self, name: str, config: Mapping[str, Any], timeout: float = 60.0) -> Proc:
+        """Starts a second kube-scheduler beside the cluster's, with its own
+        KubeSchedulerConfiguration, port and leader lease (named ``name``, in kube-system);
+        returns once it holds the lease. It stops with the cluster.
+
+        A second scheduler, not a second profile of the first: the extenders of a
+        KubeSchedulerConfiguration are shared by all its profiles (its ``extenders`` field,
+        pkg/scheduler/apis/config), so a profile of its own that calls an extender needs a
+        process of its own. It signs in as system:kube-scheduler, whose bootstrap ClusterRole
+        may update only the lease named "kube-scheduler"; a Role in kube-system grants it
+        this one too, as an install of a second scheduler must.
+        """
+        self._grant_lease(name)
+        port = free_ports(1)[0]
+        (self.log_dir / f"{name}.log").unlink(missing_ok=True)
+        proc = self._spawn(name, self._scheduler_argv(self.bins_dir, name, port, config, name))
+        self._wait(
+            f"{name}'s leader lease",
+            lambda: self._lease_held(name),
+            time.monotonic() + timeout,
+        )
+        return proc
+
+    def _grant_lease(self, lease: str) -> None:
+        role = f"kn-rescheduler:scheduler-lease:{lease}"
+        bodies = [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": role, "namespace": "kube-system"},
+                "rules": [
+                    {
+                        "apiGroups": ["coordination.k8s.io"],
+                        "resources": ["leases"],
+                        "resourceNames": [lease],
+                        "verbs": ["get", "update", "list", "watch"],
+                    }
+                ],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": role, "namespace": "kube-system"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": role,
+                },
+                "subjects": [
+                    {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "User",
+                        "name": "system:kube-scheduler",
+                    }
+                ],
+            },
+        ]
+        for body, kind in zip(bodies, ("roles", "rolebindings"), strict=True):
+            try:
+                self.rest.post(
+                    f"/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/{kind}", body
+                )
+            except ApiError as e:
+                if e.status != 409:
+                    raise
 
     def start_component(self, component: Component, deadline: float | None = None) -> Proc:
         """Starts one more process beside the cluster (KUBECONFIG points at the cluster)."""

@@ -10,8 +10,9 @@ Filter. A node fails when its usage is over ``cpu_threshold`` / ``memory_thresho
 is labelled for maintenance, or when its usage plus the pod's requests (percent of allocatable)
 would go over ``predicted_usage_limit`` (the seed's Reserve at 95 %). The reason is short and
 the same for every node that fails for the same cause, because the scheduler counts identical
-reasons into the pod's FailedScheduling event ("0/4 nodes are available: 3 node CPU usage over
-80%, 1 node in maintenance.", framework.FitError.Error).
+reasons into the pod's FailedScheduling event ("0/4 nodes are available: 1 node in maintenance,
+3 node CPU usage over 80 percent.", framework.FitError.Error). No "%" sign in a reason: the
+scheduler uses that message as a format string.
 
 Prioritize. ``(100 - cpu) * cpu_score_weight + (100 - mem) * memory_score_weight``, divided by
 the weights' sum, plus ``load_balance_bonus`` when both are under ``low_load_threshold``, scaled
@@ -164,7 +165,10 @@ class FilterResult:
 
 
 def _percent_text(value: float) -> str:
-    return f"{value:g}%"
+    # Not "80%": kube-scheduler passes the FailedScheduling message to Eventf as its format
+    # string (handleSchedulingFailure, pkg/scheduler/schedule_one.go), so a "%" in a reason
+    # reaches the Event as "80%! (MISSING)".
+    return f"{value:g} percent"
 
 
 def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> FilterResult:

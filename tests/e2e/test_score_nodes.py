@@ -1,0 +1,323 @@
+"""score-nodes called by the real kube-scheduler, on the real control plane.
+
+This module starts a control plane of its own, whose kube-scheduler runs with a
+KubeSchedulerConfiguration that calls score-nodes on its default profile (the extender served
+as it ships: gunicorn, FunctionServer), and, beside it, a second kube-scheduler for the
+``kn-rescheduler-load-aware`` profile, and a third without any extender. Node usage is written
+onto the Nodes as annotate-usage writes it (the usage annotation, sampled now), so each test
+sets exactly the load it needs. No Prometheus: nothing here reads it.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from localcluster import Cluster
+from localcluster.rest import ApiError
+from shared.constants import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
+from shared.loadaware.usage import Reading, UsageRecord
+from stack.functions import FunctionServer, environment, free_port
+from tests.e2e.conftest import wait_for
+
+pytestmark = pytest.mark.e2e
+
+PLAIN_SCHEDULER = "plain-scheduler"
+NODES = 4
+
+
+def extender_config(url: str, scheduler_name: str) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration (without the client and leader-election parts, which the
+    cluster fills in) whose one profile calls score-nodes."""
+    return {
+        "profiles": [{"schedulerName": scheduler_name}],
+        "extenders": [
+            {
+                "urlPrefix": url,
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "weight": 5,
+                "nodeCacheCapable": False,
+                "ignorable": True,
+            }
+        ],
+    }
+
+
+@dataclass
+class Setup:
+    cluster: Cluster
+    server: FunctionServer
+    namespace: str
+
+    def calls(self, verb: str) -> float:
+        """How many calls of ``verb`` score-nodes answered with 200, from its /metrics."""
+        with urllib.request.urlopen(self.server.url + "metrics", timeout=5) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            if family.name == "knr_extender_requests":
+                return sum(
+                    s.value
+                    for s in family.samples
+                    if s.name.endswith("_total") and s.labels == {"verb": verb, "code": "200"}
+                )
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    workdir = tmp_path_factory.mktemp("extender-cluster")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cluster = Cluster(
+        workdir,
+        nodes=NODES,
+        keep_workdir=True,
+        prometheus=False,
+        scheduler_config=extender_config(url, "default-scheduler"),
+    )
+    cluster.start()
+    server = FunctionServer(
+        "score-nodes", cluster.log_dir, env=environment(cluster.kubeconfig), port=port
+    )
+    try:
+        server.start()
+        namespace = f"extender-{uuid.uuid4().hex[:6]}"
+        cluster.rest.post(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        )
+        wait_for(
+            "the namespace's default ServiceAccount",
+            lambda: _exists(cluster, f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
+        )
+        yield Setup(cluster, server, namespace)
+    finally:
+        server.stop()
+        cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def quiet_nodes(setup: Setup) -> Iterator[None]:
+    """Every test starts on nodes at 20 % with nothing in maintenance and no pods of ours."""
+    for node in setup.cluster.nodes:
+        set_usage(setup.cluster, node, 20.0)
+    yield
+    for node in setup.cluster.nodes:
+        setup.cluster.rest.patch(
+            f"/api/v1/nodes/{node}", {"metadata": {"labels": {MAINTENANCE_LABEL: None}}}
+        )
+    pods = setup.cluster.rest.get(f"/api/v1/namespaces/{setup.namespace}/pods")["items"]
+    for pod in pods:
+        setup.cluster.rest.delete(
+            f"/api/v1/namespaces/{setup.namespace}/pods/{pod['metadata']['name']}"
+        )
+    wait_for(
+        "our pods to be gone",
+        lambda: not setup.cluster.rest.get(f"/api/v1/namespaces/{setup.namespace}/pods")["items"],
+    )
+
+
+def _exists(cluster: Cluster, path: str) -> bool:
+    try:
+        cluster.rest.get(path)
+    except ApiError:
+        return False
+    return True
+
+
+def set_usage(cluster: Cluster, node: str, cpu: float, memory: float = 20.0) -> None:
+    """Writes the usage record annotate-usage would write, sampled now."""
+    record = UsageRecord(
+        sampled_at=datetime.now(UTC).replace(microsecond=0),
+        source="prometheus",
+        cpu=Reading(now=cpu, avg5m=cpu, max1h=cpu),
+        memory=Reading(now=memory, avg5m=memory, max1h=memory),
+    )
+    cluster.rest.patch(
+        f"/api/v1/nodes/{node}", {"metadata": {"annotations": {USAGE_ANNOTATION: record.to_json()}}}
+    )
+
+
+def create_pod(
+    setup: Setup,
+    name: str,
+    *,
+    scheduler: str | None = None,
+    node_selector: dict[str, str] | None = None,
+) -> None:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+            }
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    setup.cluster.rest.post(
+        f"/api/v1/namespaces/{setup.namespace}/pods",
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+    )
+
+
+def node_of(setup: Setup, name: str) -> str | None:
+    pod = setup.cluster.rest.get(f"/api/v1/namespaces/{setup.namespace}/pods/{name}")
+    node = pod["spec"].get("nodeName")
+    return str(node) if node else None
+
+
+def bound(setup: Setup, name: str, timeout: float = 30.0) -> str:
+    return str(wait_for(f"pod {name} to be bound", lambda: node_of(setup, name), timeout))
+
+
+def scheduler_events(setup: Setup, pod: str, reason: str) -> list[dict[str, Any]]:
+    """The events.k8s.io Events about ``pod`` with ``reason``, as the scheduler records them."""
+    items = setup.cluster.rest.get(f"/apis/events.k8s.io/v1/namespaces/{setup.namespace}/events")[
+        "items"
+    ]
+    return [
+        e for e in items if e.get("regarding", {}).get("name") == pod and e.get("reason") == reason
+    ]
+
+
+def test_the_scheduler_calls_the_extender_and_places_no_pod_on_a_node_over_the_cpu_threshold(
+    setup: Setup,
+) -> None:
+    set_usage(setup.cluster, "node-0", 92.0)
+    before = setup.calls("filter"), setup.calls("prioritize")
+    names = [f"spread-{i}" for i in range(8)]
+    for name in names:
+        create_pod(setup, name)
+    placed = {name: bound(setup, name) for name in names}
+    assert "node-0" not in placed.values(), placed
+    assert setup.calls("filter") >= before[0] + len(names)
+    assert setup.calls("prioritize") >= before[1] + len(names)
+
+
+def test_a_node_in_maintenance_gets_no_pod_even_when_it_is_the_coolest(setup: Setup) -> None:
+    # The coolest node: without the maintenance filter the score would send every pod there.
+    set_usage(setup.cluster, "node-1", 5.0, memory=5.0)
+    setup.cluster.rest.patch(
+        "/api/v1/nodes/node-1", {"metadata": {"labels": {MAINTENANCE_LABEL: "true"}}}
+    )
+    names = [f"maint-{i}" for i in range(6)]
+    for name in names:
+        create_pod(setup, name)
+    placed = {name: bound(setup, name) for name in names}
+    assert "node-1" not in placed.values(), placed
+
+
+def test_when_every_node_is_over_the_threshold_failed_scheduling_names_our_reason(
+    setup: Setup,
+) -> None:
+    for node in setup.cluster.nodes:
+        set_usage(setup.cluster, node, 90.0)
+    create_pod(setup, "nowhere")
+    events = wait_for(
+        "a FailedScheduling event", lambda: scheduler_events(setup, "nowhere", "FailedScheduling")
+    )
+    note = events[-1]["note"]
+    # Identical reasons are counted into one phrase; unresolvable keeps preemption out of it.
+    assert f"0/{NODES} nodes are available: {NODES} node CPU usage over 80 percent." in note, note
+    assert "Preemption is not helpful for scheduling" in note, note
+    assert node_of(setup, "nowhere") is None
+    # Once a node cools down, the pod waiting for one is placed there.
+    set_usage(setup.cluster, "node-3", 30.0)
+    assert bound(setup, "nowhere", timeout=60.0) == "node-3"
+
+
+@pytest.mark.parametrize("coolest", ["node-2", "node-3"])
+def test_the_score_sends_a_pod_to_the_coolest_node(setup: Setup, coolest: str) -> None:
+    for node, cpu in zip(setup.cluster.nodes, (55.0, 60.0, 65.0, 70.0), strict=True):
+        set_usage(setup.cluster, node, cpu, memory=50.0)
+    set_usage(setup.cluster, coolest, 10.0, memory=10.0)
+    create_pod(setup, f"cool-{coolest}")
+    assert bound(setup, f"cool-{coolest}") == coolest
+
+
+def test_a_pod_for_the_load_aware_profile_is_placed_by_the_second_scheduler_with_the_extender(
+    setup: Setup,
+) -> None:
+    if not any(p.name == LOAD_AWARE_SCHEDULER_NAME for p in setup.cluster.procs):
+        setup.cluster.start_scheduler(
+            LOAD_AWARE_SCHEDULER_NAME,
+            extender_config(setup.server.url.rstrip("/"), LOAD_AWARE_SCHEDULER_NAME),
+        )
+    set_usage(setup.cluster, "node-0", 95.0)
+    set_usage(setup.cluster, "node-1", 5.0, memory=5.0)
+    before = setup.calls("filter")
+    create_pod(setup, "aware", scheduler=LOAD_AWARE_SCHEDULER_NAME)
+    assert bound(setup, "aware") == "node-1"
+    scheduled = wait_for("a Scheduled event", lambda: scheduler_events(setup, "aware", "Scheduled"))
+    assert scheduled[-1]["reportingController"] == LOAD_AWARE_SCHEDULER_NAME
+    # Pinned to the hot node, it waits there, for our reason.
+    create_pod(
+        setup,
+        "aware-pinned",
+        scheduler=LOAD_AWARE_SCHEDULER_NAME,
+        node_selector={"kubernetes.io/hostname": "node-0"},
+    )
+    failed = wait_for(
+        "a FailedScheduling event",
+        lambda: scheduler_events(setup, "aware-pinned", "FailedScheduling"),
+    )
+    assert failed[-1]["reportingController"] == LOAD_AWARE_SCHEDULER_NAME
+    assert "1 node CPU usage over 80 percent" in failed[-1]["note"], failed[-1]["note"]
+    assert setup.calls("filter") >= before + 2
+
+
+def test_a_scheduler_without_the_extender_in_its_configuration_places_pods_as_before(
+    setup: Setup,
+) -> None:
+    if not any(p.name == PLAIN_SCHEDULER for p in setup.cluster.procs):
+        setup.cluster.start_scheduler(
+            PLAIN_SCHEDULER, {"profiles": [{"schedulerName": PLAIN_SCHEDULER}]}
+        )
+    set_usage(setup.cluster, "node-0", 95.0)
+    before = setup.calls("filter"), setup.calls("prioritize")
+    create_pod(
+        setup,
+        "plain-pinned",
+        scheduler=PLAIN_SCHEDULER,
+        node_selector={"kubernetes.io/hostname": "node-0"},
+    )
+    assert bound(setup, "plain-pinned") == "node-0"
+    scheduled = wait_for(
+        "a Scheduled event", lambda: scheduler_events(setup, "plain-pinned", "Scheduled")
+    )
+    assert scheduled[-1]["reportingController"] == PLAIN_SCHEDULER
+    assert (setup.calls("filter"), setup.calls("prioritize")) == before
+
+
+def test_an_extender_that_is_down_never_blocks_scheduling(setup: Setup) -> None:
+    for node in setup.cluster.nodes:
+        set_usage(setup.cluster, node, 90.0)
+    setup.server.stop()
+    try:
+        started = time.monotonic()
+        create_pod(setup, "extender-down")
+        # ignorable: true. The scheduler logs the refused call and places the pod without it.
+        assert bound(setup, "extender-down") in setup.cluster.nodes
+        assert time.monotonic() - started < 30
+    finally:
+        setup.server.start()
+    # And back up, it filters again.
+    create_pod(setup, "extender-up")
+    wait_for(
+        "a FailedScheduling event",
+        lambda: scheduler_events(setup, "extender-up", "FailedScheduling"),
+    )
