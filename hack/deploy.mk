@@ -18,7 +18,8 @@
 # Wherever this file is included, it must not become the Makefile's default goal.
 KNR_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
-KNR_FUNCTIONS := detect-failures update-annotations mutate-admission sweep-failures assess-nodes label-nodes
+KNR_FUNCTIONS := detect-failures update-annotations mutate-admission sweep-failures assess-nodes label-nodes \
+	annotate-usage score-nodes
 KNR_NAMESPACE := kn-rescheduler
 REGISTRY ?=
 ifeq ($(origin TAG),undefined)
