@@ -25,6 +25,7 @@ import yaml
 
 from shared.constants import DEFAULT_NAMESPACE, PRESSURE_LABEL_KEY, PRESSURE_LABEL_VALUE
 from shared.platform.durations import parse_duration
+from shared.platform.profiles import DEFAULT_PROFILE, PROFILES
 
 # A bound on what a user can ask for: enough for any sane workload, small enough that a typo
 # ("30000") cannot turn the rescheduler into a pod-deleting loop.
@@ -187,6 +188,9 @@ class Config:
     # --- load-aware placement (annotate-usage, score-nodes) ---------------------------------
     # Where annotate-usage reads node usage: "prometheus" (prometheus_url) or "metrics-api"
     # (metrics.k8s.io, what metrics-server serves).
+    # A preset of the settings below (shared.platform.profiles): default, production,
+    # development, hpc, memory, microservices, multitenant. Explicit settings win over it.
+    profile: str = DEFAULT_PROFILE
     usage_source: str = USAGE_SOURCE_PROMETHEUS
     # Prometheus source: the current CPU usage is a rate over this window (at least 4 scrape
     # intervals; the 5-minute average and 1-hour maximum have their own windows).
@@ -265,6 +269,9 @@ class Config:
             variable = ENV_PREFIX + name.upper()
             if variable in environ:
                 values[name] = _convert(name, environ[variable], variable)
+        # The profile's preset under everything given explicitly.
+        preset = PROFILES[values.get("profile", DEFAULT_PROFILE)].values
+        values = {**preset, **values}
         try:
             return cls(**values)
         except ConfigError:
@@ -456,6 +463,13 @@ def _as_factor(raw: object, where: str) -> float:
     return value
 
 
+def _as_profile(raw: object, where: str) -> str:
+    text = _as_text(raw, where)
+    if text not in PROFILES:
+        raise ConfigError(where, f"unknown profile {raw!r}; profiles: {', '.join(PROFILES)}")
+    return text
+
+
 def _as_usage_source(raw: object, where: str) -> str:
     text = _as_text(raw, where)
     if text not in USAGE_SOURCES:
@@ -495,6 +509,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "pressure_affinity_weight": _as_weight,
     "pressure_max_share": _as_share,
     "pressure_stale_after": _as_duration,
+    "profile": _as_profile,
     "usage_source": _as_usage_source,
     "usage_rate_window": _as_duration,
     "usage_tolerance": _as_percent,

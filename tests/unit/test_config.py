@@ -204,3 +204,43 @@ def test_unusable_node_level_settings_stop_the_function_naming_the_variable(
     with pytest.raises(ConfigError) as err:
         Config.from_env({variable: raw})
     assert err.value.variable == variable
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "message"),
+    [
+        ("KN_RESCHEDULER_CPU_THRESHOLD", "120", "percentage from 0 to 100"),
+        ("KN_RESCHEDULER_CPU_THRESHOLD", "hot", "percentage from 0 to 100"),
+        ("KN_RESCHEDULER_MEMORY_THRESHOLD", "nan", "percentage"),
+        ("KN_RESCHEDULER_CPU_SCORE_WEIGHT", "-1", "number from 0 to 10"),
+        ("KN_RESCHEDULER_USAGE_SOURCE", "datadog", "prometheus, metrics-api"),
+        ("KN_RESCHEDULER_LOW_LOAD_THRESHOLD", "70", "low_load_threshold < high_load_threshold"),
+        ("KN_RESCHEDULER_LOAD_AFFINITY_WEIGHT", "101", "weight from 0 to 100"),
+    ],
+)
+def test_a_bad_load_aware_setting_names_itself(variable: str, raw: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        Config.from_env({variable: raw})
+    assert variable in str(caught.value) or "THRESHOLD" in str(caught.value)
+
+
+def test_both_score_weights_at_zero_are_refused() -> None:
+    with pytest.raises(ConfigError, match="cannot both be 0"):
+        Config.from_env(
+            {"KN_RESCHEDULER_CPU_SCORE_WEIGHT": "0", "KN_RESCHEDULER_MEMORY_SCORE_WEIGHT": "0"}
+        )
+
+
+def test_load_aware_settings_read_percent_signs_and_durations() -> None:
+    cfg = Config.from_env(
+        {
+            "KN_RESCHEDULER_CPU_THRESHOLD": "75%",
+            "KN_RESCHEDULER_USAGE_STALE_AFTER": "90s",
+            "KN_RESCHEDULER_USAGE_SOURCE": "metrics-api",
+        }
+    )
+    assert (cfg.cpu_threshold, cfg.usage_stale_after.total_seconds(), cfg.usage_source) == (
+        75.0,
+        90.0,
+        "metrics-api",
+    )
