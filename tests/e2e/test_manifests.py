@@ -52,6 +52,8 @@ from tests.e2e.knative_manifests import (
 pytestmark = pytest.mark.e2e
 
 WEBHOOK_SERVICE = "mutate-admission-webhook"
+# The extender's address for a scheduler without cluster DNS (knative/score-nodes.yaml).
+EXTENDER_SERVICE = "score-nodes-extender"
 CERT_MANAGER_KINDS = ("Issuer", "Certificate")
 MONITORING_KINDS = ("PodMonitor", "PrometheusRule")
 
@@ -124,8 +126,15 @@ def test_the_base_holds_everything_an_install_needs_and_nothing_that_needs_other
     }
     assert names(base, "Broker") == {"default"}
     assert names(base, "ApiServerSource") == {"pod-events"}
-    assert names(base, "PingSource") == {"sweep-failures", "assess-nodes", "label-nodes"}
-    assert WEBHOOK_SERVICE in {o["metadata"]["name"] for o in base if o["apiVersion"] == "v1"}
+    assert names(base, "PingSource") == {
+        "sweep-failures",
+        "assess-nodes",
+        "label-nodes",
+        "annotate-usage",
+    }
+    assert {WEBHOOK_SERVICE, EXTENDER_SERVICE} <= {
+        o["metadata"]["name"] for o in base if o["apiVersion"] == "v1"
+    }
     assert names(base, "MutatingWebhookConfiguration") == {local_webhook.NAME}
     assert not of_kind(base, *CERT_MANAGER_KINDS, *MONITORING_KINDS)
     namespaced = [o for o in base if o["kind"] not in _CLUSTER_SCOPED]
@@ -167,11 +176,19 @@ def test_the_webhook_never_scales_to_zero(base: list[Obj]) -> None:
     assert annotations["autoscaling.knative.dev/min-scale"] == "1"
 
 
-def test_detect_failures_gets_no_api_credentials(base: list[Obj]) -> None:
+@pytest.mark.parametrize("function", ["detect-failures", "score-nodes"])
+def test_the_pure_functions_get_no_api_credentials(base: list[Obj], function: str) -> None:
     # The ServiceAccount mounts no token, and the pod does not ask for one.
-    assert find(base, "ServiceAccount", "detect-failures")["automountServiceAccountToken"] is False
-    spec = pod_spec(knative_service(base, "detect-failures"))
+    assert find(base, "ServiceAccount", function)["automountServiceAccountToken"] is False
+    spec = pod_spec(knative_service(base, function))
     assert spec.get("automountServiceAccountToken", False) is False
+    # ... and no role is bound to it.
+    bound = {
+        s["name"]
+        for b in of_kind(base, "ClusterRoleBinding", "RoleBinding")
+        for s in b.get("subjects") or []
+    }
+    assert function not in bound
 
 
 def test_sweep_failures_is_called_every_five_minutes_and_sends_to_the_broker(

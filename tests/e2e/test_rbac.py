@@ -8,24 +8,34 @@ shared/rescheduling/reschedule.py, shared/rescheduling/owners.py, shared/admissi
 shared/rescheduling/sweep.py); the denied rows are the near misses and the dangerous ones. Creating
 or changing a pod runs any image under any ServiceAccount of its namespace, so update-annotations
 may do it only where a namespace opted in: never cluster-wide, never in kube-system.
+
+The second scheduler of knative/components/load-aware-scheduler is checked the same way, with
+its account and bindings created for real: it may bind pods and hold its own lease, with the
+built-in roles the Kubernetes docs give a second scheduler, and nothing beyond them.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
+from shared.constants import LOAD_AWARE_SCHEDULER_NAME
 from shared.rescheduling import reschedule
 from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
+    KNATIVE_DIR,
     NAMESPACE,
     Obj,
     apply,
     find,
     install_rbac,
+    kubectl,
     of_kind,
     render,
     render_opt_in,
@@ -44,7 +54,8 @@ BARE_POD_ROLE = reschedule.BARE_POD_CLUSTER_ROLE
 
 @dataclass(frozen=True)
 class Can:
-    """``who`` may (or may not) ``verb`` the ``resource`` in ``namespace`` ("" = cluster)."""
+    """``who`` may (or may not) ``verb`` the ``resource`` in ``namespace`` ("" = cluster);
+    ``name``: one object of it, by name."""
 
     who: str
     verb: str
@@ -52,12 +63,14 @@ class Can:
     group: str = ""
     subresource: str = ""
     namespace: str = APP
+    name: str = ""
 
     def __str__(self) -> str:
         what = self.resource + (f"/{self.subresource}" if self.subresource else "")
         group = f".{self.group}" if self.group else ""
+        named = f" {self.name}" if self.name else ""
         where = f" in {self.namespace}" if self.namespace else " cluster-wide"
-        return f"{self.who} {self.verb} {what}{group}{where}"
+        return f"{self.who} {self.verb} {what}{group}{named}{where}"
 
 
 def pods(who: str, verb: str, **kw: Any) -> Can:
@@ -79,6 +92,11 @@ DETECT = "detect-failures"
 SOURCE = "pod-events-source"
 ASSESS = "assess-nodes"
 LABEL = "label-nodes"
+ANNOTATE = "annotate-usage"
+SCORE = "score-nodes"
+# The second scheduler of knative/components/load-aware-scheduler (its account, its lease).
+SCHEDULER = "load-aware-scheduler"
+SCHEDULER_LEASE = LOAD_AWARE_SCHEDULER_NAME
 
 
 def nodes(who: str, verb: str) -> Can:
@@ -122,6 +140,39 @@ ALLOWED = [
     Can(ASSESS, "create", "events", namespace="default"),
     Can(ASSESS, "get", "events", namespace="default"),
     Can(ASSESS, "patch", "events", namespace="default"),
+    # annotate-usage: the Nodes it annotates and labels (one patch), the pods bound to them
+    # (the estimate), and the Metrics API source.
+    nodes(ANNOTATE, "get"),
+    nodes(ANNOTATE, "list"),
+    nodes(ANNOTATE, "patch"),
+    pods(ANNOTATE, "list", namespace=""),
+    pods(ANNOTATE, "list"),
+    Can(ANNOTATE, "get", "nodes", group="metrics.k8s.io", namespace=""),
+    Can(ANNOTATE, "list", "nodes", group="metrics.k8s.io", namespace=""),
+    # The second scheduler: what a scheduler does (bind pods, their status, Events, reading
+    # what it schedules against) and its own lease.
+    pods(SCHEDULER, "create", subresource="binding"),
+    pods(SCHEDULER, "patch", subresource="status"),
+    pods(SCHEDULER, "watch", namespace=""),
+    Can(SCHEDULER, "watch", "nodes", namespace=""),
+    Can(SCHEDULER, "create", "events", group="events.k8s.io"),
+    Can(SCHEDULER, "list", "persistentvolumes", namespace=""),
+    Can(SCHEDULER, "update", "persistentvolumeclaims"),
+    Can(SCHEDULER, "create", "leases", group="coordination.k8s.io", namespace=NAMESPACE),
+    *(
+        Can(
+            SCHEDULER,
+            verb,
+            "leases",
+            group="coordination.k8s.io",
+            namespace=NAMESPACE,
+            name=SCHEDULER_LEASE,
+        )
+        for verb in ("get", "update")
+    ),
+    Can(
+        SCHEDULER, "get", "configmaps", namespace=SYSTEM, name="extension-apiserver-authentication"
+    ),
     # mutate-admission: the namespace's pressure opt-in label.
     Can(WEBHOOK, "get", "namespaces", namespace=""),
     # mutate-admission: reads the owner chain, nothing else.
@@ -211,6 +262,61 @@ DENIED = [
     *(nodes(who, "patch") for who in (DETECT, WEBHOOK, SWEEP, SOURCE)),
     nodes(WEBHOOK, "list"),
     Can(WEBHOOK, "patch", "namespaces", namespace=""),
+    # annotate-usage: reads pods, writes Nodes' metadata; never moves, cordons or drains.
+    pods(ANNOTATE, "get"),
+    pods(ANNOTATE, "watch", namespace=""),
+    pods(ANNOTATE, "delete"),
+    pods(ANNOTATE, "create", subresource="eviction"),
+    pods(ANNOTATE, "patch"),
+    apps(ANNOTATE, "patch", "deployments"),
+    apps(ANNOTATE, "get", "replicasets"),
+    nodes(ANNOTATE, "delete"),
+    nodes(ANNOTATE, "update"),
+    nodes(ANNOTATE, "watch"),
+    Can(ANNOTATE, "patch", "nodes", subresource="status", namespace=""),
+    Can(ANNOTATE, "list", "pods", group="metrics.k8s.io", namespace=""),
+    Can(ANNOTATE, "create", "events", namespace="default"),
+    Can(ANNOTATE, "get", "secrets", namespace=NAMESPACE),
+    Can(ANNOTATE, "get", "configmaps", namespace=NAMESPACE),
+    # score-nodes: the scheduler sends it everything it decides on; it may do nothing at all.
+    nodes(SCORE, "get"),
+    nodes(SCORE, "list"),
+    nodes(SCORE, "patch"),
+    pods(SCORE, "get"),
+    pods(SCORE, "list", namespace=""),
+    pods(SCORE, "create", subresource="binding"),
+    Can(SCORE, "list", "nodes", group="metrics.k8s.io", namespace=""),
+    Can(SCORE, "create", "events"),
+    Can(SCORE, "get", "configmaps", namespace=NAMESPACE),
+    Can(SCORE, "get", "secrets", namespace=NAMESPACE),
+    # The second scheduler: no other lease than its own and the stock scheduler's (which
+    # system:kube-scheduler names), no Secrets, no workloads, no Node writes, no other
+    # ConfigMap of kube-system, no pods created.
+    Can(
+        SCHEDULER,
+        "update",
+        "leases",
+        group="coordination.k8s.io",
+        namespace=NAMESPACE,
+        name="kn-rescheduler-other",
+    ),
+    Can(
+        SCHEDULER,
+        "delete",
+        "leases",
+        group="coordination.k8s.io",
+        namespace=NAMESPACE,
+        name=SCHEDULER_LEASE,
+    ),
+    Can(SCHEDULER, "get", "configmaps", namespace=SYSTEM, name="kube-proxy"),
+    Can(SCHEDULER, "list", "secrets", namespace=""),
+    Can(SCHEDULER, "get", "secrets", namespace=NAMESPACE),
+    pods(SCHEDULER, "create"),
+    pods(SCHEDULER, "create", subresource="eviction"),
+    nodes(SCHEDULER, "patch"),
+    nodes(SCHEDULER, "delete"),
+    apps(SCHEDULER, "patch", "deployments"),
+    apps(SCHEDULER, "patch", "replicasets"),
     # The source's adapter watches pods and does nothing else.
     pods(SOURCE, "delete"),
     Can(SOURCE, "list", "secrets", namespace=""),
@@ -218,14 +324,14 @@ DENIED = [
     # Nobody may escalate.
     *(
         Can(who, verb, resource, group="rbac.authorization.k8s.io", namespace="")
-        for who in (*FUNCTIONS, SOURCE)
+        for who in (*FUNCTIONS, SOURCE, SCHEDULER)
         for verb, resource in (
             ("create", "clusterrolebindings"),
             ("bind", "clusterroles"),
             ("escalate", "clusterroles"),
         )
     ),
-    *(Can(who, "impersonate", "users", namespace="") for who in (*FUNCTIONS, SOURCE)),
+    *(Can(who, "impersonate", "users", namespace="") for who in (*FUNCTIONS, SOURCE, SCHEDULER)),
 ]
 
 
@@ -240,10 +346,40 @@ def opt_in(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
 
 
 @pytest.fixture(scope="module")
-def authorization(cluster: Any, manifests: list[Obj], opt_in: list[Obj]) -> k8s.AuthorizationV1Api:
+def scheduler_rbac(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    """The second scheduler's account and bindings (knative/components/load-aware-scheduler)."""
+    workdir = tmp_path_factory.mktemp("load-aware-scheduler")
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(KNATIVE_DIR, workdir)],
+        "components": [os.path.relpath(KNATIVE_DIR / "components" / SCHEDULER, workdir)],
+    }
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    done = subprocess.run(
+        [str(kubectl()), "kustomize", str(workdir)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    rendered = [d for d in yaml.safe_load_all(done.stdout) if d]
+    return [
+        o
+        for o in of_kind(rendered, "ServiceAccount", "Role", "RoleBinding", "ClusterRoleBinding")
+        if o["metadata"]["labels"].get("app.kubernetes.io/name") == SCHEDULER
+    ]
+
+
+@pytest.fixture(scope="module")
+def authorization(
+    cluster: Any, manifests: list[Obj], opt_in: list[Obj], scheduler_rbac: list[Obj]
+) -> k8s.AuthorizationV1Api:
     install_rbac(cluster.kubeconfig, manifests)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPTED_IN}}
-    done = apply(cluster.kubeconfig, [namespace, *opt_in], "--server-side", "--force-conflicts")
+    done = apply(
+        cluster.kubeconfig,
+        [namespace, *opt_in, *scheduler_rbac],
+        "--server-side",
+        "--force-conflicts",
+    )
     assert done.returncode == 0, done.stderr
     return k8s.AuthorizationV1Api(cluster.api_client())
 
@@ -264,6 +400,7 @@ def allowed(api: k8s.AuthorizationV1Api, case: Can) -> bool:
                 group=case.group,
                 resource=case.resource,
                 subresource=case.subresource or None,
+                name=case.name or None,
             ),
         )
     )
@@ -316,15 +453,46 @@ def test_each_binding_gives_one_role_to_one_account(manifests: list[Obj]) -> Non
         assert subject["kind"] == "ServiceAccount"
         assert subject["namespace"] == NAMESPACE
         bound.add(subject["name"])
-    # detect-failures is bound to nothing.
+    # detect-failures and score-nodes are bound to nothing.
     assert bound == {
         "update-annotations",
         "mutate-admission",
         "sweep-failures",
         ASSESS,
         LABEL,
+        ANNOTATE,
         SOURCE,
     }
+
+
+def test_the_second_scheduler_gets_the_roles_the_kubernetes_docs_give_one_and_its_lease(
+    scheduler_rbac: list[Obj],
+) -> None:
+    # "Configure Multiple Schedulers": system:kube-scheduler, system:volume-scheduler, and
+    # extension-apiserver-authentication-reader in kube-system; a Role of ours for the lease.
+    bound = sorted(
+        (b["kind"], b["metadata"].get("namespace", ""), b["roleRef"]["kind"], b["roleRef"]["name"])
+        for b in of_kind(scheduler_rbac, "ClusterRoleBinding", "RoleBinding")
+    )
+    assert bound == [
+        ("ClusterRoleBinding", "", "ClusterRole", "system:kube-scheduler"),
+        ("ClusterRoleBinding", "", "ClusterRole", "system:volume-scheduler"),
+        ("RoleBinding", NAMESPACE, "Role", "kn-rescheduler-load-aware-scheduler-lease"),
+        ("RoleBinding", SYSTEM, "Role", "extension-apiserver-authentication-reader"),
+    ]
+    for binding in of_kind(scheduler_rbac, "ClusterRoleBinding", "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": SCHEDULER, "namespace": NAMESPACE}
+        ]
+    (lease,) = of_kind(scheduler_rbac, "Role")
+    assert lease["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [SCHEDULER_LEASE],
+            "verbs": ["get", "update"],
+        }
+    ]
 
 
 def test_pod_creation_is_granted_only_by_the_per_namespace_opt_in(
