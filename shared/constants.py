@@ -169,6 +169,19 @@ LOAD_AWARE_KEY: Final = PREFIX + "load-aware"
 # The second scheduler profile that calls the extender (a scheduler of its own: the extenders of
 # a KubeSchedulerConfiguration are shared by all its profiles).
 LOAD_AWARE_SCHEDULER_NAME: Final = "kn-rescheduler-load-aware"
+# Opt-in to rebalancing (rebalance-nodes may evict the workload's pods off hot or maintenance
+# nodes): the annotation "true" on the pod's controller (for a Deployment: on the Deployment,
+# which its controller copies onto its ReplicaSets), or the label "true" on the namespace.
+REBALANCE_KEY: Final = PREFIX + "rebalance"
+REBALANCE_VALUE: Final = "true"
+# Versioned JSON on a Node that rebalance-nodes keeps: how many consecutive evaluations found the
+# node hot, since when, and when it last acted there (Koordinator's anomaly count: act only
+# after several hot samples in a row, and start counting afresh after acting).
+HOT_STREAK_ANNOTATION: Final = PREFIX + "hot-streak"
+# The Kubernetes Event on an evicted pod and its workload, with the node usage that justified it.
+REASON_REBALANCED: Final = "Rebalanced"
+# One reply per evaluation that evicted pods (or, in a dry run, would have).
+EVENT_POD_REBALANCED: Final = "io.kn-rescheduler.pod.rebalanced"
 
 # --- Local simulation (tests and demo only) ----------------------------------------------------
 # Simulated node usage the local node-exporter endpoints serve: fractions 0..1 of the node's

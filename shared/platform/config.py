@@ -224,6 +224,22 @@ class Config:
     # Weight of the preferred affinities the webhook injects on the load label; 0: none.
     load_affinity_weight: int = 30
 
+    # --- rebalancing (rebalance-nodes) -----------------------------------------------------------
+    # A node is hot when its measured CPU or memory usage is over cpu_threshold /
+    # memory_threshold, or over the mean of the nodes with fresh usage by more than rebalance_gap
+    # points (100: the mean rule is off); it is acted on only after this many hot evaluations in
+    # a row. A node in maintenance needs no streak.
+    rebalance_hot_samples: int = 3
+    rebalance_gap: float = 20.0
+    # At most this many evictions per evaluation, per node, per namespace and per workload.
+    rebalance_max_per_run: int = 5
+    rebalance_max_per_node: int = 2
+    rebalance_max_per_namespace: int = 3
+    rebalance_max_per_workload: int = 1
+    # Never evict a pod when fewer than this share of its workload's desired replicas would stay
+    # ready (rounded up): 0.5 of 3 keeps 2, and a single replica is never evicted unless 0.
+    rebalance_min_available: float = 0.5
+
     def __post_init__(self) -> None:
         for name in ("waiting_reasons", "termination_reasons"):
             _refuse_never_move(getattr(self, name), name)
@@ -237,6 +253,12 @@ class Config:
                 "expected low_load_threshold < high_load_threshold <= cpu_threshold and "
                 f"memory_threshold, got {self.low_load_threshold}, {self.high_load_threshold}, "
                 f"{self.cpu_threshold}, {self.memory_threshold}",
+            )
+        if self.rebalance_gap <= 0:
+            raise ConfigError(
+                "KN_RESCHEDULER_REBALANCE_GAP",
+                "expected a gap above 0 points (100 turns the mean rule off), got "
+                f"{self.rebalance_gap}",
             )
         if self.cpu_score_weight + self.memory_score_weight <= 0:
             raise ConfigError(
@@ -463,6 +485,17 @@ def _as_factor(raw: object, where: str) -> float:
     return value
 
 
+def _as_fraction(raw: object, where: str) -> float:
+    """A share from 0 to 1 inclusive: 0.5 or "50%" (0 allowed, unlike a share of nodes)."""
+    if isinstance(raw, str) and raw.strip().endswith("%"):
+        value = _as_number(raw, where, "a share from 0 to 1 such as 0.5 or 50%") / 100
+    else:
+        value = _as_number(raw, where, "a share from 0 to 1 such as 0.5 or 50%")
+    if not 0 <= value <= 1:
+        raise ConfigError(where, f"expected a share from 0 to 1 (100%), got {raw!r}")
+    return value
+
+
 def _as_profile(raw: object, where: str) -> str:
     text = _as_text(raw, where)
     if text not in PROFILES:
@@ -526,6 +559,13 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "high_load_threshold": _as_percent,
     "load_hysteresis": _as_percent,
     "load_affinity_weight": _as_weight,
+    "rebalance_hot_samples": _as_positive_int,
+    "rebalance_gap": _as_percent,
+    "rebalance_max_per_run": _as_positive_int,
+    "rebalance_max_per_node": _as_positive_int,
+    "rebalance_max_per_namespace": _as_positive_int,
+    "rebalance_max_per_workload": _as_positive_int,
+    "rebalance_min_available": _as_fraction,
 }
 
 
