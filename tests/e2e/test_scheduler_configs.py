@@ -102,18 +102,23 @@ def load(config: Path, kubeconfig: Path, workdir: Path) -> subprocess.CompletedP
 
 
 def healthy(port: int, proc: Proc) -> bool:
+    """/livez and /readyz answer ok: what the component's probes ask (readyz: its informers
+    synced, which needs every list and watch its account must be allowed)."""
     assert proc.alive(), f"kube-scheduler exited:\n{proc.log_tail(40)}"
-    # Its serving certificate is self-signed; /healthz needs no credentials.
+    # Its serving certificate is self-signed; these paths need no credentials.
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{port}/healthz", context=context, timeout=2
-        ) as answer:
-            return bool(answer.status == 200 and answer.read() == b"ok")
-    except OSError:
-        return False
+    for path in ("/livez", "/readyz"):
+        try:
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{port}{path}", context=context, timeout=2
+            ) as answer:
+                if answer.status != 200 or answer.read() != b"ok":
+                    return False
+        except OSError:
+            return False
+    return True
 
 
 @pytest.fixture
@@ -126,7 +131,7 @@ def running(tmp_path: Path) -> Iterator[Any]:
         argv = scheduler_argv(config, kubeconfig, tmp_path, port)
         proc = Proc("kube-scheduler-under-test", argv, tmp_path / "kube-scheduler.log")
         started.append(proc)
-        wait_for("kube-scheduler to answer /healthz", lambda: healthy(port, proc), timeout=60)
+        wait_for("kube-scheduler to be live and ready", lambda: healthy(port, proc), timeout=60)
         return proc
 
     yield start
@@ -303,10 +308,15 @@ def test_the_second_scheduler_runs_as_its_own_account_and_places_pods_with_the_e
 
     node = wait_for("the pod to be bound by the second scheduler", bound, timeout=60)
     assert node
-    # The binding is the second scheduler's: only it runs a profile of that name.
-    events = k8s.EventsV1Api(cluster.api_client()).list_namespaced_event(namespace)
-    scheduled = [e for e in events.items if e.reason == "Scheduled"]
-    assert [e.reporting_controller for e in scheduled] == [LOAD_AWARE_SCHEDULER_NAME]
+    # The binding is the second scheduler's: only it runs a profile of that name, and its
+    # Scheduled Event says so (Events are sent in batches: wait for it).
+    events_api = k8s.EventsV1Api(cluster.api_client())
+
+    def scheduled_by() -> list[str]:
+        events = events_api.list_namespaced_event(namespace).items
+        return [e.reporting_controller for e in events if e.reason == "Scheduled"]
+
+    assert wait_for("the Scheduled Event", scheduled_by, timeout=30) == [LOAD_AWARE_SCHEDULER_NAME]
     # It called the extender's filter, which failed, and went on without it.
     log = proc.log_path.read_text()
     assert "Skipping extender as it returned error and has ignorable flag set" in log, log[-3000:]
