@@ -46,7 +46,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from shared.constants import MAINTENANCE_LABEL, MAINTENANCE_VALUE
 from shared.loadaware.usage import (
@@ -103,13 +103,21 @@ class Unknown:
     detail: str
 
 
+def _metadata_map(node: Node, key: str) -> dict[str, Any]:
+    """metadata.labels or metadata.annotations; empty when either level is not a map (only a
+    hand-made object can be like that: the API server validates both)."""
+    metadata = node.get("metadata")
+    found = metadata.get(key) if isinstance(metadata, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 def node_name(node: Node) -> str:
-    return str((node.get("metadata") or {}).get("name") or "")
+    metadata = node.get("metadata")
+    return str(metadata.get("name") or "") if isinstance(metadata, dict) else ""
 
 
 def in_maintenance(node: Node) -> bool:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return labels.get(MAINTENANCE_LABEL) == MAINTENANCE_VALUE
+    return _metadata_map(node, "labels").get(MAINTENANCE_LABEL) == MAINTENANCE_VALUE
 
 
 def load_of(node: Node, cfg: Config, now: datetime) -> Load | Unknown:
