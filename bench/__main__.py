@@ -15,6 +15,9 @@ Only when named with ``--only``:
 
 - ``source-selector``: events and CPU per 1,000 pod changes with 10 % of the pods opted in,
   the ApiServerSource without and with its label selector, side by side.
+- ``extender``: score-nodes' latency per scheduler call (filter, prioritize) with 20, 100 and
+  240 Node objects in the request, p50 and p99, over HTTP to the function as it ships; no
+  cluster.
 
 ``--systems`` (with ``--only recovery``) measures recovery for only these systems (vanilla,
 descheduler-2m, descheduler-10s, kn-rescheduler), on the same scenario: re-measuring
@@ -53,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import coldstart, detect, recovery, report, scale, selector, webhook
+from bench import coldstart, detect, extender, recovery, report, scale, selector, webhook
 from bench.common import (
     FULL,
     JSON,
@@ -71,7 +74,7 @@ from localcluster.kubelet import Timing
 
 NAMES = ("recovery", "detect", "webhook", "cold-start", "scale")
 # Run only when named with --only.
-EXTRA_NAMES = ("source-selector",)
+EXTRA_NAMES = ("source-selector", "extender")
 # The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
 BACKOFFS = ("compressed", "real")
 # The shortest recovery window with a real kubelet's back-off (seconds).
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             scales, workdir / "scale", log=_log, before=run.close, timing=run.timing
         ),
         "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
+        "extender": lambda: extender.measure(workdir / "extender", quick=args.quick, log=_log),
     }
     try:
         for name in names:

@@ -125,3 +125,30 @@ def test_scale_rolls_out_and_recovers(results: dict[str, Any]) -> None:
     assert recovery["wasted_share"] == round(recovery["wasted_moves"] / recovery["moves"], 3)
     assert positive(recovery["time_to_all_healthy_s"])
     assert positive(sum(recovery["function_cpu_s"].values()))
+
+
+def test_the_extender_part_measures_every_size_and_verb(tmp_path: Path) -> None:
+    # Named with --only (it is not part of the full suite): its own quick run, no cluster.
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "extender", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    (path,) = tmp_path.glob("*-extender-quick.json")
+    data = json.loads(path.read_text())
+    assert data["errors"] == {}
+    measured = data["measurements"]["extender"]
+    for nodes in ("20", "100", "240"):
+        point = measured[nodes]
+        assert positive(point["request_bytes"])
+        assert point["filter"]["passed"] + point["filter"]["failed"] == int(nodes)
+        assert 0 < point["filter"]["failed"] < int(nodes)
+        assert point["prioritize"]["scored"] == int(nodes)
+        for verb in ("filter", "prioritize"):
+            latency = point[verb]["latency_ms"]
+            assert latency["n"] == measured["calls_per_point"]
+            assert positive(latency["p50"]) and latency["p99"] >= latency["p50"]
