@@ -40,6 +40,7 @@ FUNCTIONS: Final = (
     "label-nodes",
     "annotate-usage",
     "score-nodes",
+    "rebalance-nodes",
 )
 
 
