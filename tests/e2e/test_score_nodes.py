@@ -15,8 +15,8 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from localcluster import Cluster
 from localcluster.rest import ApiError
 from shared.constants import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
-from shared.loadaware.usage import Reading, UsageRecord
+from shared.loadaware.usage import Estimate, Reading, UsageRecord, allocatable, estimate
+from shared.platform.kubetypes import Node, Pod
 from stack.functions import FunctionServer, environment, free_port
 from tests.e2e.conftest import wait_for
 
@@ -134,13 +135,21 @@ def _exists(cluster: Cluster, path: str) -> bool:
     return True
 
 
-def set_usage(cluster: Cluster, node: str, cpu: float, memory: float = 20.0) -> None:
+def set_usage(
+    cluster: Cluster,
+    node: str,
+    cpu: float,
+    memory: float = 20.0,
+    guess: Estimate | None = None,
+    at: datetime | None = None,
+) -> None:
     """Writes the usage record annotate-usage would write, sampled now."""
     record = UsageRecord(
-        sampled_at=datetime.now(UTC).replace(microsecond=0),
+        sampled_at=(at or datetime.now(UTC)).replace(microsecond=0),
         source="prometheus",
         cpu=Reading(now=cpu, avg5m=cpu, max1h=cpu),
         memory=Reading(now=memory, avg5m=memory, max1h=memory),
+        estimate=guess or Estimate(),
     )
     cluster.rest.patch(
         f"/api/v1/nodes/{node}", {"metadata": {"annotations": {USAGE_ANNOTATION: record.to_json()}}}
@@ -153,13 +162,14 @@ def create_pod(
     *,
     scheduler: str | None = None,
     node_selector: dict[str, str] | None = None,
+    cpu: str = "100m",
 ) -> None:
     spec: dict[str, Any] = {
         "containers": [
             {
                 "name": "app",
                 "image": "registry.k8s.io/pause:3.10",
-                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}},
             }
         ],
         "terminationGracePeriodSeconds": 0,
@@ -247,6 +257,40 @@ def test_the_score_sends_a_pod_to_the_coolest_node(setup: Setup, coolest: str) -
     set_usage(setup.cluster, coolest, 10.0, memory=10.0)
     create_pod(setup, f"cool-{coolest}")
     assert bound(setup, f"cool-{coolest}") == coolest
+
+
+def test_a_burst_follows_the_score_until_the_estimate_of_its_pods_counts(setup: Setup) -> None:
+    """Within one sample the extender sees the same usage for every pod of a burst (and, with
+    nodeCacheCapable false, kube-scheduler 1.36 scores the nodes it returns without their pods:
+    kubernetes/kubernetes#141781), so a burst lands on the coolest node. The annotator's next
+    record counts those pods' requests as estimated usage, and the next pod goes elsewhere."""
+    for node in setup.cluster.nodes:
+        set_usage(setup.cluster, node, 50.0, memory=50.0)
+    set_usage(setup.cluster, "node-2", 5.0, memory=5.0)
+    names = [f"burst-{i}" for i in range(4)]
+    for name in names:
+        create_pod(setup, name, cpu="1500m")
+    assert {bound(setup, name) for name in names} == {"node-2"}
+    # annotate-usage's next tick: the same measured usage, plus the estimate it computes from
+    # the pods' PodScheduled conditions as the real scheduler wrote them.
+    sampled = datetime.now(UTC)
+    pods = setup.cluster.rest.get(
+        f"/api/v1/namespaces/{setup.namespace}/pods", {"fieldSelector": "spec.nodeName=node-2"}
+    )["items"]
+    whole = allocatable(cast(Node, setup.cluster.rest.get("/api/v1/nodes/node-2")))
+    assert whole is not None
+    guess = estimate(cast(list[Pod], pods), whole, sampled, timedelta(minutes=1), 1.0)
+    # 4 x 1500m of 7800m allocatable.
+    assert guess.pods == 4 and round(guess.cpu, 1) == 76.9
+    set_usage(setup.cluster, "node-2", 5.0, memory=5.0, guess=guess, at=sampled)
+    create_pod(setup, "after-burst")
+    assert bound(setup, "after-burst") != "node-2"
+    create_pod(setup, "after-burst-pinned", node_selector={"kubernetes.io/hostname": "node-2"})
+    failed = wait_for(
+        "a FailedScheduling event",
+        lambda: scheduler_events(setup, "after-burst-pinned", "FailedScheduling"),
+    )
+    assert "1 node CPU usage over 80 percent" in failed[-1]["note"], failed[-1]["note"]
 
 
 def test_a_pod_for_the_load_aware_profile_is_placed_by_the_second_scheduler_with_the_extender(
