@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final, cast
 
@@ -249,7 +249,7 @@ class Rebalancer:
     def _workloads(self, pods: Iterable[Pod]) -> dict[str, Workload]:
         """The controllers of ``pods`` (one GET each) and their namespaces' opt-in."""
         found: dict[str, Workload] = {}
-        namespaces: dict[str, bool] = {}
+        namespaces: dict[str, bool | None] = {}
         seen: set[str] = set()
         for pod in pods:
             owner = workload_of(pod)
@@ -269,15 +269,27 @@ class Rebalancer:
                 continue
             if namespace not in namespaces:
                 namespaces[namespace] = self._namespace_opted_in(namespace)
-            found[key] = _workload(kind, obj, namespaces[namespace])
+            opted_in = namespaces[namespace]
+            workload = _workload(kind, obj, bool(opted_in))
+            if opted_in is None:
+                # The API server refuses every create in a terminating namespace, evictions
+                # included (403); its pods are going anyway.
+                workload = replace(
+                    workload, opted_in=False, opt_in=f"namespace {namespace} is being deleted"
+                )
+            found[key] = workload
         return found
 
-    def _namespace_opted_in(self, namespace: str) -> bool:
+    def _namespace_opted_in(self, namespace: str) -> bool | None:
+        """The namespace's opt-in label; None when it is being deleted (or gone)."""
         try:
             obj = self.kube.get("Namespace", None, namespace)
         except kubeapi.NotFound:
-            return False
-        labels = (obj.get("metadata") or {}).get("labels") or {}
+            return None
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp") or (obj.get("status") or {}).get("phase") == "Terminating":
+            return None
+        labels = meta.get("labels") or {}
         return bool(labels.get(REBALANCE_KEY) == REBALANCE_VALUE)
 
     # -- acting -----------------------------------------------------------------------------
