@@ -37,7 +37,7 @@ from shared.loadaware.rebalance import (
     read_streak,
 )
 from shared.loadaware.usage import Estimate, Reading, UsageRecord
-from shared.platform.config import Config
+from shared.platform.config import Config, ConfigError
 from shared.platform.kubetypes import Node, Pod
 from shared.rescheduling.jobs import JobFacts
 from tests.unit.nodes import node
@@ -650,3 +650,40 @@ def test_once_every_node_is_under_its_bound_nothing_is_evicted() -> None:
         result = plan(nodes, pods, workloads, CFG, NOW)
         assert result.evictions == ()
         assert not any(s.hot for s in result.nodes)
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "field", "value"),
+    [
+        ("KN_RESCHEDULER_REBALANCE_HOT_SAMPLES", "5", "rebalance_hot_samples", 5),
+        ("KN_RESCHEDULER_REBALANCE_GAP", "15%", "rebalance_gap", 15.0),
+        ("KN_RESCHEDULER_REBALANCE_MAX_PER_RUN", "10", "rebalance_max_per_run", 10),
+        ("KN_RESCHEDULER_REBALANCE_MIN_AVAILABLE", "75%", "rebalance_min_available", 0.75),
+        ("KN_RESCHEDULER_REBALANCE_MIN_AVAILABLE", "0", "rebalance_min_available", 0.0),
+    ],
+)
+def test_the_rebalancing_settings_are_read_from_the_environment(
+    variable: str, raw: str, field: str, value: object
+) -> None:
+    assert getattr(Config.from_env({variable: raw}), field) == value
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "said"),
+    [
+        ("KN_RESCHEDULER_REBALANCE_HOT_SAMPLES", "0", "positive whole number"),
+        ("KN_RESCHEDULER_REBALANCE_MAX_PER_NODE", "two", "positive whole number"),
+        ("KN_RESCHEDULER_REBALANCE_MIN_AVAILABLE", "150%", "share from 0 to 1"),
+        ("KN_RESCHEDULER_REBALANCE_MIN_AVAILABLE", "-0.1", "share from 0 to 1"),
+        ("KN_RESCHEDULER_REBALANCE_GAP", "0", "gap above 0 points"),
+    ],
+)
+def test_an_unusable_rebalancing_setting_stops_the_function_naming_it(
+    variable: str, raw: str, said: str
+) -> None:
+    with pytest.raises(ConfigError, match=said) as caught:
+        Config.from_env({variable: raw})
+    assert caught.value.variable == variable
