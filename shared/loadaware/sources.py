@@ -43,16 +43,28 @@ _BY: Final = "by (instance, node)"
 
 
 def queries(rate_window: timedelta) -> dict[str, str]:
-    """The PromQL per measured value; the current CPU usage is a rate over ``rate_window``."""
-    now = f"{max(1, int(rate_window.total_seconds()))}s"
+    """The PromQL per measured value; the current CPU usage is a rate over ``rate_window``.
+
+    Only the CPU maximum needs a subquery (a maximum of rates); its step is a quarter of the
+    rate window, so that a young Prometheus (a minute of data) already answers it. Memory's
+    average and maximum come from the raw series (MemTotal does not change while a node runs).
+    """
+    seconds = max(1, int(rate_window.total_seconds()))
+    now = f"{seconds}s"
+    step = f"{max(1, seconds // 4)}s"
     return {
         "cpu": f"sum {_BY} ({_CPU_IN_USE % now})",
         "cpu_avg5m": f"sum {_BY} ({_CPU_IN_USE % '5m'})",
-        # A subquery: the current usage every minute over the last hour, its maximum.
-        "cpu_max1h": f"max_over_time((sum {_BY} ({_CPU_IN_USE % now}))[1h:1m])",
+        "cpu_max1h": f"max_over_time((sum {_BY} ({_CPU_IN_USE % now}))[1h:{step}])",
         "memory": f"sum {_BY} ({_MEMORY_IN_USE})",
-        "memory_avg5m": f"sum {_BY} (avg_over_time(({_MEMORY_IN_USE})[5m:30s]))",
-        "memory_max1h": f"max_over_time((sum {_BY} ({_MEMORY_IN_USE}))[1h:1m])",
+        "memory_avg5m": (
+            f"sum {_BY} (avg_over_time(node_memory_MemTotal_bytes[5m]) - "
+            "avg_over_time(node_memory_MemAvailable_bytes[5m]))"
+        ),
+        "memory_max1h": (
+            f"sum {_BY} (max_over_time(node_memory_MemTotal_bytes[1h]) - "
+            "min_over_time(node_memory_MemAvailable_bytes[1h]))"
+        ),
     }
 
 
@@ -103,8 +115,9 @@ class PrometheusSource:
                 memory_bytes=got["memory"],
                 cpu_cores_avg5m=got.get("cpu_avg5m"),
                 memory_bytes_avg5m=got.get("memory_avg5m"),
-                cpu_cores_max1h=got.get("cpu_max1h"),
-                memory_bytes_max1h=got.get("memory_max1h"),
+                # The hour includes now; the subquery's last step may be a few seconds old.
+                cpu_cores_max1h=_at_least(got.get("cpu_max1h"), got["cpu"]),
+                memory_bytes_max1h=_at_least(got.get("memory_max1h"), got["memory"]),
             )
         return measured
 
@@ -141,3 +154,7 @@ class MetricsApiSource:
                 continue
             measured[str(name)] = Measured(cpu_cores=float(cpu), memory_bytes=float(memory))
         return measured
+
+
+def _at_least(value: float | None, floor: float) -> float | None:
+    return None if value is None else max(value, floor)
