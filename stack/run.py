@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prometheus-url", help="the Prometheus label-nodes asks (default: none, not started)"
     )
+    parser.add_argument(
+        "--score-nodes-port", type=int, help="the port score-nodes listens on (default: any)"
+    )
     args = parser.parse_args(argv)
     directory = Path(args.dir).resolve()
     kubeconfig = Path(os.environ["KUBECONFIG"])
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.log_dir) if args.log_dir else directory / "logs",
         sweep_every=args.sweep_every or None,
         prometheus_url=args.prometheus_url or None,
+        score_nodes_port=args.score_nodes_port,
     )
     stack.start()
     try:

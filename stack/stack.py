@@ -6,7 +6,9 @@
     update-annotations -> router;   kube-apiserver -> mutate-admission (TLS, registered);
     router -> assess-nodes (failure reports: node health) -> router;
     a timer (the PingSources) -> sweep-failures -> router, and -> assess-nodes;
-    a timer -> label-nodes -> the cluster's Prometheus (when the Stack is given its URL).
+    a timer -> label-nodes -> the cluster's Prometheus (when the Stack is given its URL);
+    a timer -> annotate-usage -> the same Prometheus -> Nodes' usage annotations and load labels;
+    kube-scheduler (a second one, profile kn-rescheduler-load-aware) -> score-nodes.
 
 Each function is its own gunicorn process started with the image's command line; one that dies
 (killed, crashed) is started again on the same port within a fraction of a second, as the
@@ -68,6 +70,8 @@ class Stack:
         assess_every: float | None = 60.0,
         prometheus_url: str | None = None,
         label_every: float | None = 10.0,
+        usage_every: float | None = 10.0,
+        score_nodes_port: int | None = None,
         triggers_dir: Path = ROOT / "knative",
         restart_functions: bool = True,
     ) -> None:
@@ -81,6 +85,10 @@ class Stack:
         # label-nodes runs only with a Prometheus to ask (the local cluster's, by default).
         self.prometheus_url = prometheus_url
         self.label_every = label_every
+        # annotate-usage, like label-nodes, only with a Prometheus to ask.
+        self.usage_every = usage_every
+        # score-nodes on a port chosen before the scheduler that calls it was configured.
+        self.score_nodes_port = score_nodes_port
         self.triggers_dir = triggers_dir
         self.archive = workdir / "archive.jsonl"
         self.dead_letters = workdir / "dead-letters.jsonl"
@@ -126,6 +134,21 @@ class Stack:
                     **self.settings,
                 },
             ).start()
+        if self.prometheus_url:
+            self.servers["annotate-usage"] = FunctionServer(
+                "annotate-usage",
+                self.log_dir,
+                env={
+                    **env,
+                    "KN_RESCHEDULER_PROMETHEUS_URL": self.prometheus_url,
+                    # A 10 s rate: Prometheus scrapes the local nodes every second.
+                    "KN_RESCHEDULER_USAGE_RATE_WINDOW": "10s",
+                    **self.settings,
+                },
+            ).start()
+        self.servers["score-nodes"] = FunctionServer(
+            "score-nodes", self.log_dir, env=env, port=self.score_nodes_port
+        ).start()
         ca, crt, key = webhook_setup.make_tls(self.workdir / "tls")
         hook = FunctionServer(
             "mutate-admission", self.log_dir, env=env, tls=(crt, key), ca_file=ca
@@ -154,6 +177,7 @@ class Stack:
             ("sweep-failures", self.sweep_every),
             ("assess-nodes", self.assess_every),
             ("label-nodes", self.label_every),
+            ("annotate-usage", self.usage_every),
         ):
             if every and function in self.servers:
                 thread = threading.Thread(
