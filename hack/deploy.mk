@@ -19,7 +19,7 @@
 KNR_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
 KNR_FUNCTIONS := detect-failures update-annotations mutate-admission sweep-failures assess-nodes label-nodes \
-	annotate-usage score-nodes
+	annotate-usage score-nodes rebalance-nodes
 KNR_NAMESPACE := kn-rescheduler
 REGISTRY ?=
 ifeq ($(origin TAG),undefined)

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from shared.constants import OPT_OUT_LABEL, OPTED_IN_LABEL
+from shared.loadaware import annotator, extender_http, rebalancer
 from shared.platform import metrics
 from shared.platform.config import Config
 from stack import webhook as local_webhook
@@ -131,6 +132,7 @@ def test_the_base_holds_everything_an_install_needs_and_nothing_that_needs_other
         "assess-nodes",
         "label-nodes",
         "annotate-usage",
+        "rebalance-nodes",
     }
     assert {WEBHOOK_SERVICE, EXTENDER_SERVICE} <= {
         o["metadata"]["name"] for o in base if o["apiVersion"] == "v1"
@@ -463,19 +465,23 @@ def test_a_per_function_deploy_selects_that_function_and_its_config_only(
 
 # -- observability ------------------------------------------------------------------------------
 
-# Every series name the functions export, with the labels it carries.
-_SUFFIXES = {Counter: ("_total",), Histogram: ("_bucket", "_sum", "_count")}
+# Every series name the functions export, with the labels it carries: the shared families and
+# those of the load-aware functions (annotate-usage, score-nodes, rebalance-nodes).
+_SUFFIXES = {Counter: ("_total",), Histogram: ("_bucket", "_sum", "_count"), Gauge: ("",)}
 
 
 def _exported() -> dict[str, set[str]]:
     series: dict[str, set[str]] = {}
-    for family in (
+    families = [
         metrics.EVENTS,
         metrics.LATENCY,
         metrics.FAILURES,
         metrics.DECISIONS,
         metrics.WEBHOOK,
-    ):
+    ]
+    for module in (annotator, extender_http, rebalancer):
+        families += [v for v in vars(module).values() if isinstance(v, Counter | Histogram | Gauge)]
+    for family in families:
         for cls, suffixes in _SUFFIXES.items():
             if isinstance(family, cls):
                 for suffix in suffixes:

@@ -461,6 +461,7 @@ def test_each_binding_gives_one_role_to_one_account(manifests: list[Obj]) -> Non
         ASSESS,
         LABEL,
         ANNOTATE,
+        "rebalance-nodes",
         SOURCE,
     }
 
