@@ -854,8 +854,23 @@ class Cluster:
         pkg/scheduler/apis/config), so a profile of its own that calls an extender needs a
         process of its own. It signs in as system:kube-scheduler, whose bootstrap ClusterRole
         may update only the lease named "kube-scheduler"; a Role in kube-system grants it
-        this one too, as an install of a second scheduler must.
+        this one too, as an install of a second scheduler must. So ``config`` leaves the lease
+        alone (a ValueError otherwise): an install's own lease namespace and account are not
+        the local cluster's.
         """
+        election = config.get("leaderElection") or {}
+        if any(
+            key in election and election[key] != value
+            for key, value in (
+                ("leaderElect", True),
+                ("resourceNamespace", "kube-system"),
+                ("resourceName", name),
+            )
+        ):
+            raise ValueError(
+                f"{name}: the local cluster runs it on the lease kube-system/{name}; drop "
+                f"leaderElection from its configuration (got {dict(election)})"
+            )
         self._grant_lease(name)
         port = free_ports(1)[0]
         (self.log_dir / f"{name}.log").unlink(missing_ok=True)

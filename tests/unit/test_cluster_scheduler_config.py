@@ -5,7 +5,9 @@ on its command line (the kubeconfig, the lease name), so that the process signs 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from localcluster.cluster import Cluster
@@ -62,3 +64,17 @@ def test_what_the_configuration_says_wins_over_the_defaults(tmp_path: Path) -> N
     assert written["clientConnection"]["qps"] == 100
     assert written["leaderElection"]["leaderElect"] is False
     assert written["enableProfiling"] is True
+
+
+@pytest.mark.parametrize(
+    "election",
+    [
+        {"resourceNamespace": "kn-rescheduler"},
+        {"resourceName": "another"},
+        {"leaderElect": False},
+    ],
+)
+def test_a_second_scheduler_keeps_the_local_lease(tmp_path: Path, election: dict[str, Any]) -> None:
+    cluster = Cluster(tmp_path, prometheus=False)
+    with pytest.raises(ValueError, match="drop leaderElection"):
+        cluster.start_scheduler("load-aware", {"leaderElection": election})
