@@ -25,6 +25,7 @@ unit: venv
 cluster-bins:
 	bash hack/install-packages.sh
 	bash hack/build-bins.sh
+	bash hack/build-metrics-server.sh
 
 # Knative's own ApiServerSource receive adapter, the local source of pod events.
 adapter-bin:

@@ -5,7 +5,10 @@ binaries of ``hack/build-bins.sh``, registers N nodes that kwok keeps alive, and
 kubelet (:mod:`localcluster.kubelet`) that writes pod statuses, faulty ones on nodes labelled
 ``sim.kn-rescheduler.io/fault``. Unless ``prometheus=False``, a real Prometheus scrapes a
 node-exporter endpoint per node whose usage the Node's ``sim.kn-rescheduler.io/*-usage``
-annotations set (:mod:`localcluster.prometheus`, :mod:`localcluster.nodeexporter`). Every port
+annotations set (:mod:`localcluster.prometheus`, :mod:`localcluster.nodeexporter`). With
+``metrics_server=True`` a real metrics-server serves the Metrics API (``kubectl top``) from
+kwok's emulated kubelet metrics, which follow the same annotations
+(:mod:`localcluster.metricsserver`). Every port
 is a free one on 127.0.0.1; every file (PKI, kubeconfigs, etcd data, logs) lives in the work
 directory.
 
@@ -34,7 +37,7 @@ from typing import Any, Final
 import yaml
 from kubernetes import client as k8s_client
 
-from localcluster import kwok, pki
+from localcluster import kwok, metricsserver, pki
 from localcluster.bins import ensure_bins
 from localcluster.kubelet import FakeKubelet, Timing
 from localcluster.nodeexporter import NodeExporter
@@ -132,6 +135,7 @@ class Cluster:
         keep_workdir: bool | None = None,
         quiet: bool = False,
         prometheus: bool = True,
+        metrics_server: bool = False,
         scheduler_config: Mapping[str, Any] | None = None,
     ) -> None:
         if nodes < 1:
@@ -163,6 +167,10 @@ class Cluster:
         self.with_prometheus = prometheus
         self.prometheus: LocalPrometheus | None = None
         self.node_exporter: NodeExporter | None = None
+        # metrics-server and what surrounds it (None with metrics_server=False).
+        self.with_metrics_server = metrics_server
+        self.metrics_server: metricsserver.MetricsServerStack | None = None
+        self._metrics_server_bin = ""
         # A KubeSchedulerConfiguration for the cluster's kube-scheduler (see _scheduler_argv).
         self.scheduler_config = dict(scheduler_config) if scheduler_config is not None else None
 
@@ -349,6 +357,11 @@ class Cluster:
             prometheus_bin = find_binary() if self.with_prometheus else ""
         except PrometheusError as e:
             raise ClusterError(str(e)) from e
+        if self.with_metrics_server and not self._metrics_server_bin:
+            try:
+                self._metrics_server_bin = metricsserver.ensure_binary()  # may build
+            except metricsserver.MetricsServerError as e:
+                raise ClusterError(str(e)) from e
         last: ClusterError | None = None
         for _ in range(2):
             t0 = time.monotonic()
@@ -385,6 +398,9 @@ class Cluster:
         if self.node_exporter is not None:
             self.node_exporter.stop()
             self.node_exporter = None
+        if self.metrics_server is not None:
+            self.metrics_server.stop()  # the node network; the process stops below
+            self.metrics_server = None
         if self.kubelet is not None:
             self.kubelet.stop()
             self.kubelet = None
@@ -618,7 +634,10 @@ class Cluster:
         kwok_dir = self.workdir / "kwok"
         kwok_dir.mkdir()
         kwok_config = kwok_dir / "stages.yaml"
-        kwok_config.write_text(kwok.config_yaml())
+        kwok_config.write_text(
+            kwok.config_yaml()
+            + (metricsserver.kwok_config_yaml() if self.with_metrics_server else "")
+        )
         self._spawn(
             "kwok",
             [
@@ -660,6 +679,8 @@ class Cluster:
                 self.prometheus.wait_scraped(self.nodes, deadline)
             except PrometheusError as e:
                 raise ClusterError(str(e)) from e
+        if self.with_metrics_server:
+            self._start_metrics_server()
         for component in self.components:
             self.start_component(component, deadline=time.monotonic() + component.ready_timeout)
 
@@ -681,6 +702,38 @@ class Cluster:
         self.node_exporter, self.prometheus = exporter, prom
         exporter.start()
         prom.start(deadline)
+
+    def _start_metrics_server(self) -> None:
+        """metrics-server, its objects and the nodes' load pods (see metricsserver.py); returns
+        once the Metrics API lists every node."""
+        assert self.ports is not None
+        deadline = time.monotonic() + metricsserver.START_TIMEOUT
+        stack = metricsserver.MetricsServerStack(
+            self.workdir / "metrics-server",
+            self.rest,
+            self.server,
+            self._require_pki(),
+            kwok_port=self.ports.kwok,
+            port=free_ports(1)[0],
+            log=logging.getLogger("localcluster.metricsserver"),
+        )
+        self.metrics_server = stack
+        stack.prepare(self.nodes)
+        self._wait(
+            "kwok's load pod on every node", lambda: stack.kwok_serves_load(self.nodes), deadline
+        )
+        self._spawn(
+            metricsserver.PROCESS_NAME,
+            stack.argv(self._metrics_server_bin),
+            env=stack.env(),
+            cwd=stack.directory,
+        )
+        self._wait(
+            "the Metrics API to list every node",
+            lambda: stack.lists_every_node(self.nodes),
+            deadline,
+        )
+        self._say(f"metrics-server serving {metricsserver.NODES_PATH}")
 
     def _fallback_cidr(self, node: str) -> str:
         index = self.nodes.index(node) if node in self.nodes else 0

@@ -1,0 +1,154 @@
+"""The local cluster's Metrics API is served by a real metrics-server scraping kwok.
+
+A function that reads node usage from ``metrics.k8s.io`` (``kubectl top``'s API) is tested
+against this cluster, so these tests pin down what it relies on, independently of any reader:
+the API lists every node, ``kubectl top nodes`` shows each node's simulated usage as a share
+of its allocatable, and a usage set with ``Cluster.set_node_usage`` shows up within a scrape
+or two, with no spike above the node's allocatable and no node dropping out of the list while
+it changes (metrics-server computes CPU as the rate of a counter kwok integrates).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster import Cluster
+from localcluster import metricsserver as ms
+from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
+
+pytestmark = pytest.mark.e2e
+
+# A usage set on a Node counts from metrics-server's next scrape (every 10 s), and the API
+# answers with the last window: two resolutions and some slack bound the wait.
+FOLLOW_TIMEOUT = 2 * ms.RESOLUTION_SECONDS + 8
+
+
+@pytest.fixture(scope="module")
+def metrics_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two nodes, metrics-server, no Prometheus (not needed here)."""
+    workdir = tmp_path_factory.mktemp("metrics-cluster")
+    with Cluster(workdir, nodes=2, prometheus=False, metrics_server=True, quiet=True) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def usage_reset(metrics_cluster: Cluster) -> Iterator[None]:
+    """Takes every simulated usage off the nodes afterwards."""
+    yield
+    unset = {SIM_CPU_USAGE_ANNOTATION: None, SIM_MEMORY_USAGE_ANNOTATION: None}
+    for node in metrics_cluster.nodes:
+        metrics_cluster.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"annotations": unset}})
+
+
+def node_metrics(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    items = cluster.rest.get(ms.NODES_PATH)["items"]
+    return {i["metadata"]["name"]: i for i in items}
+
+
+def expected(cluster: Cluster, node: str) -> ms.NodeUsage:
+    return ms.expected_usage(cluster.rest.get(f"/api/v1/nodes/{node}"))
+
+
+def kubectl(cluster: Cluster, *args: str) -> str:
+    out = subprocess.run(
+        [str(Path(cluster.bins_dir) / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_the_metrics_api_lists_every_node_with_its_usage_over_a_window(
+    metrics_cluster: Cluster,
+) -> None:
+    cluster = metrics_cluster
+    body = cluster.rest.get(ms.NODES_PATH)
+    one = cluster.rest.get(f"{ms.NODES_PATH}/{cluster.nodes[0]}")
+    apiservice = cluster.rest.get(
+        f"/apis/apiregistration.k8s.io/v1/apiservices/{ms.API_SERVICE_NAME}"
+    )
+
+    assert body["kind"] == "NodeMetricsList"
+    assert body["apiVersion"] == "metrics.k8s.io/v1beta1"
+    assert sorted(i["metadata"]["name"] for i in body["items"]) == sorted(cluster.nodes)
+    for item in body["items"]:
+        assert set(item["usage"]) == {"cpu", "memory"}
+        # metrics-server's window is the time between its last two scrapes of the node.
+        window = float(item["window"].rstrip("s"))
+        assert ms.RESOLUTION_SECONDS - 1 <= window <= 2 * ms.RESOLUTION_SECONDS + 1
+    assert one["kind"] == "NodeMetrics"
+    assert one["metadata"]["name"] == cluster.nodes[0]
+    conditions = {c["type"]: c["status"] for c in apiservice["status"]["conditions"]}
+    assert conditions["Available"] == "True"
+
+
+def test_kubectl_top_nodes_shows_the_quiet_defaults_as_shares_of_allocatable(
+    metrics_cluster: Cluster,
+) -> None:
+    # Nobody set a usage: 10 % CPU and 20 % memory, as the node-exporter endpoints say, of the
+    # allocatable 7800m CPU. kubectl truncates the shares to whole percents, and a CPU rate
+    # measured over a window can come out a hair under: one percent of slack.
+    lines = kubectl(metrics_cluster, "top", "nodes", "--no-headers").splitlines()
+
+    rows = {line.split()[0]: line.split()[1:] for line in lines}
+    assert sorted(rows) == sorted(metrics_cluster.nodes)
+    for node, (cores, cpu_share, _memory, memory_share) in rows.items():
+        assert abs(int(cpu_share.rstrip("%")) - 10) <= 1, rows
+        assert abs(int(memory_share.rstrip("%")) - 20) <= 1, rows
+        assert abs(int(cores.rstrip("m")) - 780) <= 10, rows
+        reported = ms.reported_usage(node_metrics(metrics_cluster)[node])
+        assert ms.within(reported, expected(metrics_cluster, node)), (node, reported)
+
+
+def test_a_nodes_usage_follows_set_node_usage_without_spikes_or_gaps(
+    metrics_cluster: Cluster, usage_reset: None
+) -> None:
+    cluster = metrics_cluster
+    busy, quiet = cluster.nodes
+    allocatable = {n: ms.expected_usage(_fully_used(cluster, n)) for n in cluster.nodes}
+
+    def follow(settings: dict[str, tuple[float, float]]) -> float:
+        """Sets the usages; the seconds until the API shows them all. Every answer meanwhile
+        lists both nodes, none above its allocatable."""
+        for node, (cpu, memory) in settings.items():
+            cluster.set_node_usage(node, cpu=cpu, memory=memory)
+        want = {n: expected(cluster, n) for n in settings}
+        t0 = time.monotonic()
+        seen: dict[str, ms.NodeUsage] = {}
+        while time.monotonic() - t0 < FOLLOW_TIMEOUT:
+            metrics = node_metrics(cluster)
+            assert sorted(metrics) == sorted(cluster.nodes), "a node dropped out of the API"
+            seen = {n: ms.reported_usage(metrics[n]) for n in cluster.nodes}
+            for n, usage in seen.items():
+                assert usage.cpu_cores <= allocatable[n].cpu_cores * 1.02, (n, usage)
+                assert usage.memory_bytes <= allocatable[n].memory_bytes * 1.02, (n, usage)
+            if all(ms.within(seen[n], want[n]) for n in settings):
+                return time.monotonic() - t0
+            time.sleep(0.5)
+        raise AssertionError(f"after {FOLLOW_TIMEOUT}s the API shows {seen}, expected {want}")
+
+    # Up: 90 % on one node (7.02 cores of 7.8), 10 % on the other.
+    follow({busy: (0.9, 0.9), quiet: (0.1, 0.1)})
+    busy_now = ms.reported_usage(node_metrics(cluster)[busy])
+    assert busy_now.cpu_cores == pytest.approx(0.9 * 7.8, rel=0.02)
+    assert busy_now.memory_bytes == pytest.approx(0.9 * allocatable[busy].memory_bytes, rel=0.02)
+
+    # And down again: the counter keeps rising (more slowly), so no node drops out.
+    follow({busy: (0.2, 0.3)})
+
+
+def _fully_used(cluster: Cluster, node: str) -> dict[str, Any]:
+    """The Node as if both usages were 100 %: its allocatable in the Metrics API's units."""
+    obj = cluster.rest.get(f"/api/v1/nodes/{node}")
+    obj["metadata"].setdefault("annotations", {}).update(
+        {SIM_CPU_USAGE_ANNOTATION: "1.0", SIM_MEMORY_USAGE_ANNOTATION: "1.0"}
+    )
+    return obj
