@@ -79,6 +79,7 @@ MEMORY_OVER: Final = "memory-over-threshold"
 CPU_PREDICTED_OVER: Final = "cpu-predicted-over-limit"
 MEMORY_PREDICTED_OVER: Final = "memory-predicted-over-limit"
 SCORED: Final = "scored"
+DAEMON_POD: Final = "daemonset-pod"
 # A node whose usage cannot be trusted passes and scores neutral (the reasons above, for it).
 UNKNOWN_REASONS: Final = frozenset(
     {NO_USAGE, STALE_USAGE, UNREADABLE_USAGE, UNREADABLE_ALLOCATABLE}
@@ -201,8 +202,31 @@ def _percent_text(value: float) -> str:
     return f"{value:g} percent"
 
 
+def is_daemon_pod(pod: Pod) -> bool:
+    """Controlled by a DaemonSet: one pod per node, pinned there by its controller."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(o, dict) and o.get("kind") == "DaemonSet" and o.get("controller") is True
+        for o in owners
+    )
+
+
 def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> FilterResult:
-    """Which of ``nodes`` the pod may go to, one verdict per node, in the given order."""
+    """Which of ``nodes`` the pod may go to, one verdict per node, in the given order.
+
+    A DaemonSet's pod passes everywhere: its controller pins it to one node (a required node
+    affinity on that node's name), so failing that node would leave the node without its
+    daemon (its network plugin, log shipper, node-exporter) for as long as it stays hot, which
+    is when it is needed most. Maintenance does not keep daemons off either, as cordoning
+    does not.
+    """
+    if is_daemon_pod(pod):
+        return FilterResult(
+            verdicts=tuple(
+                FilterVerdict(node_name(n), True, DAEMON_POD, "a DaemonSet's pod") for n in nodes
+            ),
+            pod_requests=Resources(),
+        )
     try:
         requests = pod_requests(pod)
     except (quantity.QuantityError, AttributeError, TypeError):

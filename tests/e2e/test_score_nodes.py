@@ -293,6 +293,49 @@ def test_a_burst_follows_the_score_until_the_estimate_of_its_pods_counts(setup: 
     assert "1 node CPU usage over 80 percent" in failed[-1]["note"], failed[-1]["note"]
 
 
+def test_a_daemonsets_pod_still_lands_on_a_hot_node(setup: Setup) -> None:
+    """The DaemonSet controller pins each of its pods to one node; a hot node keeps its
+    daemon (filtered away, it would go without for as long as it stays hot)."""
+    set_usage(setup.cluster, "node-0", 97.0, memory=97.0)
+    rest, ns = setup.cluster.rest, setup.namespace
+    rest.post(
+        f"/apis/apps/v1/namespaces/{ns}/daemonsets",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "node-agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "node-agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "node-agent"}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "agent",
+                                "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}},
+                            }
+                        ],
+                        "terminationGracePeriodSeconds": 0,
+                    },
+                },
+            },
+        },
+    )
+    try:
+
+        def daemon_nodes() -> set[str]:
+            pods = rest.get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": "app=node-agent"})
+            return {p["spec"].get("nodeName") for p in pods["items"]} - {None}
+
+        wait_for(
+            "a node-agent pod bound on every node",
+            lambda: daemon_nodes() == set(setup.cluster.nodes),
+        )
+    finally:
+        rest.delete(f"/apis/apps/v1/namespaces/{ns}/daemonsets/node-agent")
+
+
 def test_a_pod_for_the_load_aware_profile_is_placed_by_the_second_scheduler_with_the_extender(
     setup: Setup,
 ) -> None:

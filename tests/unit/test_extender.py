@@ -370,3 +370,50 @@ def test_nodes_sent_by_name_only_all_pass_and_score_the_same() -> None:
     result = extender.pass_unknown(["a", "b"])
     assert result.passed == ("a", "b") and result.failed == {}
     assert [s.score for s in extender.unknown_nodes(["a", "b"]).scores] == [5, 5]
+
+
+def daemon_pod(controller: bool = True) -> Pod:
+    """A pending pod of the DaemonSet fluent-bit, pinned to node-0 as its controller pins it."""
+    p = cast(dict[str, Any], pending())
+    p["metadata"]["name"] = "fluent-bit-7xk2p"
+    p["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": "fluent-bit",
+            "uid": "5b0f3c52-8a1e-4f7e-9d63-2b1c0e4f7a19",
+            "controller": controller,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    p["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["node-0"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    return cast(Pod, p)
+
+
+def test_a_daemonsets_pod_passes_a_hot_node_and_one_in_maintenance() -> None:
+    nodes = [
+        a_node("node-0", usage(97, 97)),
+        a_node("node-1", usage(20), labels={MAINTENANCE_LABEL: "true"}),
+    ]
+    result = extender.filter_nodes(daemon_pod(), nodes, CFG, NOW)
+    assert result.failed == {}
+    assert {v.reason for v in result.verdicts} == {extender.DAEMON_POD}
+
+
+def test_only_a_controlling_daemonset_exempts_a_pod() -> None:
+    result = extender.filter_nodes(
+        daemon_pod(controller=False), [a_node("node-0", usage(97))], CFG, NOW
+    )
+    assert result.failed == {"node-0": CPU_OVER}
