@@ -356,6 +356,11 @@ def test_project_triggers_delivery(project_triggers: dict[str, triggers.Trigger]
         assert trigger.subscriber.service == trigger.name
         d = trigger.delivery
         assert d is not None
+        if trigger.filter.get("type") == "dev.knative.sources.ping":
+            # A PingSource routed through the Broker (so that its function's reply lands
+            # there): a missed tick is replaced by the next, a retry would evaluate twice.
+            assert d.retry == 0
+            continue
         assert (d.retry, d.backoff_policy, d.backoff_delay) == (5, "exponential", 0.5)
         assert d.dead_letter_sink
 
