@@ -9,6 +9,10 @@ Measurements, in the order they run (``--only`` takes these names):
 - ``webhook``: mutate-admission latency in-process and over TLS; pod-creation latency with and
   without the webhook registered;
 - ``cold-start``: process start to first answered event, per function;
+- ``load``: load-aware placement and rebalancing: a burst of pods with heterogeneous simulated
+  usage, per system (the stock scheduler, the descheduler's LowNodeUtilization on Prometheus,
+  score-nodes as an extender and the load labels, each without and with rebalance-nodes): max
+  node CPU usage, its spread, nodes over 80 %, evictions, time until every node is under 80 %;
 - ``scale``: many nodes and pods, 2% of the nodes turning faulty at once.
 
 Only when named with ``--only``:
@@ -31,7 +35,7 @@ the run a real kubelet's crash-loop back-off (10 s, 20 s, 40 s ... up to 5 min) 
 fake kubelet's restart every 3 s: the restart threshold then comes 30-45 s after the first
 failure instead of about 7 s. Both are recorded in the results and name the results file.
 
-The first four share one cluster of ``Scales.nodes`` nodes; ``scale`` and ``source-selector``
+The first five share one cluster of ``Scales.nodes`` nodes; ``scale`` and ``source-selector``
 start their own. The results go to ``DIR/<date>.json`` (``DIR/<date>-<names>.json`` with
 ``--only``, ``DIR/<date>-<names>-<systems>.json`` with ``--systems``; ``bench/results`` unless
 quick: a quick run writes to a temporary directory unless ``--out`` is given), the plots beside
@@ -56,7 +60,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import coldstart, detect, extender, recovery, report, scale, selector, webhook
+from bench import (
+    coldstart,
+    detect,
+    extender,
+    loadaware,
+    recovery,
+    report,
+    scale,
+    selector,
+    webhook,
+)
 from bench.common import (
     FULL,
     JSON,
@@ -72,7 +86,7 @@ from bench.common import (
 from localcluster.cluster import Cluster
 from localcluster.kubelet import Timing
 
-NAMES = ("recovery", "detect", "webhook", "cold-start", "scale")
+NAMES = ("recovery", "detect", "webhook", "cold-start", "load", "scale")
 # Run only when named with --only.
 EXTRA_NAMES = ("source-selector", "extender")
 # The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
@@ -243,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         "detect": lambda: detect.measure(scales, workdir / "detect", log=_log),
         "webhook": lambda: webhook.measure(run.cluster(), scales, workdir / "webhook", log=_log),
         "cold-start": lambda: coldstart.measure(run.cluster(), scales, workdir / "cold", log=_log),
+        "load": lambda: loadaware.measure(
+            run.cluster(), workdir / "load", quick=args.quick, log=_log
+        ),
         "scale": lambda: scale.measure(
             scales, workdir / "scale", log=_log, before=run.close, timing=run.timing
         ),

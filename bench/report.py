@@ -18,6 +18,7 @@ from typing import Any
 
 from bench import selector
 from bench.common import JSON, ROOT
+from bench.loadaware import SYSTEMS as LOAD_SYSTEMS
 
 TARGET_RECOVERY_FROM_THRESHOLD_S = 5.0
 TARGET_DETECT_EVENTS_PER_S = 10_000.0
@@ -266,6 +267,9 @@ def render(results: JSON, results_path: Path) -> str:
         for name, c in cold.items():
             lines.append(f"| {name} | {_f(c['median_s'], 2, ' s')} |")
         lines.append("")
+    load = m.get("load")
+    if load:
+        lines += load_section(load)
     if targets:
         lines += ["## Targets", "", "| target | result | measured |", "| --- | --- | --- |"]
         lines += [f"| {t} | {ok} | {how} |" for t, ok, how in targets]
@@ -275,6 +279,76 @@ def render(results: JSON, results_path: Path) -> str:
         lines += [f"- {k}: {v}" for k, v in results["errors"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+LOAD_HEADER = [
+    "| system | rebalancer | placed: max CPU | std dev | nodes > 80 % | evictions | every node "
+    "< 80 % after | end: max CPU | std dev | nodes > 80 % | held |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def load_section(load: JSON) -> list[str]:
+    """Section 9: ``bench.loadaware``'s systems side by side (``LOAD_HEADER``)."""
+    sc = load["scales"]
+    shapes = ", ".join(
+        f"{s['name']} x{s['replicas']} ({s['cpu_request']} requested, {s['cpu_usage']:g} used)"
+        for s in load["shapes"]
+    )
+    lines = [
+        "## 9. Load-aware placement and rebalancing (`bench/loadaware.py`)",
+        "",
+        f"{load['nodes']} nodes of 8 CPUs, background CPU usage 10-55 %; a burst of "
+        f"{load['pods']} pods in {len(load['shapes'])} Deployments created at once, each pod "
+        f"using what its annotation says, not what it requests: {shapes} (cores). Node usage "
+        "is simulated from the pods running on each node, in percent of the machine, and read "
+        f"by everything through the local Prometheus (rate window {sc['rate_window']}). A "
+        f"rebalancer got up to {sc['rebalance_bound_s']:.0f} s (ended sooner once every node "
+        f"stayed under 80 % for {sc['hold_s']:.0f} s), rebalance-nodes pinged and the "
+        f"descheduler run every {sc['rebalance_every_s']} s, annotate-usage every "
+        f"{sc['usage_every_s']:g} s. Descheduler {load['descheduler_version']}: "
+        "`LowNodeUtilization` on a Prometheus query (`MetricResource` under "
+        '40 % / over 80 %). "after" is from the start of rebalancing; — is never within the '
+        "bound; held: still every node under 80 % at the end.",
+        "",
+        *LOAD_HEADER,
+    ]
+    systems = load["systems"]
+    order = [n for n in LOAD_SYSTEMS if n in systems] + sorted(set(systems) - set(LOAD_SYSTEMS))
+    for name in order:
+        r = systems[name]
+        placed, end = r["after_placement"], r["end"]
+        cells = [
+            name,
+            r["rebalancer"] or "none",
+            _f(placed["max_cpu_percent"], 1, " %"),
+            _f(placed["stdev_cpu_percent"], 1),
+            _f(placed["nodes_over_threshold"]),
+            _f(r["evictions"]),
+            _f(r["all_under_threshold_s"], 1, " s"),
+            _f(end["max_cpu_percent"], 1, " %"),
+            _f(end["stdev_cpu_percent"], 1),
+            _f(end["nodes_over_threshold"]),
+            "yes" if r["held_to_end"] else "no",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    failed = (systems.get("descheduler") or {}).get("descheduler_cycles") or {}
+    if failed.get("failed"):
+        lines += [
+            "",
+            f"The descheduler failed to read Prometheus in {failed['failed']} of its "
+            f"{failed['run']} cycles (it evicts nothing in such a cycle).",
+        ]
+    pending = {n: systems[n]["pending_after_placement"] for n in order}
+    if any(pending.values()):
+        lines += [
+            "",
+            "Pods no node took within the placement bound: "
+            + ", ".join(f"{n} {p}" for n, p in pending.items() if p)
+            + ".",
+        ]
+    lines.append("")
+    return lines
 
 
 def recovery_cells(r: JSON) -> str:

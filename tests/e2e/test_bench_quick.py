@@ -50,7 +50,14 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_the_quick_suite_runs_every_measurement_without_errors(results: dict[str, Any]) -> None:
     assert results["errors"] == {}, results["_stderr"]
     assert results["_returncode"] == 0, results["_stderr"]
-    assert set(results["measurements"]) == {"recovery", "detect", "webhook", "cold-start", "scale"}
+    assert set(results["measurements"]) == {
+        "recovery",
+        "detect",
+        "webhook",
+        "cold-start",
+        "load",
+        "scale",
+    }
     assert all(math.isfinite(v) for v in finite_numbers(results["measurements"]))
     machine = results["machine"]
     assert positive(machine["cores"]) and positive(machine["memory_gib"])
@@ -125,6 +132,41 @@ def test_scale_rolls_out_and_recovers(results: dict[str, Any]) -> None:
     assert recovery["wasted_share"] == round(recovery["wasted_moves"] / recovery["moves"], 3)
     assert positive(recovery["time_to_all_healthy_s"])
     assert positive(sum(recovery["function_cpu_s"].values()))
+
+
+def test_load_aware_placement_has_numbers_for_every_system(results: dict[str, Any]) -> None:
+    check_load(results["measurements"]["load"])
+
+
+def check_load(load: dict[str, Any]) -> None:
+    """What ``--only load`` must produce (also run by hand on a saved results file)."""
+    from bench.loadaware import QUICK_LOAD, SYSTEMS  # noqa: PLC0415 - the test's own import
+
+    systems = load["systems"]
+    assert set(systems) == set(SYSTEMS)
+    expected = sum(s.replicas for s in QUICK_LOAD.shapes)
+    background = sum(cpu for cpu, _ in load["background"].values()) / load["nodes"] * 100
+    for name, run in systems.items():
+        assert run["pods"] == expected and run["pending_after_placement"] == 0, name
+        for moment in (run["after_placement"], run["end"]):
+            assert positive(moment["max_cpu_percent"]) and moment["max_cpu_percent"] <= 100
+            assert moment["stdev_cpu_percent"] >= 0 and moment["nodes_over_threshold"] >= 0
+            # The pods' usage shows on their nodes: the model moved every node's usage.
+            assert moment["mean_cpu_percent"] > background + 10, name
+        assert run["evictions"] >= 0
+        under = run["all_under_threshold_s"]
+        assert under is None or under >= 0
+        assert sum(run["pods_per_node"].values()) == expected - run.get("pending_at_end", 0)
+    for name in ("stock", "extender", "label"):
+        assert systems[name]["rebalancer"] is None and systems[name]["evictions"] == 0
+    # The descheduler read node usage from Prometheus in every cycle it ran.
+    cycles = systems["descheduler"]["descheduler_cycles"]
+    assert cycles["run"] > 0 and cycles["failed"] == 0, cycles
+    for name in ("extender+rebalance", "label+rebalance"):
+        assert systems[name]["rebalancer"] == "rebalance-nodes"
+        pings = systems[name]["pings"]
+        assert pings["sent"] > 0 and pings["failed"] == 0, pings
+    assert load["usage_loop_errors"] == 0
 
 
 def test_the_extender_part_measures_every_size_and_verb(tmp_path: Path) -> None:
