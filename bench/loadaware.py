@@ -53,6 +53,8 @@ state reset between them:
   a value outside 0..1 too): ``descheduler_query``. Thresholds (``MetricResource``, the only
   resource a Prometheus query may name): under 40 % is underutilised, over 80 % overutilised;
   it evicts at most one pod per overutilised node per cycle (its README);
+- ``stock+rebalance`` (full runs only): the stock placement again, then rebalance-nodes, the
+  descheduler's peer on the same footing;
 - ``extender``: pods with ``schedulerName: kn-rescheduler-load-aware``, a second kube-scheduler
   with the shipped configuration (``stack.up.load_aware_scheduler_config``) calling score-nodes,
   node usage from annotate-usage; ``extender+rebalance``: the same placement, then
@@ -80,7 +82,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -136,6 +138,7 @@ SA_DIR: Final = "/run/secrets/kubernetes.io/serviceaccount"
 SYSTEMS: Final = (
     "stock",
     "descheduler",
+    "stock+rebalance",
     "extender",
     "extender+rebalance",
     "label",
@@ -187,6 +190,8 @@ class LoadScales:
     every: int
     # annotate-usage's period (seconds).
     usage_every: float
+    # Whether the stock placement is also rebalanced by rebalance-nodes (a fourth phase).
+    stock_rebalance: bool
     # The rate window of every Prometheus reader here, annotate-usage and the descheduler's
     # query alike (Prometheus scrapes the local nodes every second; a real cluster's 1-5 min
     # would only make every system slower alike).
@@ -200,6 +205,7 @@ FULL_LOAD: Final = LoadScales(
     hold=60.0,
     every=10,
     usage_every=5,
+    stock_rebalance=True,
     rate_window="10s",
 )
 QUICK_LOAD: Final = LoadScales(
@@ -209,6 +215,7 @@ QUICK_LOAD: Final = LoadScales(
     hold=6.0,
     every=3,
     usage_every=2,
+    stock_rebalance=False,
     rate_window="5s",
 )
 
@@ -605,21 +612,34 @@ class Pinger:
                 self.failures += 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Phase:
-    """One placement and what rebalanced it (None: nothing)."""
+    """One placement, measured, then rebalanced: ``names`` are the system without rebalancing
+    (None: the same placement is already measured by another phase) and the one with it."""
 
     placement: str  # stock, extender, label
-    rebalancer: str | None  # descheduler, rebalance-nodes
-    names: tuple[str, str]  # (the system without rebalancing, the one with it)
-    extra: JSON = field(default_factory=dict)
+    rebalancer: str  # descheduler, rebalance-nodes
+    names: tuple[str | None, str]
 
 
 PHASES: Final = (
     Phase("stock", "descheduler", ("stock", "descheduler")),
+    # The stock placement again, rebalanced by rebalance-nodes: the descheduler's peer on the
+    # same footing (full runs only: the quick run's two minutes hold three phases).
+    Phase("stock", "rebalance-nodes", (None, "stock+rebalance")),
     Phase("extender", "rebalance-nodes", ("extender", "extender+rebalance")),
     Phase("label", "rebalance-nodes", ("label", "label+rebalance")),
 )
+
+
+def phases(scales: LoadScales) -> tuple[Phase, ...]:
+    return tuple(p for p in PHASES if scales.stock_rebalance or p.names[1] != "stock+rebalance")
+
+
+def system_names(scales: LoadScales) -> list[str]:
+    """The systems a run of ``scales`` measures, in ``SYSTEMS``' order."""
+    measured = {n for p in phases(scales) for n in p.names if n}
+    return [n for n in SYSTEMS if n in measured]
 
 
 class LoadBench:
@@ -641,11 +661,14 @@ class LoadBench:
         self.loop: UsageLoop | None = None
         self.scheduler: Proc | None = None
         self.webhook_ca = Path()
+        self.descheduler_bin = Path()
 
     # -- set-up and tear-down -------------------------------------------------------------------
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # Built (or found cached) before anything is timed: a first build takes minutes.
+        self.descheduler_bin = descheduler.binary()
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
         env = environment(
@@ -744,15 +767,19 @@ class LoadBench:
             usage, pods = self.loop.snapshot()
             at_placement = spread(usage)
             pending = expected - placed
-            without = self._result(
-                phase.names[0], at_placement, placement_s, pending, pods, expected
+            out: dict[str, JSON] = {}
+            if phase.names[0] is not None:
+                out[phase.names[0]] = self._result(
+                    phase.names[0], at_placement, placement_s, pending, pods, expected
+                )
+            out[phase.names[1]] = self._rebalance(
+                phase, at_placement, placement_s, pending, expected
             )
-            with_ = self._rebalance(phase, at_placement, placement_s, pending, expected)
         finally:
             if phase.placement == "label":
                 webhook_setup.unregister(self.cluster.api_client())
             self._delete(namespaces)
-        return {phase.names[0]: without, phase.names[1]: with_}
+        return out
 
     def _result(
         self,
@@ -781,7 +808,7 @@ class LoadBench:
     def _rebalance(
         self, phase: Phase, at_placement: Spread, placement_s: float, pending: int, expected: int
     ) -> JSON:
-        assert self.loop is not None and phase.rebalancer is not None
+        assert self.loop is not None
         self.loop.mark()
         proc: Proc | None = None
         pinger: Pinger | None = None
@@ -859,7 +886,7 @@ class LoadBench:
         argv = in_pod_argv(
             secrets,
             [
-                str(descheduler.binary()),
+                str(self.descheduler_bin),
                 f"--kubeconfig={kubeconfig}",
                 f"--policy-config-file={policy_file}",
                 f"--descheduling-interval={self.scales.every}s",
@@ -930,17 +957,19 @@ def _per_node(pods: Sequence[JSON]) -> dict[str, int]:
 
 
 def measure(cluster: Cluster, workdir: Path, *, quick: bool, log: Callable[[str], None]) -> JSON:
-    """Every system of ``SYSTEMS`` on ``cluster`` (the run's shared one)."""
+    """Every system of ``system_names`` on ``cluster`` (the run's shared one)."""
     scales = QUICK_LOAD if quick else FULL_LOAD
     bench = LoadBench(cluster, scales, workdir, log)
     systems: dict[str, JSON] = {}
     try:
         bench.start()
         assert bench.loop is not None
-        for index, phase in enumerate(PHASES):
-            log(f"load: {phase.names[0]} then {phase.names[1]}")
+        for index, phase in enumerate(phases(scales)):
+            log(f"load: {phase.placement} placement, then {phase.rebalancer}")
             systems.update(bench.run(phase, index))
             for name in phase.names:
+                if name is None:
+                    continue
                 r = systems[name]
                 log(
                     f"  {name}: max {r['end']['max_cpu_percent']} %, over 80 %: "

@@ -29,9 +29,11 @@ from bench.loadaware import (
     evicted,
     in_pod_argv,
     node_usage,
+    phases,
     pod_usage,
     running_on,
     spread,
+    system_names,
     to_write,
     under_for,
 )
@@ -284,15 +286,13 @@ def test_the_descheduler_runs_with_a_pods_service_account_directory_of_its_own(
     assert argv[-2:] == ["/bin/descheduler", "--v=2"]
 
 
-def test_every_system_the_issue_names_is_measured() -> None:
-    assert SYSTEMS == (
-        "stock",
-        "descheduler",
-        "extender",
-        "extender+rebalance",
-        "label",
-        "label+rebalance",
-    )
+def test_every_system_the_issue_names_is_measured_and_the_full_run_adds_stock_rebalanced() -> None:
+    issue = ["stock", "descheduler", "extender", "extender+rebalance", "label", "label+rebalance"]
+    assert system_names(QUICK_LOAD) == issue
+    assert system_names(FULL_LOAD) == list(SYSTEMS) == [*issue[:2], "stock+rebalance", *issue[2:]]
+    # Each placement is measured once without rebalancing.
+    without = [p.names[0] for p in phases(FULL_LOAD) if p.names[0]]
+    assert without == ["stock", "extender", "label"]
 
 
 # The descheduler v0.36's log at --v=2: a cycle whose query failed, one that evicted, and the
@@ -366,6 +366,7 @@ def test_the_report_shows_every_system_in_the_issues_order_and_never_as_a_dash()
             "label": system("label", None, 75.0, 75.0, 0.0),
             "label+rebalance": system("label+rebalance", "rebalance-nodes", 75.0, 75.0, 0.0),
             "stock": system("stock", None, 96.2, 96.2, None),
+            "stock+rebalance": system("stock+rebalance", "rebalance-nodes", 93.0, 77.0, 48.0),
         },
     }
     rows = [line for line in load_section(load) if line.startswith("| ") and "---" not in line]
@@ -373,4 +374,4 @@ def test_the_report_shows_every_system_in_the_issues_order_and_never_as_a_dash()
     descheduler_row = rows[2].split(" | ")
     assert descheduler_row[1] == "descheduler"
     assert descheduler_row[5:7] == ["4", "—"]  # evictions, never under 80 % within the bound
-    assert rows[4].split(" | ")[6] == "31.5 s"
+    assert rows[5].split(" | ")[6] == "31.5 s"
