@@ -108,6 +108,57 @@ def test_kubectl_top_nodes_shows_the_quiet_defaults_as_shares_of_allocatable(
         assert ms.within(reported, expected(metrics_cluster, node)), (node, reported)
 
 
+@pytest.mark.parametrize(("role", "allowed"), [("view", True), (None, False)])
+def test_reading_node_metrics_needs_a_role_as_on_a_cluster_with_metrics_servers_manifests(
+    metrics_cluster: Cluster, role: str | None, allowed: bool
+) -> None:
+    # metrics-server's manifests aggregate metrics.k8s.io reads into view/edit/admin; a user
+    # with no role is refused, so a reader's missing RBAC shows up here as on a real cluster.
+    cluster = metrics_cluster
+    user = f"metrics-reader-{role or 'none'}"
+    if role is not None:
+        cluster.rest.post(
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": user},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
+                ],
+            },
+        )
+
+    def can_list() -> bool:
+        review = cluster.rest.post(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user,
+                    "resourceAttributes": {
+                        "group": "metrics.k8s.io",
+                        "resource": "nodes",
+                        "verb": "list",
+                    },
+                },
+            },
+        )
+        return bool(review["status"].get("allowed"))
+
+    # The controller manager aggregates the rule into `view` within moments of its creation.
+    deadline = time.monotonic() + 10
+    while can_list() != allowed and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert can_list() == allowed
+
+
 def test_a_nodes_usage_follows_set_node_usage_without_spikes_or_gaps(
     metrics_cluster: Cluster, usage_reset: None
 ) -> None:
