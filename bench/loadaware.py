@@ -80,6 +80,7 @@ import shutil
 import statistics
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -961,12 +962,18 @@ def measure(cluster: Cluster, workdir: Path, *, quick: bool, log: Callable[[str]
     scales = QUICK_LOAD if quick else FULL_LOAD
     bench = LoadBench(cluster, scales, workdir, log)
     systems: dict[str, JSON] = {}
+    failures: dict[str, str] = {}
     try:
         bench.start()
         assert bench.loop is not None
         for index, phase in enumerate(phases(scales)):
             log(f"load: {phase.placement} placement, then {phase.rebalancer}")
-            systems.update(bench.run(phase, index))
+            try:
+                systems.update(bench.run(phase, index))
+            except Exception as exc:  # one system's failure leaves the others' figures
+                traceback.print_exc()
+                failures[phase.names[1]] = f"{type(exc).__name__}: {exc}"
+                continue
             for name in phase.names:
                 if name is None:
                     continue
@@ -999,4 +1006,5 @@ def measure(cluster: Cluster, workdir: Path, *, quick: bool, log: Callable[[str]
         ),
         "usage_loop_errors": usage_loop_errors,
         "systems": systems,
+        "failures": failures,
     }

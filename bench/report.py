@@ -339,6 +339,8 @@ def load_section(load: JSON) -> list[str]:
             f"The descheduler failed to read Prometheus in {failed['failed']} of its "
             f"{failed['run']} cycles (it evicts nothing in such a cycle).",
         ]
+    for name, why in (load.get("failures") or {}).items():
+        lines += ["", f"{name}: not measured ({why})."]
     pending = {n: systems[n]["pending_after_placement"] for n in order}
     if any(pending.values()):
         lines += [

@@ -143,6 +143,7 @@ def check_load(load: dict[str, Any]) -> None:
     from bench.loadaware import QUICK_LOAD, system_names  # noqa: PLC0415 - only this test's
 
     systems = load["systems"]
+    assert load["failures"] == {}
     assert set(systems) == set(system_names(QUICK_LOAD))
     expected = sum(s.replicas for s in QUICK_LOAD.shapes)
     background = sum(cpu for cpu, _ in load["background"].values()) / load["nodes"] * 100

@@ -345,8 +345,8 @@ def system(
     }
 
 
-def test_the_report_shows_every_system_in_the_issues_order_and_never_as_a_dash() -> None:
-    load = {
+def report_input() -> dict[str, Any]:
+    return {
         "nodes": 20,
         "pods": 80,
         "shapes": [{"name": "api", "replicas": 12, "cpu_request": "500m", "cpu_usage": 1.2}],
@@ -369,9 +369,22 @@ def test_the_report_shows_every_system_in_the_issues_order_and_never_as_a_dash()
             "stock+rebalance": system("stock+rebalance", "rebalance-nodes", 93.0, 77.0, 48.0),
         },
     }
+
+
+def test_the_report_shows_every_system_in_the_issues_order_and_never_as_a_dash() -> None:
+    load = report_input()
     rows = [line for line in load_section(load) if line.startswith("| ") and "---" not in line]
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == list(SYSTEMS)
     descheduler_row = rows[2].split(" | ")
     assert descheduler_row[1] == "descheduler"
     assert descheduler_row[5:7] == ["4", "—"]  # evictions, never under 80 % within the bound
     assert rows[5].split(" | ")[6] == "31.5 s"
+
+
+def test_the_report_names_a_system_that_could_not_be_measured_and_why() -> None:
+    load = report_input()
+    del load["systems"]["descheduler"]
+    load["failures"] = {"descheduler": "RuntimeError: the descheduler exited"}
+    lines = load_section(load)
+    assert "descheduler: not measured (RuntimeError: the descheduler exited)." in lines
+    assert not any(line.startswith("| descheduler |") for line in lines)
