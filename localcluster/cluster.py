@@ -718,7 +718,7 @@ class Cluster:
             log=logging.getLogger("localcluster.metricsserver"),
         )
         self.metrics_server = stack
-        stack.prepare(self.nodes)
+        stack.prepare()
         self._wait(
             "kwok's load pod on every node", lambda: stack.kwok_serves_load(self.nodes), deadline
         )

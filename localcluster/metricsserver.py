@@ -11,16 +11,15 @@ same Node annotations as the node-exporter endpoints Prometheus scrapes
 
 - **kwok serves ``/metrics/resource``.** kwok v0.8.0 plays a kubelet's resource metrics from a
   ``Metric`` in its configuration, at ``/metrics/nodes/<node>/metrics/resource`` on its server
-  (``--server-address``); metrics-server (>= 0.7) scrapes that path instead of
-  ``/metrics/resource`` when the Node carries the annotation
-  ``metrics.k8s.io/resource-metrics-path``, which :meth:`MetricsServerStack.prepare` sets.
+  (``--server-address``), one server for all nodes.
 - **Node usage is carried by one pod per node.** kwok computes a node's usage only as the sum
   of its pods' usage (``node.Usage`` / ``node.CumulativeUsage``, pkg/kwok/server/
   metrics_resource_usage.go), and only for nodes that have pods. The CPU figure metrics-server
   wants is a cumulative counter (core-seconds); kwok integrates it over time itself, but only
   through those pod sums. A stateless expression of the annotation (fraction x cores x time)
-  would jump whenever the annotation changes, and metrics-server would report a spike of tens
-  of cores, or drop the node, for a window. So a DaemonSet, ``kn-rescheduler-sim-node-load``
+  would jump whenever the annotation changes (by the change times the node's age), and
+  metrics-server would report a spike far above the node's CPUs, or drop the node, for a
+  window. So a DaemonSet, ``kn-rescheduler-sim-node-load``
   in ``kube-system`` (a pause container, like a node's own system daemons), gives every node
   a pod whose usage is the node's simulated usage: fraction x the Node's **allocatable** CPU
   and memory (what ``kubectl top nodes`` divides by), read from the Node's annotations by a
@@ -29,11 +28,15 @@ same Node annotations as the node-exporter endpoints Prometheus scrapes
   the whole interval since the previous scrape with it, so a new usage shows in the Metrics
   API from the first scrape after it is set (metrics-server scrapes every 10 s, its minimum).
 - **The nodes' network.** Nodes have InternalIPs (10.0.0.x) that no machine answers, and
-  metrics-server connects to ``<InternalIP>:<kubelet port>``. :class:`NodeNetwork` is an HTTP
-  proxy on 127.0.0.1, named to metrics-server by ``HTTP_PROXY``, that delivers every request
-  for a node's kubelet to kwok's server. kwok's server speaks plain HTTP (the cluster's health
-  check reads it so), hence ``--deprecated-kubelet-completely-insecure``. Go never proxies
-  requests to loopback addresses, so metrics-server reaches the API server directly.
+  metrics-server asks ``http://<InternalIP>:<kubelet port>/metrics/resource``, as on a real
+  cluster. :class:`NodeNetwork` is an HTTP proxy on 127.0.0.1, named to metrics-server by
+  ``HTTP_PROXY``, that delivers such a request to kwok's path for the Node with that
+  InternalIP (any node, also one registered later; nothing is added to the Node objects).
+  kwok's server speaks plain HTTP (the cluster's health check reads it so), hence
+  ``--deprecated-kubelet-completely-insecure``. Go never proxies requests to loopback
+  addresses, so metrics-server reaches the API server directly. (metrics-server >= 0.7 would
+  also follow a Node annotation ``metrics.k8s.io/resource-metrics-path`` to kwok's path, as
+  kwok's docs suggest; the proxy needs none.)
 - **The aggregation layer.** The API server already runs with the front-proxy
   (request-header) CA and client certificate (:mod:`localcluster.pki`). The APIService
   ``v1beta1.metrics.k8s.io`` names the Service ``kube-system/metrics-server``, an
@@ -60,6 +63,8 @@ import re
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -96,10 +101,10 @@ START_TIMEOUT: Final = 60.0
 # The port nodes advertise for their kubelet (status.daemonEndpoints), as on a real node.
 KUBELET_PORT: Final = 10250
 
-# Third-party keys the harness alone uses (the project's own keys are in shared.constants):
-# metrics-server's per-node scrape path (pkg/scraper/client/resource/client.go) and the
-# recommended name label of the load DaemonSet.
-RESOURCE_METRICS_PATH_ANNOTATION: Final = "metrics.k8s.io/resource-metrics-path"
+# The path a kubelet serves its resource metrics at, which metrics-server scrapes.
+KUBELET_RESOURCE_PATH: Final = "/metrics/resource"
+# A third-party key the harness alone uses (the project's own keys are in shared.constants):
+# the recommended name label, on the load DaemonSet.
 NAME_LABEL: Final = "app.kubernetes.io/name"
 LOAD_DAEMONSET: Final = "kn-rescheduler-sim-node-load"
 PAUSE_IMAGE: Final = "registry.k8s.io/pause:3.10"
@@ -274,24 +279,71 @@ def sample(exposition: str, name: str) -> float | None:
 # -- the nodes' network ---------------------------------------------------------------------------
 
 
-def forward_path(request_target: str) -> str | None:
-    """The path to ask kwok for, from the absolute-form target of a proxied request
-    (``http://10.0.0.10:10250/metrics/...``); None if it is not one."""
+@dataclass(frozen=True)
+class Forward:
+    """Where the node network sends one proxied request: kwok's ``path``, or nowhere
+    (``path`` None) with the HTTP ``status`` and ``reason`` to answer instead."""
+
+    path: str | None
+    status: int = 200
+    reason: str = ""
+
+
+def forward(request_target: str, node_for_ip: Callable[[str], str | None]) -> Forward:
+    """Where a request for a kubelet goes, from its absolute-form target
+    (``http://10.0.0.10:10250/metrics/resource``): a kubelet's resource metrics path becomes
+    kwok's path of the node with that InternalIP; any other path is kwok's own."""
     parts = urlsplit(request_target)
-    if parts.scheme != "http" or not parts.netloc or not parts.path.startswith("/"):
-        return None
-    return parts.path + (f"?{parts.query}" if parts.query else "")
+    if parts.scheme != "http" or not parts.hostname or not parts.path.startswith("/"):
+        return Forward(None, 400, "a proxy request needs an absolute http:// URL")
+    path = parts.path
+    if path == KUBELET_RESOURCE_PATH:
+        node = node_for_ip(parts.hostname)
+        if node is None:
+            # No machine answers there: the closest a proxy can say.
+            return Forward(None, 502, f"no Node has the InternalIP {parts.hostname}")
+        path = resource_metrics_path(node)
+    return Forward(path + (f"?{parts.query}" if parts.query else ""))
+
+
+def nodes_by_internal_ip(nodes: list[JSON]) -> dict[str, str]:
+    """InternalIP -> Node name, for a list of Nodes as the API serves them."""
+    found = {}
+    for node in nodes:
+        for address in (node.get("status") or {}).get("addresses") or []:
+            if address.get("type") == "InternalIP" and address.get("address"):
+                found[str(address["address"])] = str((node.get("metadata") or {}).get("name"))
+    return found
 
 
 class NodeNetwork:
-    """An HTTP proxy standing for the network between metrics-server and the kubelets: every
-    request for any node's kubelet reaches kwok's server, which serves all the nodes."""
+    """An HTTP proxy standing for the network between metrics-server and the kubelets: a
+    request for a node's kubelet reaches kwok's server, which serves all the nodes.
 
-    def __init__(self, kwok_port: int, log: logging.Logger) -> None:
+    It learns the nodes' InternalIPs from the API server, again whenever it meets an address
+    it does not know (at most once a second), so nodes registered later are reachable too."""
+
+    def __init__(self, kwok_port: int, rest: Rest, log: logging.Logger) -> None:
         self.kwok_port = kwok_port
+        self.rest = rest
         self.log = log
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._addresses: dict[str, str] = {}
+        self._listed_at = -math.inf
+
+    def node_for_ip(self, ip: str) -> str | None:
+        with self._lock:
+            if ip not in self._addresses and time.monotonic() - self._listed_at >= 1.0:
+                self._listed_at = time.monotonic()
+                try:
+                    items = self.rest.get("/api/v1/nodes").get("items", [])
+                except ApiError as e:
+                    self.log.warning("listing the nodes' addresses: %s", e)
+                else:
+                    self._addresses = nodes_by_internal_ip(items)
+            return self._addresses.get(ip)
 
     @property
     def url(self) -> str:
@@ -307,9 +359,10 @@ class NodeNetwork:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                path = forward_path(self.path)
+                target = forward(self.path, network.node_for_ip)
+                path = target.path
                 if path is None:
-                    self._answer(400, b"a proxy request needs an absolute http:// URL\n")
+                    self._answer(target.status, f"{target.reason}\n".encode())
                     return
                 conn = http.client.HTTPConnection("127.0.0.1", network.kwok_port, timeout=10)
                 try:
@@ -563,14 +616,14 @@ class MetricsServerStack:
         self.kwok_port = kwok_port
         self.port = port
         self.log = log
-        self.network = NodeNetwork(kwok_port, log)
+        self.network = NodeNetwork(kwok_port, rest, log)
         self.kubeconfig = directory / "kubeconfig"
         self.cert = directory / "serving.crt"
         self.key = directory / "serving.key"
 
-    def prepare(self, nodes: list[str]) -> None:
-        """Creates the objects, points metrics-server at each node's kwok path, starts the
-        node network, and writes the serving certificate and kubeconfig."""
+    def prepare(self) -> None:
+        """Creates the objects, writes the serving certificate and kubeconfig, and starts the
+        node network."""
         self.directory.mkdir(parents=True, exist_ok=True)
         ca = pki.KeyPair(self.pki.ca_crt.read_bytes(), self.pki.ca_key.read_bytes())
         serving = pki.issue(
@@ -587,9 +640,6 @@ class MetricsServerStack:
             except ApiError as e:
                 if e.status != 409:  # already there: a restarted start-up
                     raise
-        for node in nodes:
-            annotations = {RESOURCE_METRICS_PATH_ANNOTATION: resource_metrics_path(node)}
-            self.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"annotations": annotations}})
         token = self.rest.post(
             f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SERVICE_NAME}/token",
             {

@@ -203,3 +203,53 @@ def _fully_used(cluster: Cluster, node: str) -> dict[str, Any]:
         {SIM_CPU_USAGE_ANNOTATION: "1.0", SIM_MEMORY_USAGE_ANNOTATION: "1.0"}
     )
     return obj
+
+
+def test_a_node_registered_later_is_listed_with_its_usage_and_dropped_once_deleted(
+    metrics_cluster: Cluster,
+) -> None:
+    # The DaemonSet gives it a load pod and the node network learns its InternalIP: nothing
+    # about metrics has to be added to the Node.
+    cluster = metrics_cluster
+    name = "node-late-metrics"
+    template = cluster.rest.get(f"/api/v1/nodes/{cluster.nodes[0]}")
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {**template["metadata"]["labels"], "kubernetes.io/hostname": name},
+            "annotations": {"kwok.x-k8s.io/node": "fake", SIM_CPU_USAGE_ANNOTATION: "0.5"},
+        },
+        # No other pod may land here (the fake kubelet does not run it); the load pod tolerates
+        # the taint, as DaemonSet pods do.
+        "spec": {
+            "unschedulable": True,
+            "taints": [{"key": "kn-rescheduler.io/test", "effect": "NoSchedule"}],
+        },
+        "status": {
+            "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+            "allocatable": {"cpu": "3800m", "memory": "15Gi", "pods": "110"},
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.251"},
+                {"type": "Hostname", "address": name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": ms.KUBELET_PORT}},
+            "nodeInfo": template["status"]["nodeInfo"],
+        },
+    }
+    cluster.rest.post("/api/v1/nodes", node)
+    try:
+        deadline = time.monotonic() + 3 * ms.RESOLUTION_SECONDS + 10
+        while name not in node_metrics(cluster) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        reported = ms.reported_usage(node_metrics(cluster)[name])
+        # Half of 3800m; memory at the quiet default, 20 % of 15Gi.
+        assert ms.within(reported, ms.NodeUsage(1.9, 0.2 * 15 * 1024**3)), reported
+    finally:
+        cluster.rest.delete(f"/api/v1/nodes/{name}")
+
+    deadline = time.monotonic() + 15
+    while name in node_metrics(cluster) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sorted(node_metrics(cluster)) == sorted(cluster.nodes)

@@ -19,7 +19,7 @@ from localcluster.nodeexporter import usage_fraction as exporter_fraction
 from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 # A Node as the local cluster registers it (localcluster.cluster._register_node) and kwok keeps
-# it, with metrics-server's path annotation.
+# it.
 NODE: dict[str, Any] = {
     "apiVersion": "v1",
     "kind": "Node",
@@ -28,7 +28,6 @@ NODE: dict[str, Any] = {
         "labels": {"kubernetes.io/hostname": "node-0", "type": "kwok"},
         "annotations": {
             "kwok.x-k8s.io/node": "fake",
-            "metrics.k8s.io/resource-metrics-path": "/metrics/nodes/node-0/metrics/resource",
             "node.alpha.kubernetes.io/ttl": "0",
         },
     },
@@ -207,23 +206,57 @@ def test_a_node_metrics_item_reads_as_cores_and_bytes() -> None:
     assert not ms.within(usage, ms.expected_usage(NODE))
 
 
+NODES_BY_IP = {"10.0.0.10": "node-0", "10.0.0.11": "node-1"}
+
+
 @pytest.mark.parametrize(
-    ("target", "path"),
+    ("target", "expected"),
     [
+        # What metrics-server asks a kubelet for, at the Node's InternalIP and status port.
+        (
+            "http://10.0.0.11:10250/metrics/resource",
+            ms.Forward("/metrics/nodes/node-1/metrics/resource"),
+        ),
+        (
+            "http://10.0.0.10:10250/metrics/resource?x=1",
+            ms.Forward("/metrics/nodes/node-0/metrics/resource?x=1"),
+        ),
+        # kwok's own paths pass through (a Node annotated as kwok's docs suggest).
         (
             "http://10.0.0.10:10250/metrics/nodes/node-0/metrics/resource",
-            "/metrics/nodes/node-0/metrics/resource",
+            ms.Forward("/metrics/nodes/node-0/metrics/resource"),
         ),
-        ("http://10.0.0.11:10250/metrics/resource?x=1", "/metrics/resource?x=1"),
-        ("/metrics/resource", None),  # not a proxy request
-        ("https://10.0.0.10:10250/metrics/resource", None),  # would need CONNECT
-        ("10.0.0.10:10250", None),
+        (
+            "http://10.0.0.99:10250/metrics/resource",
+            ms.Forward(None, 502, "no Node has the InternalIP 10.0.0.99"),
+        ),
+        (
+            "/metrics/resource",  # not a proxy request
+            ms.Forward(None, 400, "a proxy request needs an absolute http:// URL"),
+        ),
+        (
+            "https://10.0.0.10:10250/metrics/resource",  # would need CONNECT
+            ms.Forward(None, 400, "a proxy request needs an absolute http:// URL"),
+        ),
     ],
 )
-def test_the_node_network_forwards_the_path_of_an_absolute_http_url(
-    target: str, path: str | None
+def test_the_node_network_sends_a_kubelet_request_to_kwoks_path_of_that_node(
+    target: str, expected: ms.Forward
 ) -> None:
-    assert ms.forward_path(target) == path
+    assert ms.forward(target, NODES_BY_IP.get) == expected
+
+
+def test_the_node_network_learns_the_internal_ips_from_the_node_list() -> None:
+    other = node_with()
+    other["metadata"]["name"] = "node-1"
+    other["status"]["addresses"] = [
+        {"type": "Hostname", "address": "node-1"},
+        {"type": "InternalIP", "address": "10.0.0.11"},
+        {"type": "ExternalIP", "address": "203.0.113.7"},
+    ]
+    unregistered = {"metadata": {"name": "node-2"}, "status": {}}
+
+    assert ms.nodes_by_internal_ip([NODE, other, unregistered]) == NODES_BY_IP
 
 
 def test_a_series_value_is_read_from_kwoks_exposition() -> None:
