@@ -7,6 +7,8 @@ file, in the columns of sections 1-3, for putting re-measurements beside the ful
 in one table that names each run's scenario and kubelet back-off, with the times from the first
 failure and from the threshold side by side (runs of either back-off or scenario compared).
 ``python -m bench.report --scale FILE ...`` prints the scale run's recovery row of each file.
+``python -m bench.report --load FILE`` prints the load-aware section (9) of a run that measured
+it (``--only load``), to put into RESULTS.md beside the full run's sections.
 """
 
 from __future__ import annotations
@@ -291,6 +293,8 @@ LOAD_HEADER = [
 def load_section(load: JSON) -> list[str]:
     """Section 9: ``bench.loadaware``'s systems side by side (``LOAD_HEADER``)."""
     sc = load["scales"]
+    base = [cpu * 100 for cpu, _ in load["background"].values()]
+    low, high = min(base), max(base)
     shapes = ", ".join(
         f"{s['name']} x{s['replicas']} ({s['cpu_request']} requested, {s['cpu_usage']:g} used)"
         for s in load["shapes"]
@@ -298,14 +302,14 @@ def load_section(load: JSON) -> list[str]:
     lines = [
         "## 9. Load-aware placement and rebalancing (`bench/loadaware.py`)",
         "",
-        f"{load['nodes']} nodes of 8 CPUs, background CPU usage 10-55 %; a burst of "
+        f"{load['nodes']} nodes of 8 CPUs, background CPU usage {low:.0f}-{high:.0f} %; a burst of "
         f"{load['pods']} pods in {len(load['shapes'])} Deployments created at once, each pod "
         f"using what its annotation says, not what it requests: {shapes} (cores). Node usage "
         "is simulated from the pods running on each node, in percent of the machine, and read "
         f"by everything through the local Prometheus (rate window {sc['rate_window']}). A "
         f"rebalancer got up to {sc['rebalance_bound_s']:.0f} s (ended sooner once every node "
-        f"stayed under 80 % for {sc['hold_s']:.0f} s), rebalance-nodes pinged and the "
-        f"descheduler run every {sc['rebalance_every_s']} s, annotate-usage every "
+        f"stayed under 80 % for {sc['hold_s']:.0f} s); rebalance-nodes and the descheduler "
+        f"ran every {sc['rebalance_every_s']} s, annotate-usage every "
         f"{sc['usage_every_s']:g} s. Descheduler {load['descheduler_version']}: "
         "`LowNodeUtilization` on a Prometheus query (`MetricResource` under "
         '40 % / over 80 %). "after" is from the start of rebalancing; — is never within the '
@@ -521,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args[:1] == ["--scale"]:
         print("\n".join(scale_rows([Path(a) for a in args[1:]])))
+        return 0
+    if args[:1] == ["--load"]:
+        results = json.loads(Path(args[1]).read_text())
+        print("\n".join(load_section(results["measurements"]["load"])))
         return 0
     path = Path(args[0]).resolve()
     write(json.loads(path.read_text()), path, ROOT / "bench" / "RESULTS.md")

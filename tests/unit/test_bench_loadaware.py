@@ -5,6 +5,7 @@ descheduler gets a query and a policy its v0.36 accepts."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ from bench.loadaware import (
     under_for,
 )
 from bench.report import load_section
+from bench.report import main as report_main
 from shared.constants import LOAD_AWARE_KEY, LOAD_AWARE_SCHEDULER_NAME, REBALANCE_KEY
 
 GI = 1024**3
@@ -358,6 +360,7 @@ def report_input() -> dict[str, Any]:
             "usage_every_s": 5,
         },
         "descheduler_version": "v0.36.0",
+        "background": {"node-0": [0.55, 0.4], "node-1": [0.1, 0.2]},
         # As the results file holds them: keys sorted.
         "systems": {
             "descheduler": system("descheduler", "descheduler", 96.2, 91.0, None),
@@ -388,3 +391,14 @@ def test_the_report_names_a_system_that_could_not_be_measured_and_why() -> None:
     lines = load_section(load)
     assert "descheduler: not measured (RuntimeError: the descheduler exited)." in lines
     assert not any(line.startswith("| descheduler |") for line in lines)
+
+
+def test_the_section_of_a_load_only_run_is_printed_for_results_md(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "2026-11-23-load.json"
+    path.write_text(json.dumps({"measurements": {"load": report_input()}}))
+    assert report_main(["--load", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## 9. Load-aware placement and rebalancing")
+    assert "| stock+rebalance | rebalance-nodes | 93.0 % |" in out
