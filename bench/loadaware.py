@@ -9,8 +9,7 @@ it, or no system could be judged by where it puts pods:
   and ``sim.kn-rescheduler.io/memory``, bytes; ``POD_CPU_ANNOTATION``), set in its Deployment's
   template. The workloads (``Shape``) are heterogeneous on purpose: batch pods use seven times
   what they request, caches a fifth of it, idle sidecar-like pods nearly nothing. Requests are
-  what the default scheduler and the descheduler's request-based view see; usage is what a
-  node-exporter measures;
+  what the default scheduler sees; usage is what a node-exporter measures;
 - each node has a background usage (``background``: the kubelet, system daemons, what runs
   outside the cluster's view), the same pattern every run: some nodes at 55 %, some at 35 %,
   most at 10 %;
@@ -60,8 +59,9 @@ state reset between them:
   node usage from annotate-usage; ``extender+rebalance``: the same placement, then
   rebalance-nodes;
 - ``label``: the stock scheduler, mutate-admission registered, the Deployments opted in
-  (``kn-rescheduler.io/load-aware: "true"``): preferred affinities away from the high and
-  overloaded load labels annotate-usage writes; ``label+rebalance``: then rebalance-nodes.
+  (``kn-rescheduler.io/load-aware: "true"``): preferred affinities away from nodes whose load
+  label (annotate-usage's) is medium or more, twice as strong against high and overloaded;
+  ``label+rebalance``: then rebalance-nodes.
 
 Every Deployment is opted in to rebalancing (``kn-rescheduler.io/rebalance: "true"``) and to
 load-aware admission; only the systems that run those functions act on it. The functions run as
@@ -421,9 +421,8 @@ def descheduler_query(window: str) -> str:
     The local scrape labels a node-exporter series with ``node`` (the Node's name) and
     ``instance`` (its address, ``<InternalIP>:9100``), as the community chart does; the
     descheduler maps a sample to a Node by ``instance`` alone, so ``label_replace`` copies the
-    name there (kube-prometheus's ``instance:node_cpu:rate:sum`` rule, named in its README,
-    carries the node's address, not its name). ``clamp`` keeps a rate's extrapolation from
-    taking a sample out of 0..1: the descheduler drops the whole cycle for one such value."""
+    name there. ``clamp`` keeps a rate's extrapolation from taking a sample out of 0..1: the
+    descheduler drops the whole cycle for one such value."""
     busy = f'1 - avg by (node) (rate(node_cpu_seconds_total{{mode="idle"}}[{window}]))'
     return f'clamp(label_replace({busy}, "instance", "$1", "node", "(.+)"), 0, 1)'
 
