@@ -20,7 +20,15 @@ import pytest
 
 from localcluster import Cluster
 from localcluster import metricsserver as ms
-from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
+from shared.constants import (
+    LOAD_LABEL,
+    PING_EVENT_TYPE,
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+    USAGE_ANNOTATION,
+)
+from shared.loadaware.usage import UsageRecord
+from tests.handlers.conftest import cloudevent
 
 pytestmark = pytest.mark.e2e
 
@@ -253,3 +261,62 @@ def test_a_node_registered_later_is_listed_with_its_usage_and_dropped_once_delet
     while name in node_metrics(cluster) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert sorted(node_metrics(cluster)) == sorted(cluster.nodes)
+
+
+# -- annotate-usage with the Metrics API as its source ----------------------------------------
+
+
+def test_annotate_usage_reads_the_metrics_api_when_told_to(
+    metrics_cluster: Cluster, usage_reset: None, function_client: Any
+) -> None:
+    """The same function as with Prometheus, KN_RESCHEDULER_USAGE_SOURCE=metrics-api: usage
+    now only (the API keeps no history), as percent of allocatable, buckets as usual."""
+    cluster = metrics_cluster
+    busy, quiet = cluster.nodes[:2]
+    cluster.set_node_usage(busy, cpu=0.9, memory=0.5)
+    cluster.set_node_usage(quiet, cpu=0.05, memory=0.1)
+
+    def follows() -> bool:
+        items = node_metrics(cluster)
+        return all(
+            n in items
+            and abs(ms.reported_usage(items[n]).cpu_cores - expected(cluster, n).cpu_cores) < 0.1
+            for n in (busy, quiet)
+        )
+
+    deadline = time.monotonic() + FOLLOW_TIMEOUT
+    while not follows():
+        assert time.monotonic() < deadline, "the Metrics API did not follow the usage"
+        time.sleep(0.5)
+
+    client = function_client(
+        "annotate-usage",
+        KUBECONFIG=str(cluster.kubeconfig),
+        KN_RESCHEDULER_USAGE_SOURCE="metrics-api",
+    )
+    headers, body = cloudevent(PING_EVENT_TYPE, {"message": "measure"}, source="/pingsource")
+    assert client.post("/", headers=headers, data=body).status_code == 202
+
+    def carried(node: str) -> tuple[UsageRecord, str | None]:
+        meta = cluster.rest.get(f"/api/v1/nodes/{node}")["metadata"]
+        return (
+            UsageRecord.from_json(meta["annotations"][USAGE_ANNOTATION]),
+            (meta.get("labels") or {}).get(LOAD_LABEL),
+        )
+
+    record, bucket = carried(busy)
+    assert record.source == "metrics-api"
+    # The Metrics API reports shares of allocatable: 0.9 is 90 % (7.02 of 7.8 cores).
+    assert record.cpu.now == pytest.approx(90, abs=2)
+    assert record.memory.now == pytest.approx(50, abs=2)
+    assert (record.cpu.avg5m, record.cpu.max1h, record.memory.avg5m) == (None, None, None)
+    assert bucket == "overloaded"
+    quiet_record, quiet_bucket = carried(quiet)
+    assert quiet_record.cpu.now == pytest.approx(5, abs=2) and quiet_bucket == "low"
+    status = client.get("/status").get_json()
+    assert status["source"] == "metrics-api" and status["source_up"] is True
+    for node in (busy, quiet):
+        cluster.rest.patch(
+            f"/api/v1/nodes/{node}",
+            {"metadata": {"labels": {LOAD_LABEL: None}, "annotations": {USAGE_ANNOTATION: None}}},
+        )
