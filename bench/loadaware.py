@@ -261,6 +261,17 @@ def running_on(pod: JSON) -> str | None:
     return str(node) if node else None
 
 
+def steered_by_load(pod: JSON) -> bool:
+    """Whether the pod carries a preferred node affinity on the load label (what
+    mutate-admission injects into an opted-in pod in the label mode)."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    for term in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        for expr in (term.get("preference") or {}).get("matchExpressions") or []:
+            if expr.get("key") == LOAD_LABEL:
+                return True
+    return False
+
+
 def node_usage(
     base: Mapping[str, tuple[float, float]],
     pods: Iterable[JSON],
@@ -745,16 +756,20 @@ class LoadBench:
         # their rate window, no hot streak left over.
         self._reset_nodes(usage=False)
         self._quiet()
-        for ns in namespaces:
-            create_namespace(rest, ns)
-        if phase.placement == "label":
-            webhook_setup.register(
-                self.cluster.api_client(),
-                webhook_setup.configuration(self.servers["mutate-admission"].url, self.webhook_ca),
-            )
+        probe = f"bench-load-{index}-probe"
         scheduler = LOAD_AWARE_SCHEDULER_NAME if phase.placement == "extender" else None
         expected = sum(s.replicas for s in self.scales.shapes)
         try:
+            for ns in namespaces:
+                create_namespace(rest, ns)
+            if phase.placement == "label":
+                webhook_setup.register(
+                    self.cluster.api_client(),
+                    webhook_setup.configuration(
+                        self.servers["mutate-admission"].url, self.webhook_ca
+                    ),
+                )
+                self._wait_webhook(probe)
             t0 = time.monotonic()
             for ns, shape in zip(namespaces, self.scales.shapes, strict=True):
                 rest.post(
@@ -778,7 +793,7 @@ class LoadBench:
         finally:
             if phase.placement == "label":
                 webhook_setup.unregister(self.cluster.api_client())
-            self._delete(namespaces)
+            self._delete([*namespaces, probe])
         return out
 
     def _result(
@@ -798,6 +813,7 @@ class LoadBench:
             "pending_after_placement": pending,
             "after_placement": at_placement.to_json(),
             "pods_per_node": _per_node(pods),
+            "steered_by_load_label": sum(1 for p in pods if steered_by_load(p)),
             "rebalancer": None,
             "evictions": 0,
             "all_under_threshold_s": 0.0 if not at_placement.over else None,
@@ -902,6 +918,40 @@ class LoadBench:
             env={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port},
             cwd=directory,
         )
+
+    def _wait_webhook(self, namespace: str) -> None:
+        """Waits until the API server calls the webhook just registered (it picks a new
+        registration up from its own watch, a moment later): a pod in a namespace opted in to
+        load-aware placement, created as a server-side dry run, comes back with the affinity."""
+        rest = self.cluster.rest
+        rest.post(
+            "/api/v1/namespaces",
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": {LOAD_AWARE_KEY: "true"}},
+            },
+        )
+        probe = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe"},
+            "spec": {"containers": [{"name": "app", "image": IMAGE}]},
+        }
+
+        def mutated() -> bool:
+            try:
+                created = rest.request(
+                    "POST",
+                    f"/api/v1/namespaces/{namespace}/pods",
+                    body=probe,
+                    params={"dryRun": "All"},
+                )
+            except ApiError:
+                return False  # the namespace's default ServiceAccount may not exist yet
+            return steered_by_load(created)
+
+        wait_until(mutated, 60, 0.2, "mutate-admission called by the API server")
 
     def _wait_placed(self, expected: int, deadline: float) -> int:
         """Waits until ``expected`` pods of the burst run (or ``deadline``); how many do."""

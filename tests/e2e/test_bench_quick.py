@@ -161,6 +161,11 @@ def check_load(load: dict[str, Any]) -> None:
         assert 0 < sum(run["pods_per_node"].values()) <= expected
     for name in ("stock", "extender", "label"):
         assert systems[name]["rebalancer"] is None and systems[name]["evictions"] == 0
+    # The label mode's pods got mutate-admission's affinities; no other placement's did. (The
+    # extender's pods were all bound: only the second scheduler binds them.)
+    assert systems["label"]["steered_by_load_label"] == expected
+    assert systems["stock"]["steered_by_load_label"] == 0
+    assert systems["extender"]["steered_by_load_label"] == 0
     # The descheduler read node usage from Prometheus in every cycle it ran.
     cycles = systems["descheduler"]["descheduler_cycles"]
     assert cycles["run"] > 0 and cycles["failed"] == 0, cycles

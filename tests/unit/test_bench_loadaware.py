@@ -34,13 +34,14 @@ from bench.loadaware import (
     pod_usage,
     running_on,
     spread,
+    steered_by_load,
     system_names,
     to_write,
     under_for,
 )
 from bench.report import load_section
 from bench.report import main as report_main
-from shared.constants import LOAD_AWARE_KEY, LOAD_AWARE_SCHEDULER_NAME, REBALANCE_KEY
+from shared.constants import LOAD_AWARE_KEY, LOAD_AWARE_SCHEDULER_NAME, LOAD_LABEL, REBALANCE_KEY
 
 GI = 1024**3
 CPUS = {"node-0": 8.0, "node-1": 8.0}
@@ -402,3 +403,48 @@ def test_the_section_of_a_load_only_run_is_printed_for_results_md(
     out = capsys.readouterr().out
     assert out.startswith("## 9. Load-aware placement and rebalancing")
     assert "| stock+rebalance | rebalance-nodes | 93.0 % |" in out
+
+
+def test_a_pod_is_steered_by_load_when_it_prefers_nodes_by_their_load_label() -> None:
+    steered = pod("a", "node-1")
+    # What mutate-admission injects (shared/admission/mutation.py SoftAvoid on the load label).
+    steered["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 30,
+                    "preference": {
+                        "matchExpressions": [
+                            {
+                                "key": LOAD_LABEL,
+                                "operator": "NotIn",
+                                "values": ["high", "overloaded"],
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    }
+    other = pod("b", "node-1")
+    other["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchExpressions": [
+                            {
+                                "key": "topology.kubernetes.io/zone",
+                                "operator": "In",
+                                "values": ["eu-west-1a"],
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    }
+    assert steered_by_load(steered)
+    assert not steered_by_load(other)
+    assert not steered_by_load(pod("c", "node-1"))
