@@ -111,6 +111,8 @@ from shared.constants import (
     PING_EVENT_TYPE,
     REBALANCE_KEY,
     REBALANCE_VALUE,
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
     USAGE_ANNOTATION,
 )
 from shared.platform import quantity
@@ -736,8 +738,8 @@ class LoadBench:
                 annotations.update(
                     {
                         USAGE_ANNOTATION: None,
-                        "sim.kn-rescheduler.io/cpu-usage": None,
-                        "sim.kn-rescheduler.io/memory-usage": None,
+                        SIM_CPU_USAGE_ANNOTATION: None,
+                        SIM_MEMORY_USAGE_ANNOTATION: None,
                     }
                 )
                 labels[LOAD_LABEL] = None

@@ -448,3 +448,19 @@ def test_a_pod_is_steered_by_load_when_it_prefers_nodes_by_their_load_label() ->
     assert steered_by_load(steered)
     assert not steered_by_load(other)
     assert not steered_by_load(pod("c", "node-1"))
+
+
+@pytest.mark.parametrize(("scales", "nodes"), [(FULL_LOAD, 20), (QUICK_LOAD, 6)])
+def test_every_node_under_80_percent_is_possible_but_a_blind_placement_can_miss_it(
+    scales: Any, nodes: int
+) -> None:
+    base = background([f"node-{i}" for i in range(nodes)])
+    cores = sum(cpu * 8 for cpu, _ in base.values()) + sum(
+        s.replicas * s.cpu_usage for s in scales.shapes
+    )
+    mean = cores / (8 * nodes) * 100
+    # Enough room for a balanced placement, with the busiest nodes left near their background.
+    assert 45 < mean < 65
+    # Two of the heaviest pods on a node already at 55 % take it over 80 %.
+    heaviest = max(s.cpu_usage for s in scales.shapes)
+    assert (0.55 * 8 + 2 * heaviest) / 8 * 100 > 80
