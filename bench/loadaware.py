@@ -113,6 +113,8 @@ from shared.constants import (
     REBALANCE_VALUE,
     SIM_CPU_USAGE_ANNOTATION,
     SIM_MEMORY_USAGE_ANNOTATION,
+    SIM_POD_CPU_ANNOTATION,
+    SIM_POD_MEMORY_ANNOTATION,
     USAGE_ANNOTATION,
 )
 from shared.platform import quantity
@@ -121,8 +123,8 @@ from stack.functions import FunctionServer, environment, free_port
 from stack.up import load_aware_scheduler_config
 
 # What a pod actually uses (the simulation's input, never read by a system under test).
-POD_CPU_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu"
-POD_MEMORY_ANNOTATION: Final = "sim.kn-rescheduler.io/memory"
+POD_CPU_ANNOTATION: Final = SIM_POD_CPU_ANNOTATION
+POD_MEMORY_ANNOTATION: Final = SIM_POD_MEMORY_ANNOTATION
 # Marks the burst's pods, so the usage loop lists only them.
 BENCH_LABEL: Final = "bench.kn-rescheduler.io/load"
 IMAGE: Final = "registry.example.com/shop/app:2.3.1"

@@ -188,3 +188,7 @@ EVENT_POD_REBALANCED: Final = "io.kn-rescheduler.pod.rebalanced"
 # CPU and memory in use, as annotations on the Node.
 SIM_CPU_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu-usage"
 SIM_MEMORY_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/memory-usage"
+# What one pod actually uses (cores, bytes), in the load benchmark's usage model: a node's
+# simulated usage is its background plus the pods running on it (bench/loadaware.py).
+SIM_POD_CPU_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu"
+SIM_POD_MEMORY_ANNOTATION: Final = "sim.kn-rescheduler.io/memory"
