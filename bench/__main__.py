@@ -22,6 +22,8 @@ Only when named with ``--only``:
 - ``extender``: score-nodes' latency per scheduler call (filter, prioritize) with 20, 100 and
   240 Node objects in the request, p50 and p99, over HTTP to the function as it ships; no
   cluster.
+- ``throughput``: scheduling throughput (pods/s) of the cluster's scheduler, the second
+  scheduler calling score-nodes and the same without the extender (``bench.throughput``).
 
 ``--systems`` (with ``--only recovery``) measures recovery for only these systems (vanilla,
 descheduler-2m, descheduler-10s, kn-rescheduler), on the same scenario: re-measuring
@@ -69,6 +71,7 @@ from bench import (
     report,
     scale,
     selector,
+    throughput,
     webhook,
 )
 from bench.common import (
@@ -88,7 +91,7 @@ from localcluster.kubelet import Timing
 
 NAMES = ("recovery", "detect", "webhook", "cold-start", "load", "scale")
 # Run only when named with --only.
-EXTRA_NAMES = ("source-selector", "extender")
+EXTRA_NAMES = ("source-selector", "extender", "throughput")
 # The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
 BACKOFFS = ("compressed", "real")
 # The shortest recovery window with a real kubelet's back-off (seconds).
@@ -265,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
         "extender": lambda: extender.measure(workdir / "extender", quick=args.quick, log=_log),
+        "throughput": lambda: throughput.measure(
+            workdir / "throughput", quick=args.quick, log=_log
+        ),
     }
     try:
         for name in names:

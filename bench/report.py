@@ -9,6 +9,8 @@ failure and from the threshold side by side (runs of either back-off or scenario
 ``python -m bench.report --scale FILE ...`` prints the scale run's recovery row of each file.
 ``python -m bench.report --load FILE`` prints the load-aware section (9) of a run that measured
 it (``--only load``), to put into RESULTS.md beside the full run's sections.
+``python -m bench.report --throughput FILE`` prints the scheduling-throughput table of a run that
+measured it (``--only throughput``): pods/s with and without the extender.
 """
 
 from __future__ import annotations
@@ -357,6 +359,39 @@ def load_section(load: JSON) -> list[str]:
     return lines
 
 
+# bench.throughput's systems, in the header's order: the extender's column beside its baseline.
+THROUGHPUT_COLUMNS = ("default", "second-no-extender", "extender")
+THROUGHPUT_HEADER = [
+    "| clientConnection (qps / burst) | default scheduler | second, no extender "
+    "| second + score-nodes | extender / second | extender / default |",
+    "|---|---|---|---|---|---|",
+]
+
+
+def throughput_section(measured: JSON) -> list[str]:
+    """``bench.throughput``'s median pods/s per scheduler and client setting, and the ratios."""
+    lines = [
+        f"Scheduling throughput (`bench/throughput.py`): {measured['nodes']} nodes, batches of "
+        f"{measured['pods_per_round']} bare pods created at once, median pods/s from the first "
+        f"create until all are bound over {measured['rounds']} rounds (after "
+        f"{measured['warmup_rounds']} not counted); the same clientConnection for all three "
+        "schedulers in a row.",
+        "",
+        *THROUGHPUT_HEADER,
+    ]
+    for name, setting in measured["settings"].items():
+        client = setting["client_connection"]
+        cells = [
+            f"{name} ({client['qps']} / {client['burst']})",
+            *(_f(setting[s]["median_pods_per_s"], 1) for s in THROUGHPUT_COLUMNS),
+            _f(setting["ratio_extender_to_second_no_extender"], 2),
+            _f(setting["ratio_extender_to_default"], 2),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
 def recovery_cells(r: JSON) -> str:
     """One system's cells of the sections 1-3 table, from recovered to all API requests/s."""
     return (
@@ -529,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--load"]:
         results = json.loads(Path(args[1]).read_text())
         print("\n".join(load_section(results["measurements"]["load"])))
+        return 0
+    if args[:1] == ["--throughput"]:
+        results = json.loads(Path(args[1]).read_text())
+        print("\n".join(throughput_section(results["measurements"]["throughput"])))
         return 0
     path = Path(args[0]).resolve()
     write(json.loads(path.read_text()), path, ROOT / "bench" / "RESULTS.md")
