@@ -39,6 +39,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench.common import JSON, ratio
 from localcluster.cluster import Cluster
 from shared.constants import LOAD_AWARE_SCHEDULER_NAME, USAGE_ANNOTATION
@@ -133,6 +136,19 @@ def pods_per_second(pods: int, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError(f"a batch cannot be bound in {seconds} s")
     return round(pods / seconds, 2)
+
+
+def extender_calls(exposition: str) -> dict[str, int]:
+    """score-nodes' answered calls so far, per verb, from its /metrics page: the proof that a
+    scheduler called the extender (an ``ignorable`` extender that is never reached would
+    otherwise look like a fast one)."""
+    calls: dict[str, int] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == "knr_extender_requests_total" and sample.labels["code"] == "200":
+                verb = sample.labels["verb"]
+                calls[verb] = calls.get(verb, 0) + int(sample.value)
+    return calls
 
 
 def summarise(rounds: Mapping[str, Sequence[float]]) -> JSON:
@@ -238,6 +254,16 @@ def _one_setting(client_name: str, sizes: Sizes, workdir: Path, log: Callable[[s
         ).start()
         batch = _Batch(cluster, sizes, log)
         rounds: dict[str, list[float]] = {}
+        calls: dict[str, dict[str, int]] = {}
+
+        def read_calls() -> dict[str, int]:
+            assert server is not None
+            with requests.Session() as session:
+                session.trust_env = False  # no proxy between us and the loopback
+                page = session.get(server.url + "metrics", timeout=5)
+                page.raise_for_status()
+                return extender_calls(page.text)
+
         for system in SYSTEMS:
             proc = None
             scheduler: str | None = None
@@ -252,7 +278,13 @@ def _one_setting(client_name: str, sizes: Sizes, workdir: Path, log: Callable[[s
             try:
                 # A first batch warms the scheduler's informers and the function up; not counted.
                 batch.run(scheduler)
+                before = read_calls()
                 rounds[system] = [batch.run(scheduler) for _ in range(sizes.rounds)]
+                after = read_calls()
+                calls[system] = {
+                    verb: after.get(verb, 0) - before.get(verb, 0)
+                    for verb in ("filter", "prioritize")
+                }
             finally:
                 if proc is not None:
                     proc.stop(grace=5.0)
@@ -261,6 +293,8 @@ def _one_setting(client_name: str, sizes: Sizes, workdir: Path, log: Callable[[s
                         cluster.procs.remove(proc)
         out = summarise(rounds)
         out["client_connection"] = dict(client)
+        # score-nodes' answered calls during each scheduler's counted rounds.
+        out["extender_calls"] = calls
         return out
     finally:
         if server is not None:

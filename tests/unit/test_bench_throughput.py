@@ -19,6 +19,7 @@ from bench.throughput import (
     FULL_SIZES,
     QUICK_SIZES,
     bound,
+    extender_calls,
     pod,
     pods_per_second,
     second_scheduler_config,
@@ -151,3 +152,32 @@ def test_the_throughput_part_is_named_with_only(capsys: pytest.CaptureFixture[st
     error = capsys.readouterr().err
     assert "--systems needs --only recovery" in error
     assert "invalid choice" not in error
+
+
+# score-nodes' /metrics page as prometheus_client writes it (one gunicorn process).
+EXPOSITION = """\
+# HELP knr_extender_requests_total Calls from kube-scheduler to score-nodes.
+# TYPE knr_extender_requests_total counter
+knr_extender_requests_total{code="200",verb="filter"} 240.0
+knr_extender_requests_total{code="200",verb="prioritize"} 238.0
+knr_extender_requests_total{code="400",verb="filter"} 2.0
+# HELP knr_extender_requests_created Calls from kube-scheduler to score-nodes.
+# TYPE knr_extender_requests_created gauge
+knr_extender_requests_created{code="200",verb="filter"} 1.7954609892125034e+09
+# HELP knr_extender_node_decisions_total Nodes judged by score-nodes.
+# TYPE knr_extender_node_decisions_total counter
+knr_extender_node_decisions_total{reason="fits",verb="filter"} 4800.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("page", "expected"),
+    [
+        (EXPOSITION, {"filter": 240, "prioritize": 238}),
+        ("", {}),
+    ],
+)
+def test_the_extender_calls_are_the_answered_ones_per_verb(
+    page: str, expected: dict[str, int]
+) -> None:
+    assert extender_calls(page) == expected
