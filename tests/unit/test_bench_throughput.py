@@ -18,7 +18,6 @@ from bench.throughput import (
     CLIENTS,
     FULL_SIZES,
     QUICK_SIZES,
-    bound,
     extender_calls,
     pod,
     pods_per_second,
@@ -88,15 +87,6 @@ def test_a_pod_names_the_second_scheduler_only_when_asked(
         "cpu": "10m",
         "memory": "16Mi",
     }
-
-
-def test_only_pods_with_a_node_count_as_bound() -> None:
-    pods = [
-        {"metadata": {"name": "a"}, "spec": {"nodeName": "node-1"}},
-        {"metadata": {"name": "b"}, "spec": {}},
-        {"metadata": {"name": "c"}, "spec": {"nodeName": ""}},
-    ]
-    assert bound(pods) == 1
 
 
 @pytest.mark.parametrize(
