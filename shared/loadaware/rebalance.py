@@ -60,6 +60,8 @@ from typing import Any, Final, cast
 
 from shared.constants import (
     HOT_STREAK_ANNOTATION,
+    LOAD_AWARE_SCHEDULER_NAME,
+    LOAD_LABEL,
     MAINTENANCE_LABEL,
     MAINTENANCE_VALUE,
     NODE_OPT_OUT_LABEL,
@@ -532,13 +534,38 @@ class _Candidate:
     memory: float
 
 
+def placed_by_load(pod: Pod) -> bool:
+    """Whether the pod's replacement will be placed by load: it names the load-aware
+    scheduler, or carries the webhook's preferred affinity on the load bucket label (label
+    mode; the replacement gets it too)."""
+    spec = pod.get("spec") or {}
+    if spec.get("schedulerName") == LOAD_AWARE_SCHEDULER_NAME:
+        return True
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    for term in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        for expression in (term.get("preference") or {}).get("matchExpressions") or []:
+            if expression.get("key") == LOAD_LABEL:
+                return True
+    return False
+
+
 def _eligible(
-    pod: Pod, workloads: Mapping[str, Workload], cfg: Config
+    pod: Pod, workloads: Mapping[str, Workload], cfg: Config, *, cordoned: bool = False
 ) -> tuple[Workload | None, Resources | None, str]:
     """The pod's workload and requests when it may be evicted; else why not."""
     skip = skip_reason(pod, cfg)
     if skip:
         return None, None, skip
+    if not (cfg.rebalance_any_placement or cordoned or placed_by_load(pod)):
+        # Measured (bench/RESULTS.md, section 9): the stock scheduler places replacements by
+        # requests, back onto the nodes whose pods use more than they request; evicting then
+        # moves pods in circles. A cordoned node cannot take the replacement back.
+        return (
+            None,
+            None,
+            "its replacement would be placed by requests alone (no load-aware scheduler or "
+            "load affinity), likely back here; rebalance_any_placement allows it",
+        )
     if (pod.get("status") or {}).get("phase") != "Running":
         return None, None, "not running"
     owner = workload_of(pod)
@@ -662,7 +689,12 @@ def choose(
         need_memory = max(0.0, state.memory - bounds.memory) if not state.maintenance else 0.0
         candidates = []
         for pod in sorted(pods_on.get(state.name, []), key=_name):
-            workload, requests, why = _eligible(pod, workloads, cfg)
+            workload, requests, why = _eligible(
+                pod,
+                workloads,
+                cfg,
+                cordoned=bool((by_name.get(state.name, {}).get("spec") or {}).get("unschedulable")),
+            )
             subject = f"{(pod.get('metadata') or {}).get('namespace', '')}/{_name(pod)}"
             if workload is None or requests is None:
                 skipped.append(Skipped(subject, why))

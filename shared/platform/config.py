@@ -239,6 +239,11 @@ class Config:
     # Never evict a pod when fewer than this share of its workload's desired replicas would stay
     # ready (rounded up): 0.5 of 3 keeps 2, and a single replica is never evicted unless 0.
     rebalance_min_available: float = 0.5
+    # Also evict pods whose replacements the stock scheduler places by requests alone (no
+    # kn-rescheduler-load-aware schedulerName, no load-label affinity) off an uncordoned node.
+    # Turn on when the default scheduler calls score-nodes (knative/scheduler/); otherwise the
+    # replacement tends to land back on the hot node (bench/RESULTS.md, section 9).
+    rebalance_any_placement: bool = False
 
     def __post_init__(self) -> None:
         for name in ("waiting_reasons", "termination_reasons"):
@@ -566,6 +571,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "rebalance_max_per_namespace": _as_positive_int,
     "rebalance_max_per_workload": _as_positive_int,
     "rebalance_min_available": _as_fraction,
+    "rebalance_any_placement": _as_bool,
 }
 
 

@@ -18,6 +18,8 @@ import pytest
 
 from shared.constants import (
     HOT_STREAK_ANNOTATION,
+    LOAD_AWARE_SCHEDULER_NAME,
+    LOAD_LABEL,
     MAINTENANCE_LABEL,
     NODE_OPT_OUT_LABEL,
     OPT_OUT_LABEL,
@@ -115,6 +117,9 @@ def a_pod(
     labels = options.pop("labels", {"app": workload})
     made = base_pod(name, namespace, owner=owner, node=on, stamp=None, labels=labels, **options)
     made["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": memory}
+    # Placed by the load-aware scheduler unless a test says otherwise: the pods rebalancing is
+    # for (a replacement placed by requests alone is a rule of its own, below).
+    made["spec"]["schedulerName"] = LOAD_AWARE_SCHEDULER_NAME
     made["spec"].update(cast(Any, spec or {}))
     return made
 
@@ -687,3 +692,57 @@ def test_an_unusable_rebalancing_setting_stops_the_function_naming_it(
     with pytest.raises(ConfigError, match=said) as caught:
         Config.from_env({variable: raw})
     assert caught.value.variable == variable
+
+
+# -- where the replacement will go ----------------------------------------------------------------
+
+BY_REQUESTS = {"schedulerName": "default-scheduler"}
+LOAD_AFFINITY = {
+    "schedulerName": "default-scheduler",
+    "affinity": {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 30,
+                    "preference": {
+                        "matchExpressions": [
+                            {
+                                "key": LOAD_LABEL,
+                                "operator": "NotIn",
+                                "values": ["high", "overloaded"],
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "cordoned", "cfg", "moved"),
+    [
+        (BY_REQUESTS, False, THRESHOLD_ONLY, False),
+        (BY_REQUESTS, True, THRESHOLD_ONLY, True),
+        (BY_REQUESTS, False, replace(THRESHOLD_ONLY, rebalance_any_placement=True), True),
+        (LOAD_AFFINITY, False, THRESHOLD_ONLY, True),
+        ({}, False, THRESHOLD_ONLY, True),  # the load-aware scheduler's pod
+    ],
+    ids=["stock-placement", "cordoned", "any-placement", "label-mode", "load-aware-scheduler"],
+)
+def test_a_pod_is_evicted_only_when_its_replacement_will_not_be_placed_by_requests_alone(
+    spec: dict[str, Any], cordoned: bool, cfg: Config, moved: bool
+) -> None:
+    # Measured (bench/RESULTS.md, section 9): on a stock placement the scheduler puts the
+    # replacement back by requests, onto the nodes whose pods use more than they request.
+    nodes = [
+        a_node("node-a", 90.0, unschedulable=cordoned, **HOT),
+        a_node("node-b", 30.0),
+        a_node("node-c", 30.0),
+    ]
+    pods = [a_pod("web-7d9c8b6f4-q8w2k", "node-a", cpu="800m", spec=spec)]
+    result = plan(nodes, pods, index(rs()), cfg, NOW)
+    assert bool(result.evictions) is moved
+    if not moved:
+        assert "placed by requests alone" in why_skipped(result, "web-7d9c8b6f4-q8w2k")
