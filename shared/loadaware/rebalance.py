@@ -55,7 +55,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, cast
 
 from shared.constants import (
@@ -78,7 +78,7 @@ from shared.loadaware.usage import (
 from shared.platform import quantity
 from shared.platform.config import Config
 from shared.platform.kubetypes import Node, Pod
-from shared.platform.recorder import format_time
+from shared.platform.recorder import format_time, parse_time
 from shared.rescheduling.classify import controller_of, skip_reason
 from shared.rescheduling.jobs import JobFacts, Outcome, judge_removal
 
@@ -123,11 +123,7 @@ class Streak:
             if data.get("v") != STREAK_VERSION or type(hot) is not int or hot < 0:
                 return cls()
             raw = data.get("since")
-            since = (
-                datetime.fromisoformat(raw.replace("Z", "+00:00")).astimezone(UTC)
-                if isinstance(raw, str)
-                else None
-            )
+            since = parse_time(raw) if isinstance(raw, str) else None
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls()
         return cls(hot, since)

@@ -24,13 +24,13 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from shared.constants import USAGE_ANNOTATION
 from shared.platform import quantity
 from shared.platform.kubetypes import Node, Pod
-from shared.platform.recorder import format_time
+from shared.platform.recorder import format_time, parse_time
 
 RECORD_VERSION: Final = 1
 # A percentage kept to one decimal: finer says nothing and churns the annotation.
@@ -145,7 +145,7 @@ class UsageRecord:
             raise UsageError(f"not a version {RECORD_VERSION} usage record")
         try:
             return cls(
-                sampled_at=_time(data.get("sampledAt")),
+                sampled_at=parse_time(data.get("sampledAt")),
                 source=str(data.get("source") or ""),
                 cpu=Reading.from_json(data.get("cpu")),
                 memory=Reading.from_json(data.get("memory")),
@@ -170,15 +170,6 @@ def _percent(raw: object) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"expected a percentage of 0 or more, got {raw!r}")
     return value
-
-
-def _time(raw: object) -> datetime:
-    if not isinstance(raw, str):
-        raise TypeError(f"expected a timestamp, got {raw!r}")
-    moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        raise ValueError(f"timestamp without a zone: {raw!r}")
-    return moment.astimezone(UTC)
 
 
 # -- requests and allocatable ---------------------------------------------------------------------
@@ -287,7 +278,7 @@ def scheduled_at(pod: Pod) -> datetime | None:
             raw = condition.get("lastTransitionTime")
             if isinstance(raw, str):
                 try:
-                    return _time(raw)
+                    return parse_time(raw)
                 except (TypeError, ValueError):
                     return None
     return None

@@ -41,9 +41,10 @@ from shared.constants import (
     SUSPECT_TAINT_EFFECT,
     SUSPECT_VALUE,
 )
-from shared.nodehealth.record import NodeHealth, Seen, load, parse_time
+from shared.nodehealth.record import NodeHealth, Seen, load
 from shared.platform.config import Config
 from shared.platform.durations import format_duration
+from shared.platform.recorder import parse_time
 
 # The pipeline's events that count as evidence against the node a pod failed on.
 BLAME_EVENT_TYPES: Final = frozenset(

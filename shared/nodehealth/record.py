@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
-from shared.platform.recorder import format_time
+from shared.platform.recorder import format_time, parse_time
 
 RECORD_VERSION: Final = 1
 # Enough for any node a handful of workloads fail on; a node where more fail at once is
@@ -98,16 +98,6 @@ class NodeHealth:
                 "workloads": list(self.suspect_workloads),
             }
         return json.dumps(out, separators=(",", ":"), sort_keys=True)
-
-
-def parse_time(raw: object) -> datetime:
-    """An RFC 3339 time as the API server and CloudEvents write it, as an aware datetime."""
-    if not isinstance(raw, str) or not raw:
-        raise ValueError(f"not a time: {raw!r}")
-    value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    if value.tzinfo is None:
-        raise ValueError(f"a time without a zone: {raw!r}")
-    return value.astimezone(UTC)
 
 
 def load(raw: str | None) -> NodeHealth:

@@ -59,6 +59,17 @@ class Involved:
         return self.namespace or CLUSTER_EVENTS_NAMESPACE
 
 
+def parse_time(raw: object) -> datetime:
+    """An RFC 3339 time as the API server and CloudEvents write it, as an aware datetime in UTC.
+    Raises ValueError for anything else, a time without a zone included."""
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"not a time: {raw!r}")
+    value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        raise ValueError(f"a time without a zone: {raw!r}")
+    return value.astimezone(UTC)
+
+
 def format_time(value: datetime) -> str:
     """An aware datetime the way the API server writes it (second precision, Z)."""
     if value.tzinfo is None:

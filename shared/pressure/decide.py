@@ -54,7 +54,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from shared.platform.config import Config
-from shared.platform.recorder import format_time
+from shared.platform.recorder import format_time, parse_time
 from shared.pressure.rules import Fires, Rule
 
 RECORD_VERSION: Final = 1
@@ -108,23 +108,14 @@ class Record:
                 value=None if value is None else float(value),
                 since=_time(data.get("since")),
                 seen=_time(data.get("seen")),
-                pending={str(rule): _required_time(at) for rule, at in pending.items()},
+                pending={str(rule): parse_time(at) for rule, at in pending.items()},
             )
         except (TypeError, ValueError) as err:
             raise RecordError(f"unreadable pressure record: {err}") from err
 
 
 def _time(raw: object) -> datetime | None:
-    return None if raw is None else _required_time(raw)
-
-
-def _required_time(raw: object) -> datetime:
-    if not isinstance(raw, str):
-        raise TypeError(f"expected a timestamp, got {raw!r}")
-    moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        raise ValueError(f"timestamp without a zone: {raw!r}")
-    return moment.astimezone(UTC)
+    return None if raw is None else parse_time(raw)
 
 
 @dataclass(frozen=True)
