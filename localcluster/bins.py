@@ -37,34 +37,38 @@ def missing(directory: Path) -> list[str]:
     return [b for b in BINARIES if not os.access(directory / b, os.X_OK)]
 
 
+def run_build_script(script: Path) -> str:
+    """Runs one of hack/'s build scripts, its progress on our stderr, and returns the last line
+    it prints (the path of what it built or found cached). Raises BinsError on failure."""
+    with subprocess.Popen(
+        ["bash", str(script)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        # The script's stdout is one line at the very end, so reading stderr to its end
+        # first cannot block on a full stdout pipe.
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        out = proc.stdout.read()
+        code = proc.wait()
+    name = f"hack/{script.name}"
+    if code != 0:
+        raise BinsError(f"{name} failed with exit code {code}")
+    lines = out.strip().splitlines()
+    if not lines:
+        raise BinsError(f"{name} printed no path")
+    return lines[-1]
+
+
 def ensure_bins() -> Path:
     """The directory holding every binary; builds them first when needed."""
     override = os.environ.get(ENV_BINS_DIR)
-    if override:
-        directory = Path(override)
-    else:
-        with subprocess.Popen(
-            ["bash", str(BUILD_SCRIPT)],
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
-            # The script's stdout is one line at the very end, so reading stderr to its end
-            # first cannot block on a full stdout pipe.
-            for line in proc.stderr:
-                sys.stderr.write(line)
-                sys.stderr.flush()
-            out = proc.stdout.read()
-            code = proc.wait()
-        if code != 0:
-            raise BinsError(f"hack/build-bins.sh failed with exit code {code}")
-        lines = out.strip().splitlines()
-        if not lines:
-            raise BinsError("hack/build-bins.sh printed no directory")
-        directory = Path(lines[-1])
+    directory = Path(override) if override else Path(run_build_script(BUILD_SCRIPT))
     absent = missing(directory)
     if absent:
         raise BinsError(f"{directory} lacks {', '.join(absent)}")

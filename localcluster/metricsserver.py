@@ -60,8 +60,6 @@ import logging
 import math
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +74,7 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 from localcluster import pki
+from localcluster.bins import BinsError, run_build_script
 from localcluster.nodeexporter import DEFAULT_CPU_USAGE, DEFAULT_MEMORY_USAGE
 from localcluster.rest import ApiError, Rest
 from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
@@ -574,25 +573,13 @@ def ensure_binary() -> str:
         if not os.access(override, os.X_OK):
             raise MetricsServerError(f"{ENV_METRICS_SERVER}={override} is not an executable")
         return override
-    with subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)],
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
-        # The script's stdout is one line at the very end: reading stderr first cannot block.
-        for line in proc.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        out = proc.stdout.read()
-        code = proc.wait()
-    lines = out.strip().splitlines()
-    if code != 0 or not lines or not os.access(lines[-1], os.X_OK):
-        raise MetricsServerError(f"hack/build-metrics-server.sh failed (exit code {code})")
-    return lines[-1]
+    try:
+        built = run_build_script(BUILD_SCRIPT)
+    except BinsError as err:
+        raise MetricsServerError(str(err)) from err
+    if not os.access(built, os.X_OK):
+        raise MetricsServerError(f"hack/build-metrics-server.sh printed {built}, not an executable")
+    return built
 
 
 class MetricsServerStack:
