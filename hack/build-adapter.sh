@@ -1,30 +1,64 @@
 #!/usr/bin/env bash
-# Builds Knative's ApiServerSource receive adapter (cmd/apiserver_receive_adapter of
-# knative.dev/eventing, pinned in hack/adapter/go.mod) into a cache keyed by version, so that a
-# second run builds nothing. Prints the path of the binary.
+# Builds Knative Eventing's data plane from its Go module (knative.dev/eventing, pinned in
+# hack/adapter/go.mod) into a cache keyed by version, so that a second run builds nothing:
 #
-# Locally it runs outside any cluster against the local kube-apiserver and sends pod events to
-# the local router (pipeline/source.py starts it); the events are Knative's own, byte for byte.
+#   apiserver_receive_adapter   the ApiServerSource's receive adapter (pod events)
+#   ingress, filter             the multi-tenant channel-based Broker's ingress and filter
+#   channel_dispatcher          the in-memory channel's dispatcher (the Broker's fan-out)
+#
+# and copies, from the same module, the CRDs and ConfigMaps they were built against
+# (config/core/resources, config/channels/in-memory-channel/resources, config/core/configmaps)
+# to config/ beside them. Locally they run as processes against the local kube-apiserver
+# (pipeline/broker.py, pipeline/source.py). Prints the directory.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 EVENTING_VERSION=$(awk '$1 == "knative.dev/eventing" {print $2}' "$here/adapter/go.mod")
 cache_root=${KN_RESCHEDULER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kn-rescheduler}
 out="$cache_root/bins/knative-eventing-$EVENTING_VERSION"
-bin="$out/apiserver_receive_adapter"
 mkdir -p "$out"
 
-log() { printf '[adapter-bin %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+log() { printf '[knative-bins %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if [[ -x "$bin" ]]; then
-  log "apiserver_receive_adapter $EVENTING_VERSION: cached"
+declare -A packages=(
+  [apiserver_receive_adapter]=knative.dev/eventing/cmd/apiserver_receive_adapter
+  [ingress]=knative.dev/eventing/cmd/broker/ingress
+  [filter]=knative.dev/eventing/cmd/broker/filter
+  [channel_dispatcher]=knative.dev/eventing/cmd/in_memory/channel_dispatcher
+)
+missing=()
+for name in "${!packages[@]}"; do
+  [[ -x "$out/$name" ]] || missing+=("$name")
+done
+
+if ((${#missing[@]} == 0)); then
+  log "knative eventing $EVENTING_VERSION: cached"
 else
-  log "apiserver_receive_adapter $EVENTING_VERSION: building (about two minutes on 2 cores)"
+  log "knative eventing $EVENTING_VERSION: building ${missing[*]} (a few minutes on 2 cores)"
   start=$SECONDS
-  (cd "$here/adapter" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin.tmp" \
-    knative.dev/eventing/cmd/apiserver_receive_adapter)
-  mv "$bin.tmp" "$bin"
-  log "apiserver_receive_adapter: built in $((SECONDS - start)) s"
+  tmp="$out/.build"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  pkgs=()
+  for name in "${missing[@]}"; do pkgs+=("${packages[$name]}"); done
+  # One go build for all of them: the shared dependencies compile once.
+  (cd "$here/adapter" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/" "${pkgs[@]}")
+  for name in "${missing[@]}"; do
+    built="$tmp/$(basename "${packages[$name]}")"
+    mv "$built" "$out/$name"
+  done
+  rm -rf "$tmp"
+  log "built in $((SECONDS - start)) s"
 fi
 
-echo "$bin"
+if [[ ! -f "$out/config/.complete" ]]; then
+  module=$(cd "$here/adapter" && go list -m -f '{{.Dir}}' knative.dev/eventing)
+  rm -rf "$out/config" && mkdir -p "$out/config/crds" "$out/config/configmaps"
+  cp "$module"/config/core/resources/*.yaml "$module"/config/channels/in-memory-channel/resources/*.yaml \
+    "$out/config/crds/"
+  cp "$module"/config/core/configmaps/*.yaml "$out/config/configmaps/"
+  chmod -R u+w "$out/config"
+  touch "$out/config/.complete"
+  log "CRDs and ConfigMaps of $EVENTING_VERSION copied"
+fi
+
+echo "$out"

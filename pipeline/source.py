@@ -70,14 +70,8 @@ class SourceError(RuntimeError):
     """The adapter could not be built, started, or did not become ready."""
 
 
-def adapter_binary() -> Path:
-    """The receive adapter binary: ``$KN_RESCHEDULER_ADAPTER`` or the cached build."""
-    override = os.environ.get(BINARY_ENV)
-    if override:
-        path = Path(override)
-        if not os.access(path, os.X_OK):
-            raise SourceError(f"{BINARY_ENV}={override} is not an executable")
-        return path
+def knative_dir() -> Path:
+    """Where Knative Eventing's data plane binaries and their config/ are (built if needed)."""
     result = subprocess.run(
         ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
     )
@@ -87,6 +81,17 @@ def adapter_binary() -> Path:
     if not lines:
         raise SourceError(f"{BUILD_SCRIPT.name} printed no path")
     return Path(lines[-1])
+
+
+def adapter_binary() -> Path:
+    """The receive adapter binary: ``$KN_RESCHEDULER_ADAPTER`` or the cached build."""
+    override = os.environ.get(BINARY_ENV)
+    if override:
+        path = Path(override)
+        if not os.access(path, os.X_OK):
+            raise SourceError(f"{BINARY_ENV}={override} is not an executable")
+        return path
+    return knative_dir() / "apiserver_receive_adapter"
 
 
 def gvr(resource: str) -> dict[str, str]:
@@ -280,6 +285,7 @@ class ApiServerSource:
         namespace: str = DEFAULT_NAMESPACE,
         log_path: str | Path | None = None,
         binary: str | Path | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         self.kubeconfig = Path(kubeconfig)
         self.sink = sink
@@ -297,6 +303,8 @@ class ApiServerSource:
         # One reflector per resource, times one per namespace when namespaces are listed.
         self._reflectors = len(resources) * max(1, len(namespaces))
         self._binary = Path(binary) if binary else None
+        # Wraps the command line, e.g. to run it in the stack's network namespace.
+        self._wrap = wrap
         self._own_log_dir: tempfile.TemporaryDirectory[str] | None = None
         self._log_path = Path(log_path) if log_path else None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -369,12 +377,15 @@ class ApiServerSource:
             self._own_log_dir = tempfile.TemporaryDirectory(prefix="apiserversource-")
             self._log_path = Path(self._own_log_dir.name) / "adapter.log"
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [str(binary), "--kubeconfig", str(self.kubeconfig)]
+        if self._wrap is not None:
+            argv = self._wrap(argv)
         with self._log_path.open("ab") as log:
             log.write(f"--- starting {binary.name}, sink {self.sink}\n".encode())
             log.flush()
             offset = log.tell()
             self._proc = subprocess.Popen(
-                [str(binary), "--kubeconfig", str(self.kubeconfig)],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

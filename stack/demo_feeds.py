@@ -1,6 +1,6 @@
 """Where the demo learns what happens: the Broker's archive, or the API server.
 
-``ArchiveFeed`` tails the router's archive (``Stack.archive``): every pod event the
+``ArchiveFeed`` tails the Broker's archive (``Stack.archive``): every pod event the
 ApiServerSource sent, and every event the functions replied with, in the order the Broker
 accepted them and with their arrival times. That is the pipeline's own account, so the demo
 uses it whenever it runs the pipeline itself (or is pointed at one with ``--archive``).

@@ -3,7 +3,7 @@
 The command is the image's command (gunicorn with functions/gunicorn.conf.py and
 functions-framework's app factory), so what the tests exercise is what ships. A server whose
 process died (killed, crashed) can be started again on the same port (``restart``), as the
-kubelet restarts a container: its URL, the one the router delivers to, stays valid. A TLS server can
+kubelet restarts a container: its URL, the one the Broker delivers to, stays valid. A TLS server can
 also require client certificates (``client_tls``: its CA goes to TLS_CLIENT_CA_FILE, and the
 readiness check presents the client certificate, as the API server would).
 """

@@ -1,8 +1,8 @@
 """``python -m stack.run --dir DIR``: the pipeline as one long-running process.
 
 ``make up`` runs it as a component of the local cluster's supervisor (KUBECONFIG set): it
-starts every function, the router and the event source, writes ``DIR/stack.json`` (URLs, the
-archive, the logs) and stops them all on SIGTERM.
+starts every function, the Broker (Knative's data plane) and the event source, writes
+``DIR/stack.json`` (URLs, the archive, the logs) and stops them all on SIGTERM.
 """
 
 from __future__ import annotations

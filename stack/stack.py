@@ -1,11 +1,12 @@
 """The whole event pipeline on a local control plane, wired as Knative wires it.
 
     kube-apiserver -> ApiServerSource adapter (Knative's own, configured from the
-    ApiServerSource of knative/sources.yaml: opted-in pods only) -> router (the Broker:
-    Triggers from knative/, retries, dead letters, archive) -> detect-failures -> router ->
-    update-annotations -> router;   kube-apiserver -> mutate-admission (TLS, registered);
-    router -> assess-nodes (failure reports: node health) -> router;
-    a timer (the PingSources) -> sweep-failures -> router, and -> assess-nodes;
+    ApiServerSource of knative/sources.yaml: opted-in pods only) -> Broker (Knative's own
+    ingress, in-memory channel dispatcher and filter: pipeline/broker.py, with the Broker and
+    Triggers of knative/) -> detect-failures -> Broker -> update-annotations -> Broker;
+    kube-apiserver -> mutate-admission (TLS, registered);
+    Broker -> assess-nodes (failure reports: node health) -> Broker;
+    a timer (the PingSources) -> sweep-failures -> Broker, and -> assess-nodes;
     a timer -> label-nodes -> the cluster's Prometheus (when the Stack is given its URL);
     a timer -> annotate-usage -> the same Prometheus -> Nodes' usage annotations and load labels;
     kube-scheduler (a second one, profile kn-rescheduler-load-aware) -> score-nodes.
@@ -31,7 +32,7 @@ from typing import Any, Final
 import requests
 from kubernetes import client as k8s
 
-from pipeline.router import Router
+from pipeline.broker import KnativeBroker
 from pipeline.source import ApiServerSource
 from stack import webhook as webhook_setup
 from stack.functions import ROOT, FunctionServer, Watchdog, environment, free_port
@@ -93,7 +94,7 @@ class Stack:
         self.archive = workdir / "archive.jsonl"
         self.dead_letters = workdir / "dead-letters.jsonl"
         self.servers: dict[str, FunctionServer] = {}
-        self.router: Router | None = None
+        self.broker: KnativeBroker | None = None
         self.source: ApiServerSource | None = None
         self._ping_stop = threading.Event()
         self._ping_threads: list[threading.Thread] = []
@@ -113,8 +114,9 @@ class Stack:
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        router_port = free_port()
-        self.broker_url = f"http://127.0.0.1:{router_port}/kn-rescheduler/default"
+        broker_port = free_port()
+        # The host's way into the Broker (the namespace and name are the Broker manifest's).
+        self.broker_url = f"http://127.0.0.1:{broker_port}/kn-rescheduler/default"
         env = environment(self.kubeconfig, **self.settings)
 
         for name in TRIGGERED_FUNCTIONS:
@@ -155,22 +157,29 @@ class Stack:
         ).start()
         self.servers["mutate-admission"] = hook
 
-        self.router = Router(
+        self.broker = KnativeBroker(
+            self.kubeconfig,
+            self.api_client,
             self.triggers_dir,
             {name: self.servers[name].url for name in TRIGGERED_FUNCTIONS},
-            self.archive,
-            self.dead_letters,
-            port=router_port,
-        )
-        self.router.start()
+            self.workdir,
+            self.log_dir,
+            archive=self.archive,
+            dead_letters=self.dead_letters,
+            port=broker_port,
+        ).start()
+        self.broker_url = self.broker.url
         webhook_setup.register(self.api_client, webhook_setup.configuration(hook.url, ca))
         # What the cluster's ApiServerSource watches, label selector included: only pods the
         # webhook labelled as opted in produce events.
+        # The adapter runs beside the Broker in its network namespace, as the ApiServerSource's
+        # Deployment runs in the cluster; its sink is the Broker's address there.
         self.source = ApiServerSource.from_manifest(
             self.kubeconfig,
-            self.broker_url,
+            self.broker.url_in_namespace,
             manifest=self.triggers_dir / "sources.yaml",
             log_path=self.log_dir / "apiserversource.log",
+            wrap=self.broker.wrap,
         )
         self.source.start()
         for function, every in (
@@ -208,9 +217,9 @@ class Stack:
             webhook_setup.unregister(self.api_client)
         except Exception as exc:  # the cluster may already be gone
             log.debug("could not unregister the webhook: %s", exc)
-        if self.router is not None:
-            self.router.stop()
-            self.router = None
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
         for server in self.servers.values():
             server.stop()
         self.servers.clear()
@@ -265,7 +274,7 @@ class Stack:
         )
 
     def archived(self) -> list[dict[str, Any]]:
-        """Every event the router accepted so far, in order."""
+        """Every event the Broker accepted so far (its archive Trigger's copy), in order."""
         try:
             lines = self.archive.read_text().splitlines()
         except FileNotFoundError:
@@ -273,4 +282,4 @@ class Stack:
         return [json.loads(line) for line in lines if line.strip()]
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        return self.router.wait_idle(timeout) if self.router else True
+        return self.broker.wait_idle(timeout) if self.broker else True

@@ -1,0 +1,715 @@
+"""Knative's own Broker on the local control plane: its ingress, filter and channel dispatcher.
+
+The events of the local stack travel exactly as in a cluster with Knative Eventing's
+multi-tenant channel-based Broker (``MTChannelBasedBroker`` over an ``InMemoryChannel``)::
+
+    ApiServerSource adapter --> broker ingress --> in-memory channel dispatcher
+        --(one subscription per Trigger)--> broker filter --(Trigger filter)--> function
+        function's reply --(the subscription's reply URI: the Broker)--> broker ingress ...
+        failed after the Trigger's retries --(dead-letter sink)--> dead-letter receiver
+
+The three data plane binaries are Knative's (built from the same module as the adapter by
+``hack/build-adapter.sh``), and so are the CRDs and ConfigMaps installed for them. What is not
+run is Knative's *control* plane: its controllers would need cluster DNS and Services with
+endpoints for every address they resolve. So this module does, once, what they would do, and
+writes it where the data plane reads it:
+
+- the Broker's ``status.address`` (the ingress) and its ``knative.dev/channelAddress`` status
+  annotation (the channel), which the ingress routes by;
+- the Broker's ``InMemoryChannel`` (``<broker>-kne-trigger``, owned by the Broker), whose
+  ``spec.subscribers`` hold, per Trigger, what the Trigger's Subscription would: the filter's
+  ``/triggers/NS/NAME/UID`` URL, the Broker as reply URI and the Trigger's delivery spec with
+  its dead-letter sink resolved; the dispatcher routes by the path ``/NS/NAME``;
+- each Trigger's ``status.subscriberUri`` and ``deadLetterSinkUri``, which the filter reads
+  (it finds the Trigger by UID);
+- Ready conditions with ``observedGeneration``, as the controllers would report them.
+
+Service references resolve to the local functions' URLs (``subscribers``), the dead-letter
+sink to a local receiver writing ``dead-letters.jsonl``. What the project's former home-made
+router also gave is kept with Knative's means: a catch-all ``archive`` Trigger (local only)
+delivers every event to a receiver that appends it to ``archive.jsonl`` for ``make replay``.
+
+Knative's binaries bind fixed ports on every interface, so they run in a network namespace of
+the stack's own (:mod:`pipeline.netns`) and reach the API server and the functions through
+loopback forwards that keep port numbers. The Broker's address is a forward inside that
+namespace to the ingress (as a Service address is, to its pod): it lets :meth:`wait_idle` see a
+request still being fanned out. :attr:`url` is the Broker as seen from this machine.
+
+``async_handler`` sets ``messaging.knative.dev/async-handler`` on the channel: with it the
+dispatcher answers the ingress (and so the sender) at once and delivers in the background;
+without it (the default, and Knative's) the sender waits until every Trigger's delivery and
+retries are done (docs/pipeline.md compares the two).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import http.server
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import requests
+import yaml
+from kubernetes import client as k8s
+
+from pipeline import cloudevent
+from pipeline.netns import Forward, NetNamespace
+from pipeline.source import _die_with_parent, _terminate, knative_dir
+
+log = logging.getLogger(__name__)
+
+SYSTEM_NAMESPACE: Final = "knative-eventing"
+EVENTING: Final = ("eventing.knative.dev", "v1")
+MESSAGING: Final = ("messaging.knative.dev", "v1")
+ASYNC_HANDLER: Final = "messaging.knative.dev/async-handler"
+CHANNEL_ADDRESS: Final = "knative.dev/channelAddress"
+ARCHIVE_TRIGGER: Final = "archive"
+PROBE_TYPE: Final = "io.kn-rescheduler.local.probe"
+# Inside the namespace. The dispatcher's 8080/8443 are Go constants; the others are set by env.
+DISPATCHER_PORT: Final = 8080
+INGRESS_PORT: Final = 8180
+FILTER_PORT: Final = 8280
+BROKER_PORT: Final = 8380
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+# -- what Knative's controllers would write --------------------------------------------------
+
+
+def _ready(generation: int) -> dict[str, Any]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "observedGeneration": generation,
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+    }
+
+
+def _ref_name(destination: Mapping[str, Any] | None) -> str | None:
+    if not destination:
+        return None
+    ref = destination.get("ref") or {}
+    return str(ref["name"]) if ref.get("name") else None
+
+
+def resolve(destination: Mapping[str, Any] | None, services: Mapping[str, str]) -> str | None:
+    """A Destination (``ref`` to a Service, or ``uri``) as the URL it stands for here."""
+    if not destination:
+        return None
+    if destination.get("uri"):
+        return str(destination["uri"])
+    name = _ref_name(destination)
+    return services.get(name) if name else None
+
+
+def channel_subscriber(
+    trigger: Mapping[str, Any],
+    broker: Mapping[str, Any],
+    *,
+    filter_url: str,
+    broker_url: str,
+    services: Mapping[str, str],
+) -> dict[str, Any]:
+    """The ``spec.subscribers`` entry the Trigger's Subscription puts on the Broker's channel
+    (OIDC off: the reply goes to the Broker, the dead-letter sink straight to its address)."""
+    meta = trigger["metadata"]
+    delivery = dict(trigger["spec"].get("delivery") or broker["spec"].get("delivery") or {})
+    dls = resolve(delivery.get("deadLetterSink"), services)
+    if dls:
+        delivery["deadLetterSink"] = {"uri": dls}
+    else:
+        delivery.pop("deadLetterSink", None)
+    entry: dict[str, Any] = {
+        "uid": meta["uid"],
+        "generation": meta.get("generation", 1),
+        "subscriberUri": f"{filter_url}/triggers/{meta['namespace']}/{meta['name']}/{meta['uid']}",
+        "replyUri": broker_url,
+    }
+    if delivery:
+        entry["delivery"] = delivery
+    return entry
+
+
+# -- the receivers ----------------------------------------------------------------------------
+
+
+@dataclass
+class Receiver:
+    """A local HTTP sink that appends every CloudEvent it gets to a JSON-lines file."""
+
+    path: Path
+    record: Callable[[cloudevent.Event], dict[str, Any] | None]
+    port: int = 0
+    count: int = 0
+    probes: int = 0
+    _server: http.server.ThreadingHTTPServer | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def start(self) -> Receiver:
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                try:
+                    event = cloudevent.from_http(dict(self.headers.items()), body)
+                except ValueError as exc:
+                    self._answer(400, str(exc).encode())
+                    return
+                receiver.take(event)
+                self._answer(202, b"")
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def take(self, event: cloudevent.Event) -> None:
+        with self._lock:
+            if event.type == PROBE_TYPE:
+                self.probes += 1
+                return
+            line = self.record(event)
+            if line is None:
+                return
+            with self.path.open("a") as f:
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+            self.count += 1
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def archive_line(event: cloudevent.Event) -> dict[str, Any]:
+    return cloudevent.to_structured_dict(event)
+
+
+def dead_letter_line(event: cloudevent.Event) -> dict[str, Any]:
+    """Knative's dead-letter extensions, read: which Trigger, the last answer, its body."""
+    attrs = event.attributes
+    dest = attrs.get("knativeerrordest", "")
+    parts = urllib.parse.urlsplit(dest).path.strip("/").split("/")
+    trigger = parts[2] if len(parts) >= 4 and parts[0] == "triggers" else None
+    code = attrs.get("knativeerrorcode")
+    reason = attrs.get("knativeerrordata")
+    if reason:
+        with contextlib.suppress(ValueError):
+            reason = base64.b64decode(reason).decode(errors="replace")
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "trigger": trigger,
+        "subscriber": dest,
+        "status": int(code) if code and code.isdigit() else None,
+        "reason": reason,
+        "event": cloudevent.to_structured_dict(event),
+    }
+
+
+# -- the processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Process:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+class KnativeBroker:
+    """The project's Broker and Triggers on Knative's data plane, in a namespace of its own."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        api_client: k8s.ApiClient,
+        triggers_dir: Path,
+        services: Mapping[str, str],
+        workdir: Path,
+        log_dir: Path,
+        *,
+        async_handler: bool = False,
+        archive: Path | None = None,
+        dead_letters: Path | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.api = k8s.CustomObjectsApi(api_client)
+        self.core = k8s.CoreV1Api(api_client)
+        self.ext = k8s.ApiextensionsV1Api(api_client)
+        self.triggers_dir = triggers_dir
+        self.services = dict(services)
+        self.workdir = workdir
+        self.log_dir = log_dir
+        self.async_handler = async_handler
+        self.archive = archive or workdir / "archive.jsonl"
+        self.dead_letters = dead_letters or workdir / "dead-letters.jsonl"
+        self.netns = NetNamespace()
+        self.forwards: list[Forward] = []
+        self.procs: list[_Process] = []
+        self.url = ""
+        self.namespace = ""
+        self.name = ""
+        self._archive_rx = Receiver(self.archive, archive_line)
+        self._dead_rx = Receiver(self.dead_letters, dead_letter_line)
+        self._bins = knative_dir()
+        # The Broker's port on this machine, chosen up front so a function's K_SINK can name it.
+        self.port = port or _free_port()
+        self.broker_url_in_namespace = ""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 90.0) -> KnativeBroker:
+        try:
+            self._start(time.monotonic() + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, deadline: float) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.netns.create()
+        self._archive_rx.start()
+        self._dead_rx.start()
+        services = {
+            **self.services,
+            ARCHIVE_TRIGGER: self._archive_rx.url,
+            "dead-letters": self._dead_rx.url,
+        }
+        # Out of the namespace, same port: the API server and every URL a Trigger resolves to.
+        ports = {self._api_port()} | {
+            urllib.parse.urlsplit(u).port or 80 for u in services.values()
+        }
+        for port in sorted(ports):
+            self._forward(f"out-{port}", self.netns.path, port, None, port)
+        # The Broker's address: a forward to the ingress, as a Service is to its pod.
+        self._forward("broker", self.netns.path, BROKER_PORT, self.netns.path, INGRESS_PORT)
+        self._forward("broker-in", None, self.port, self.netns.path, BROKER_PORT)
+
+        self._install()
+        broker_in_ns = self._apply(services)
+        self.url = f"http://127.0.0.1:{self.port}{urllib.parse.urlsplit(broker_in_ns).path}"
+        self.broker_url_in_namespace = broker_in_ns
+
+        # The dispatcher first: it must own the namespace's 8080 before anything else binds it
+        # (the adapter's health probe tries the same port and gives up quietly).
+        self._run(
+            "channel_dispatcher",
+            ["--disable-ha"],
+            {
+                "MAX_IDLE_CONNS": "1000",
+                "MAX_IDLE_CONNS_PER_HOST": "1000",
+            },
+        )
+        self._wait_port("channel_dispatcher", DISPATCHER_PORT, deadline)
+        self._run(
+            "ingress",
+            [],
+            {"INGRESS_PORT": str(INGRESS_PORT), "INGRESS_PORT_HTTPS": str(INGRESS_PORT + 363)},
+        )
+        self._run(
+            "filter",
+            [],
+            {
+                "FILTER_PORT": str(FILTER_PORT),
+                "FILTER_PORT_HTTPS": str(FILTER_PORT + 363),
+                "NAMESPACE": SYSTEM_NAMESPACE,
+            },
+        )
+        self._wait_port("ingress", INGRESS_PORT, deadline)
+        self._wait_port("filter", FILTER_PORT, deadline)
+        self._wait_delivering(deadline)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            _terminate(p.proc, 5.0)
+        self.procs.clear()
+        for f in self.forwards:
+            f.stop()
+        self.forwards.clear()
+        self._archive_rx.stop()
+        self._dead_rx.stop()
+        self.netns.delete()
+
+    def __enter__(self) -> KnativeBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- for the stack --------------------------------------------------------------------------
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """Run ``argv`` in the broker's namespace (the ApiServerSource adapter goes there)."""
+        return self.netns.argv(argv)
+
+    @property
+    def url_in_namespace(self) -> str:
+        return self.broker_url_in_namespace
+
+    def busy(self) -> int:
+        return sum(f.busy() for f in self.forwards)
+
+    def wait_idle(self, timeout: float = 30.0, quiet: float = 0.3) -> bool:
+        """True once no request is outstanding anywhere in the data plane for ``quiet`` s."""
+        deadline = time.monotonic() + timeout
+        calm_since: float | None = None
+        while time.monotonic() < deadline:
+            if self.busy() == 0:
+                calm_since = calm_since or time.monotonic()
+                if time.monotonic() - calm_since >= quiet:
+                    return True
+            else:
+                calm_since = None
+            time.sleep(0.05)
+        return False
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "accepted": self._archive_rx.count,
+            "dead_lettered": self._dead_rx.count,
+        }
+
+    def send(self, headers: Mapping[str, str], body: bytes, timeout: float = 60.0) -> int:
+        return requests.post(
+            self.url, data=body, headers=dict(headers), timeout=timeout
+        ).status_code
+
+    def logs(self) -> dict[str, Path]:
+        return {p.name: p.log_path for p in self.procs}
+
+    # -- the control plane's part --------------------------------------------------------------
+
+    def _install(self) -> None:
+        """Knative's CRDs and ConfigMaps, from the module the binaries were built from."""
+        for path in sorted((self._bins / "config" / "crds").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if not doc or doc.get("kind") != "CustomResourceDefinition":
+                    continue
+                # Conversion webhooks are Knative's webhook's job; with one served version
+                # there is nothing to convert.
+                doc["spec"].pop("conversion", None)
+                with contextlib.suppress(k8s.ApiException):
+                    self.ext.create_custom_resource_definition(doc)
+        with contextlib.suppress(k8s.ApiException):
+            self.core.create_namespace(_namespace(SYSTEM_NAMESPACE))
+        for path in sorted((self._bins / "config" / "configmaps").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc and doc.get("kind") == "ConfigMap":
+                    with contextlib.suppress(k8s.ApiException):
+                        self.core.create_namespaced_config_map(SYSTEM_NAMESPACE, doc)
+        for name in (
+            "brokers.eventing.knative.dev",
+            "triggers.eventing.knative.dev",
+            "inmemorychannels.messaging.knative.dev",
+        ):
+            _wait(functools.partial(_crd_established, self.ext, name), f"CRD {name}", 30)
+
+    def _apply(self, services: Mapping[str, str]) -> str:
+        docs = _load(self.triggers_dir)
+        brokers = [d for d in docs if d.get("kind") == "Broker"]
+        if len(brokers) != 1:
+            raise BrokerError(f"expected one Broker in {self.triggers_dir}, found {len(brokers)}")
+        broker_doc = brokers[0]
+        self.namespace = broker_doc["metadata"]["namespace"]
+        self.name = broker_doc["metadata"]["name"]
+        ns, name = self.namespace, self.name
+        with contextlib.suppress(k8s.ApiException):
+            self.core.create_namespace(_namespace(ns))
+        broker = self._upsert(EVENTING, "brokers", broker_doc)
+        triggers = [
+            self._upsert(EVENTING, "triggers", d)
+            for d in docs
+            if d.get("kind") == "Trigger" and d["spec"].get("broker") == name
+        ]
+        archive = self._upsert(
+            EVENTING,
+            "triggers",
+            {
+                "apiVersion": "eventing.knative.dev/v1",
+                "kind": "Trigger",
+                "metadata": {
+                    "name": ARCHIVE_TRIGGER,
+                    "namespace": ns,
+                    "labels": {"app.kubernetes.io/part-of": "kn-rescheduler-local"},
+                },
+                "spec": {
+                    "broker": name,
+                    "subscriber": {"uri": services[ARCHIVE_TRIGGER]},
+                    "delivery": {"retry": 3, "backoffPolicy": "linear", "backoffDelay": "PT0.1S"},
+                },
+            },
+        )
+        triggers.append(archive)
+
+        broker_url = f"http://127.0.0.1:{BROKER_PORT}/{ns}/{name}"
+        filter_url = f"http://127.0.0.1:{FILTER_PORT}"
+        channel_name = f"{name}-kne-trigger"
+        channel_url = f"http://127.0.0.1:{DISPATCHER_PORT}/{ns}/{channel_name}"
+
+        subscribers = []
+        for t in triggers:
+            uri = resolve(t["spec"].get("subscriber"), services)
+            if uri is None:
+                log.warning(
+                    "Trigger %s: subscriber %s is not running locally; not subscribed",
+                    t["metadata"]["name"],
+                    t["spec"].get("subscriber"),
+                )
+                continue
+            subscribers.append(
+                channel_subscriber(
+                    t, broker, filter_url=filter_url, broker_url=broker_url, services=services
+                )
+            )
+            status = _ready(t["metadata"]["generation"])
+            status["subscriberUri"] = uri
+            delivery = t["spec"].get("delivery") or broker["spec"].get("delivery") or {}
+            dls = resolve(delivery.get("deadLetterSink"), services)
+            if dls:
+                status["deadLetterSinkUri"] = dls
+            self._status(EVENTING, "triggers", t, status)
+
+        channel_doc: dict[str, Any] = {
+            "apiVersion": "messaging.knative.dev/v1",
+            "kind": "InMemoryChannel",
+            "metadata": {
+                "name": channel_name,
+                "namespace": ns,
+                "annotations": {ASYNC_HANDLER: str(self.async_handler).lower()},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "eventing.knative.dev/v1",
+                        "kind": "Broker",
+                        "name": name,
+                        "uid": broker["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {"subscribers": subscribers},
+        }
+        if broker["spec"].get("delivery"):
+            channel_doc["spec"]["delivery"] = _resolved_delivery(
+                broker["spec"]["delivery"], services
+            )
+        channel = self._upsert(MESSAGING, "inmemorychannels", channel_doc)
+        status = _ready(channel["metadata"]["generation"])
+        status["address"] = {"name": "http", "url": channel_url}
+        status["addresses"] = [{"name": "http", "url": channel_url}]
+        self._status(MESSAGING, "inmemorychannels", channel, status)
+
+        status = _ready(broker["metadata"]["generation"])
+        status["address"] = {"name": "http", "url": broker_url}
+        status["addresses"] = [{"name": "http", "url": broker_url}]
+        status["annotations"] = {CHANNEL_ADDRESS: channel_url}
+        dls = resolve((broker["spec"].get("delivery") or {}).get("deadLetterSink"), services)
+        if dls:
+            status["deadLetterSinkUri"] = dls
+        self._status(EVENTING, "brokers", broker, status)
+        return broker_url
+
+    def _upsert(self, gv: tuple[str, str], plural: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+        group, version = gv
+        ns = doc["metadata"]["namespace"]
+        name = doc["metadata"]["name"]
+        try:
+            got: dict[str, Any] = self.api.create_namespaced_custom_object(  # type: ignore[assignment]
+                group, version, ns, plural, dict(doc)
+            )
+            return got
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise BrokerError(f"create {plural} {ns}/{name}: {exc.status} {exc.body}") from exc
+        current: dict[str, Any] = self.api.get_namespaced_custom_object(  # type: ignore[assignment]
+            group, version, ns, plural, name
+        )
+        body = dict(doc)
+        body["metadata"] = {
+            **doc["metadata"],
+            "resourceVersion": current["metadata"]["resourceVersion"],
+        }
+        replaced: dict[str, Any] = self.api.replace_namespaced_custom_object(  # type: ignore[assignment]
+            group, version, ns, plural, name, body
+        )
+        return replaced
+
+    def _status(
+        self, gv: tuple[str, str], plural: str, obj: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> None:
+        group, version = gv
+        meta = obj["metadata"]
+        self.api.patch_namespaced_custom_object_status(
+            group, version, meta["namespace"], plural, meta["name"], {"status": dict(status)}
+        )
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _api_port(self) -> int:
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        server = config["clusters"][0]["cluster"]["server"]
+        return urllib.parse.urlsplit(server).port or 443
+
+    def _forward(
+        self,
+        name: str,
+        listen_in: Path | None,
+        listen_port: int,
+        connect_in: Path | None,
+        port: int,
+    ) -> None:
+        f = Forward(
+            name, listen_in=listen_in, listen_port=listen_port, connect_in=connect_in, port=port
+        ).start()
+        self.forwards.append(f)
+
+    def _run(self, name: str, args: list[str], env: Mapping[str, str]) -> None:
+        log_path = self.log_dir / f"knative-{name.replace('_', '-')}.log"
+        full_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/"),
+            "SYSTEM_NAMESPACE": SYSTEM_NAMESPACE,
+            "POD_NAME": f"{name.replace('_', '-')}-{uuid.uuid4().hex[:5]}",
+            "CONTAINER_NAME": name.replace("_", "-"),
+            "CONFIG_LOGGING_NAME": "config-logging",
+            "CONFIG_OBSERVABILITY_NAME": "config-observability",
+            "PROFILING_PORT": "0",
+            **env,
+        }
+        argv = self.netns.argv(
+            [str(self._bins / name), "--kubeconfig", str(self.kubeconfig), *args]
+        )
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509
+            )
+        self.procs.append(_Process(name, proc, log_path))
+
+    def _wait_port(self, name: str, port: int, deadline: float) -> None:
+        proc = next(p for p in self.procs if p.name == name)
+        while not self.netns.listening(port):
+            if proc.proc.poll() is not None:
+                raise BrokerError(
+                    f"{name} exited with {proc.proc.returncode}:\n"
+                    f"{proc.log_path.read_text(errors='replace')[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"{name} does not listen on {port}:\n"
+                    f"{proc.log_path.read_text(errors='replace')[-3000:]}"
+                )
+            time.sleep(0.1)
+
+    def _wait_delivering(self, deadline: float) -> None:
+        """Probe events through ingress, channel and filter until the archive Trigger gets one:
+        every informer has synced and the dispatcher has the channel."""
+        last = ""
+        while self._archive_rx.probes == 0:
+            headers = {
+                "ce-specversion": "1.0",
+                "ce-id": str(uuid.uuid4()),
+                "ce-source": "kn-rescheduler/local",
+                "ce-type": PROBE_TYPE,
+                "content-type": "application/json",
+            }
+            try:
+                status = self.send(headers, b"{}", timeout=5)
+                last = f"ingress answered {status}"
+            except requests.RequestException as exc:
+                last = str(exc)
+            if self._archive_rx.probes:
+                break
+            if time.monotonic() > deadline:
+                tails = "\n".join(
+                    f"--- {p.name}\n{p.log_path.read_text(errors='replace')[-1500:]}"
+                    for p in self.procs
+                )
+                raise BrokerError(f"the Broker delivers nothing ({last}):\n{tails}")
+            time.sleep(0.2)
+
+
+def _resolved_delivery(delivery: Mapping[str, Any], services: Mapping[str, str]) -> dict[str, Any]:
+    out = dict(delivery)
+    dls = resolve(out.get("deadLetterSink"), services)
+    if dls:
+        out["deadLetterSink"] = {"uri": dls}
+    else:
+        out.pop("deadLetterSink", None)
+    return out
+
+
+def _namespace(name: str) -> k8s.V1Namespace:
+    return k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name))
+
+
+def _load(directory: Path) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
+    return docs
+
+
+def _crd_established(ext: k8s.ApiextensionsV1Api, name: str) -> bool:
+    try:
+        crd = ext.read_custom_resource_definition(name)
+    except k8s.ApiException:
+        return False
+    conditions = (crd.status.conditions if crd.status else None) or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise BrokerError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
