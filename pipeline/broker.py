@@ -83,6 +83,9 @@ DISPATCHER_PORT: Final = 8080
 INGRESS_PORT: Final = 8180
 FILTER_PORT: Final = 8280
 BROKER_PORT: Final = 8380
+# The ApiServerSource's own way to the ingress: a forward of its own, so the chaos suite can
+# lose source events (and only those) where Knative loses them.
+SOURCE_PORT: Final = 8381
 
 
 class BrokerError(RuntimeError):
@@ -320,6 +323,7 @@ class KnativeBroker:
             self._forward(f"out-{port}", self.netns.path, port, None, port)
         # The Broker's address: a forward to the ingress, as a Service is to its pod.
         self._forward("broker", self.netns.path, BROKER_PORT, self.netns.path, INGRESS_PORT)
+        self._forward("source", self.netns.path, SOURCE_PORT, self.netns.path, INGRESS_PORT)
         self._forward("broker-in", None, self.port, self.netns.path, BROKER_PORT)
 
         self._install()
@@ -382,6 +386,18 @@ class KnativeBroker:
     @property
     def url_in_namespace(self) -> str:
         return self.broker_url_in_namespace
+
+    @property
+    def source_url(self) -> str:
+        """Where the ApiServerSource adapter (in the namespace) sends: the Broker's path via the
+        ``source`` forward."""
+        path = urllib.parse.urlsplit(self.broker_url_in_namespace).path
+        return f"http://127.0.0.1:{SOURCE_PORT}{path}"
+
+    def forward(self, name: str) -> Forward:
+        """One of the data plane's forwards: ``broker``, ``source``, ``broker-in`` or
+        ``out-PORT`` (to the API server, a function or a receiver on PORT)."""
+        return next(f for f in self.forwards if f.name == name)
 
     def busy(self) -> int:
         return sum(f.busy() for f in self.forwards)

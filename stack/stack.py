@@ -176,7 +176,7 @@ class Stack:
         # Deployment runs in the cluster; its sink is the Broker's address there.
         self.source = ApiServerSource.from_manifest(
             self.kubeconfig,
-            self.broker.url_in_namespace,
+            self.broker.source_url,
             manifest=self.triggers_dir / "sources.yaml",
             log_path=self.log_dir / "apiserversource.log",
             wrap=self.broker.wrap,
