@@ -1,6 +1,7 @@
-"""Knative's ApiServerSource adapter against the real local API server, into the local broker.
+"""Knative's ApiServerSource adapter against the real local API server, into Knative's Broker.
 
-The adapter binary is Knative's own (built from knative.dev/eventing by hack/build-adapter.sh);
+The adapter and the Broker's data plane are Knative's own (built from knative.dev/eventing by
+hack/build-adapter.sh; the adapter runs beside the Broker in its network namespace);
 these tests pin down what the rest of the project relies on: the exact event shape, that objects
 existing before the source starts produce no add event, that Trigger filtering of the project's
 manifests lets add/update through to detect-failures and keeps delete out, that a label
@@ -25,7 +26,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from localcluster.cluster import Cluster
-from pipeline.router import Router
+from pipeline.broker import KnativeBroker
 from pipeline.source import ApiServerSource
 
 pytestmark = pytest.mark.e2e
@@ -85,6 +86,20 @@ class Recorder:
         ]
 
 
+def _broker(control_plane: Any, tmp_path: Path, recorder: Recorder) -> KnativeBroker:
+    """The project's Broker and Triggers with the recorder as detect-failures."""
+    return KnativeBroker(
+        control_plane.kubeconfig,
+        control_plane.api_client(),
+        ROOT / "knative",
+        {"detect-failures": recorder.url},
+        tmp_path,
+        tmp_path / "logs",
+        archive=tmp_path / "archive.jsonl",
+        dead_letters=tmp_path / "dead.jsonl",
+    ).start()
+
+
 def _pod(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -104,15 +119,13 @@ def test_adapter_events_reach_the_broker_in_knative_shape(
     core.create_namespaced_pod(ns, _pod("before"))
 
     recorder = Recorder()
-    router = Router(
-        ROOT / "knative",
-        {"detect-failures": recorder.url},
-        tmp_path / "archive.jsonl",
-        tmp_path / "dead.jsonl",
-    )
-    url = router.start()
+    broker = _broker(control_plane, tmp_path, recorder)
     source = ApiServerSource(
-        control_plane.kubeconfig, url, namespaces=[ns], log_path=tmp_path / "adapter.log"
+        control_plane.kubeconfig,
+        broker.source_url,
+        namespaces=[ns],
+        log_path=tmp_path / "adapter.log",
+        wrap=broker.wrap,
     )
     try:
         source.start()
@@ -156,7 +169,7 @@ def test_adapter_events_reach_the_broker_in_knative_shape(
             ]
 
         wait_for("the delete event of pod after", deleted)
-        assert router.wait_idle(10)
+        assert broker.wait_idle(10)
         assert all(
             c[0]["ce-type"] != "dev.knative.apiserver.resource.delete" for c in recorder.calls
         )
@@ -165,7 +178,7 @@ def test_adapter_events_reach_the_broker_in_knative_shape(
         assert (tmp_path / "dead.jsonl").exists() is False
     finally:
         source.stop()
-        router.stop()
+        broker.stop()
         recorder.close()
         core.delete_namespace(ns)
     assert not source.running
@@ -188,16 +201,11 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
     wait_for("default service account", lambda: core.list_namespaced_service_account(ns).items)
 
     recorder = Recorder()
-    router = Router(
-        ROOT / "knative",
-        {"detect-failures": recorder.url},
-        tmp_path / "archive.jsonl",
-        tmp_path / "dead.jsonl",
-    )
-    url = router.start()
+    broker = _broker(control_plane, tmp_path, recorder)
     source = ApiServerSource(
         control_plane.kubeconfig,
-        url,
+        broker.source_url,
+        wrap=broker.wrap,
         namespaces=[ns],
         label_selector="pipeline-source.test/watched=yes",
         log_path=tmp_path / "adapter.log",
@@ -235,7 +243,7 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
         core.patch_namespaced_pod("opted", ns, {"metadata": {"annotations": {"n": "2"}}})
         core.patch_namespaced_pod("plain", ns, {"metadata": {"annotations": {"n": "2"}}})
         time.sleep(2)
-        assert router.wait_idle(10)
+        assert broker.wait_idle(10)
         assert archived("plain") == []
         # Added, updated (the scheduler, the kubelet, our patch), then gone from the watch:
         # nothing after the delete, although the pod changed again.
@@ -248,6 +256,6 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
         assert "pipeline-source.test/watched" not in labels
     finally:
         source.stop()
-        router.stop()
+        broker.stop()
         recorder.close()
         core.delete_namespace(ns)

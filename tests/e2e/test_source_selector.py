@@ -2,7 +2,7 @@
 
 On the real control plane: the webhook registered with the API server (it labels every pod it
 stamps with a policy), Knative's own ApiServerSource adapter configured from knative/sources.yaml
-(its label selector included), the router with the project's Triggers, the real detect-failures
+(its label selector included), Knative's Broker with the project's Triggers, the real detect-failures
 and sweep-failures processes. update-annotations is a recorder: these tests look at which events
 reach detect-failures and which failing-pod events come out, never at moves.
 
@@ -24,7 +24,7 @@ import requests
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from pipeline.router import Router
+from pipeline.broker import KnativeBroker
 from pipeline.source import ApiServerSource
 from shared.constants import (
     APISERVER_UPDATE,
@@ -106,7 +106,7 @@ class Recorder:
 
 @dataclass
 class Pipeline:
-    router: Router
+    broker: KnativeBroker
     source: ApiServerSource
     detect: Recorder  # in front of the real detect-failures
     updates: Recorder  # stands in for update-annotations
@@ -131,23 +131,29 @@ def pipeline(
     env = environment(cluster.kubeconfig)
     detect = FunctionServer("detect-failures", cluster.log_dir, env=env).start()
     front, updates = Recorder(detect.url), Recorder()
-    router = Router(
+    broker = KnativeBroker(
+        cluster.kubeconfig,
+        cluster.api_client(),
         ROOT / "knative",
         {"detect-failures": front.url, "update-annotations": updates.url},
-        workdir / "archive.jsonl",
-        workdir / "dead-letters.jsonl",
-    )
-    url = router.start()
-    sweep = FunctionServer("sweep-failures", cluster.log_dir, env={**env, "K_SINK": url}).start()
+        workdir,
+        workdir / "logs",
+    ).start()
+    sweep = FunctionServer(
+        "sweep-failures", cluster.log_dir, env={**env, "K_SINK": broker.url}
+    ).start()
     source = ApiServerSource.from_manifest(
-        cluster.kubeconfig, url, log_path=workdir / "apiserversource.log"
+        cluster.kubeconfig,
+        broker.source_url,
+        log_path=workdir / "apiserversource.log",
+        wrap=broker.wrap,
     )
     try:
         source.start()
-        yield Pipeline(router, source, front, updates, sweep)
+        yield Pipeline(broker, source, front, updates, sweep)
     finally:
         source.stop()
-        router.stop()
+        broker.stop()
         for closing in (front, updates):
             closing.close()
         for server in (sweep, detect):
@@ -222,7 +228,7 @@ def test_updates_of_pods_that_never_opted_in_never_reach_detect_failures(
         )
 
     wait_for("the opted-in pod's last update at detect-failures", last_update_of_web)
-    assert pipeline.router.wait_idle(10)
+    assert pipeline.broker.wait_idle(10)
     web_events = pipeline.detect.events_of(namespace, web["metadata"]["name"])
     assert len([k for k, _ in web_events if k == APISERVER_UPDATE]) >= 3
     assert pipeline.detect.events_of(namespace, plain["metadata"]["name"]) == []
