@@ -65,7 +65,7 @@ import requests
 import yaml
 from kubernetes import client as k8s
 
-from pipeline import cloudevent
+from pipeline import cloudevent, triggers
 from pipeline.netns import Forward, NetNamespace
 from pipeline.source import _die_with_parent, _terminate, knative_dir
 
@@ -81,7 +81,12 @@ PROBE_TYPE: Final = "io.kn-rescheduler.local.probe"
 # Inside the namespace. The dispatcher's 8080/8443 are Go constants; the others are set by env.
 DISPATCHER_PORT: Final = 8080
 INGRESS_PORT: Final = 8180
-FILTER_PORT: Final = 8280
+# The filter answers as Knative's broker-filter Service does, by that name on port 80 (the
+# namespace's hosts file): the dispatcher unwraps the filter's error details into the
+# dead-letter extensions only for a destination of exactly that host (kncloudevents,
+# dispatchExecutionInfoTransformers), so dead letters look here as in a cluster.
+FILTER_HOST: Final = f"broker-filter.{SYSTEM_NAMESPACE}.svc.cluster.local"
+FILTER_PORT: Final = 80
 BROKER_PORT: Final = 8380
 # The ApiServerSource's own way to the ingress: a forward of its own, so the chaos suite can
 # lose source events (and only those) where Knative loses them.
@@ -111,13 +116,19 @@ def _ref_name(destination: Mapping[str, Any] | None) -> str | None:
 
 
 def resolve(destination: Mapping[str, Any] | None, services: Mapping[str, str]) -> str | None:
-    """A Destination (``ref`` to a Service, or ``uri``) as the URL it stands for here."""
+    """A Destination as the URL it stands for here: a ``ref`` to a Service is that Service's
+    local URL, a ``uri`` alone is itself, both are the uri relative to the ref (Knative's
+    Destination rules); None when the Service does not run here."""
     if not destination:
         return None
-    if destination.get("uri"):
-        return str(destination["uri"])
+    uri = str(destination.get("uri") or "")
     name = _ref_name(destination)
-    return services.get(name) if name else None
+    if name is None:
+        return uri or None
+    base = services.get(name)
+    if base is None:
+        return None
+    return base.rstrip("/") + "/" + uri.lstrip("/") if uri else base
 
 
 def channel_subscriber(
@@ -222,22 +233,25 @@ def archive_line(event: cloudevent.Event) -> dict[str, Any]:
     return cloudevent.to_structured_dict(event)
 
 
-def dead_letter_line(event: cloudevent.Event) -> dict[str, Any]:
-    """Knative's dead-letter extensions, read: which Trigger, the last answer, its body."""
+def dead_letter_line(
+    event: cloudevent.Event, subscribers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Knative's dead-letter extensions, read: the subscriber that failed
+    (``knativeerrordest``), its last status (``knativeerrorcode``) and answer body
+    (``knativeerrordata``, base64); ``trigger`` is the Trigger whose subscriber that is, when
+    ``subscribers`` (subscriber URL -> Trigger name) knows it."""
     attrs = event.attributes
     dest = attrs.get("knativeerrordest", "")
-    parts = urllib.parse.urlsplit(dest).path.strip("/").split("/")
-    trigger = parts[2] if len(parts) >= 4 and parts[0] == "triggers" else None
-    code = attrs.get("knativeerrorcode")
+    code = attrs.get("knativeerrorcode", "")
     reason = attrs.get("knativeerrordata")
     if reason:
         with contextlib.suppress(ValueError):
-            reason = base64.b64decode(reason).decode(errors="replace")
+            reason = base64.b64decode(reason, validate=True).decode(errors="replace")
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "trigger": trigger,
+        "trigger": (subscribers or {}).get(dest),
         "subscriber": dest,
-        "status": int(code) if code and code.isdigit() else None,
+        "status": int(code) if code.isdigit() else None,
         "reason": reason,
         "event": cloudevent.to_structured_dict(event),
     }
@@ -288,7 +302,9 @@ class KnativeBroker:
         self.namespace = ""
         self.name = ""
         self._archive_rx = Receiver(self.archive, archive_line)
-        self._dead_rx = Receiver(self.dead_letters, dead_letter_line)
+        # Subscriber URL -> Trigger name, filled in when the Triggers are applied.
+        self._trigger_of: dict[str, str] = {}
+        self._dead_rx = Receiver(self.dead_letters, lambda e: dead_letter_line(e, self._trigger_of))
         self._bins = knative_dir()
         # The Broker's port on this machine, chosen up front so a function's K_SINK can name it.
         self.port = port or _free_port()
@@ -308,7 +324,7 @@ class KnativeBroker:
     def _start(self, deadline: float) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.netns.create()
+        self.netns.create(hosts=[FILTER_HOST])
         self._archive_rx.start()
         self._dead_rx.start()
         services = {
@@ -356,7 +372,7 @@ class KnativeBroker:
             [],
             {
                 "FILTER_PORT": str(FILTER_PORT),
-                "FILTER_PORT_HTTPS": str(FILTER_PORT + 363),
+                "FILTER_PORT_HTTPS": "8643",
                 "NAMESPACE": SYSTEM_NAMESPACE,
             },
         )
@@ -464,6 +480,12 @@ class KnativeBroker:
 
     def _apply(self, services: Mapping[str, str]) -> str:
         docs = _load(self.triggers_dir)
+        # No Knative webhook runs here: refuse what it would refuse (pipeline.triggers makes
+        # its checks) before anything reaches the API server.
+        for d in docs:
+            if d.get("kind") == "Broker":
+                meta = d["metadata"]
+                triggers.load(self.triggers_dir, namespace=meta["namespace"], broker=meta["name"])
         brokers = [d for d in docs if d.get("kind") == "Broker"]
         if len(brokers) != 1:
             raise BrokerError(f"expected one Broker in {self.triggers_dir}, found {len(brokers)}")
@@ -474,10 +496,12 @@ class KnativeBroker:
         with contextlib.suppress(k8s.ApiException):
             self.core.create_namespace(_namespace(ns))
         broker = self._upsert(EVENTING, "brokers", broker_doc)
-        triggers = [
+        applied = [
             self._upsert(EVENTING, "triggers", d)
             for d in docs
-            if d.get("kind") == "Trigger" and d["spec"].get("broker") == name
+            if d.get("kind") == "Trigger"
+            and d["spec"].get("broker") == name
+            and d["metadata"].get("namespace", ns) == ns
         ]
         archive = self._upsert(
             EVENTING,
@@ -497,18 +521,18 @@ class KnativeBroker:
                 },
             },
         )
-        triggers.append(archive)
+        applied.append(archive)
 
         broker_url = f"http://127.0.0.1:{BROKER_PORT}/{ns}/{name}"
-        filter_url = f"http://127.0.0.1:{FILTER_PORT}"
+        filter_url = f"http://{FILTER_HOST}"
         channel_name = f"{name}-kne-trigger"
         channel_url = f"http://127.0.0.1:{DISPATCHER_PORT}/{ns}/{channel_name}"
 
         subscribers = []
-        for t in triggers:
+        for t in applied:
             uri = resolve(t["spec"].get("subscriber"), services)
             if uri is None:
-                log.warning(
+                log.info(
                     "Trigger %s: subscriber %s is not running locally; not subscribed",
                     t["metadata"]["name"],
                     t["spec"].get("subscriber"),
@@ -519,6 +543,7 @@ class KnativeBroker:
                     t, broker, filter_url=filter_url, broker_url=broker_url, services=services
                 )
             )
+            self._trigger_of[uri] = t["metadata"]["name"]
             status = _ready(t["metadata"]["generation"])
             status["subscriberUri"] = uri
             delivery = t["spec"].get("delivery") or broker["spec"].get("delivery") or {}

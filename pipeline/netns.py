@@ -31,6 +31,7 @@ import ctypes.util
 import logging
 import os
 import selectors
+import shutil
 import socket
 import subprocess
 import threading
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 
 CLONE_NEWNET: Final = 0x40000000
 NETNS_DIR: Final = Path("/run/netns")
+# `ip netns exec NAME` bind-mounts the files of /etc/netns/NAME over /etc: a hosts file here
+# is what the namespace's processes resolve names with.
+ETC_NETNS: Final = Path("/etc/netns")
 PREFIX: Final = "knr-"
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -104,6 +108,7 @@ def remove_stale() -> list[str]:
         parts = entry.name.split("-")
         if len(parts) >= 2 and parts[1].isdigit() and not _alive(int(parts[1])):
             subprocess.run(["ip", "netns", "delete", entry.name], capture_output=True, check=False)
+            shutil.rmtree(ETC_NETNS / entry.name, ignore_errors=True)
             removed.append(entry.name)
     return removed
 
@@ -122,7 +127,8 @@ class NetNamespace:
         self.path = NETNS_DIR / self.name
         self.created = False
 
-    def create(self) -> NetNamespace:
+    def create(self, hosts: Sequence[str] = ()) -> NetNamespace:
+        """Make the namespace; ``hosts`` are names that resolve to 127.0.0.1 inside it."""
         why = available()
         if why:
             raise NetnsError(why)
@@ -130,11 +136,18 @@ class NetNamespace:
         self._ip("netns", "add", self.name)
         self.created = True
         self._ip("-n", self.name, "link", "set", "lo", "up")
+        etc = ETC_NETNS / self.name
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(
+            "127.0.0.1 localhost\n::1 localhost\n"
+            + "".join(f"127.0.0.1 {name}\n" for name in hosts)
+        )
         return self
 
     def delete(self) -> None:
         if self.created:
             subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, check=False)
+            shutil.rmtree(ETC_NETNS / self.name, ignore_errors=True)
             self.created = False
 
     def argv(self, argv: Sequence[str]) -> list[str]:
