@@ -1,11 +1,11 @@
-"""The local stand-in for Knative's data plane: pod events and a Broker.
+"""Knative Eventing's data plane on the local control plane: pod events and the Broker.
 
 - :mod:`pipeline.source` runs Knative's own ApiServerSource receive adapter against a
   kube-apiserver (``ApiServerSource``).
-- :mod:`pipeline.router` is the Broker: ingress, Trigger filters, retries, replies, dead letters
-  (``Router``, ``python -m pipeline.router``).
-- :mod:`pipeline.filters` and :mod:`pipeline.triggers` hold Knative's filter and delivery rules;
-  :mod:`pipeline.cloudevent` the HTTP encoding.
-
-See docs/pipeline.md.
+- :mod:`pipeline.broker` runs Knative's own Broker data plane (ingress, in-memory channel
+  dispatcher, filter) and writes what Knative's controllers would (``KnativeBroker``).
+- :mod:`pipeline.netns` gives it a network namespace and loopback forwards.
+- :mod:`pipeline.filters` and :mod:`pipeline.triggers` hold Knative's filter rules and manifest
+  checks for replay, which routes recorded events in-process; :mod:`pipeline.cloudevent` the
+  HTTP encoding.
 """

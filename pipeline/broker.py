@@ -537,6 +537,14 @@ class KnativeBroker:
                     t["metadata"]["name"],
                     t["spec"].get("subscriber"),
                 )
+                # What Knative's Trigger controller reports for a subscriber it cannot resolve.
+                status = _ready(t["metadata"]["generation"])
+                status["conditions"][0].update(
+                    status="False",
+                    reason="SubscriberResolveFailed",
+                    message="the subscriber does not run in the local stack",
+                )
+                self._status(EVENTING, "triggers", t, status)
                 continue
             subscribers.append(
                 channel_subscriber(

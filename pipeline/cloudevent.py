@@ -1,8 +1,8 @@
-"""CloudEvents over HTTP for the local broker: parse, validate, re-encode, byte for byte.
+"""CloudEvents over HTTP for the local receivers (archive, dead letters): parse, validate, record.
 
-The router forwards events; it must not reinterpret them. So an event here is its attributes
-(core and extensions, as strings, the way they travel in binary mode) plus its data as raw
-bytes: what came in as the body of a binary-mode request goes out unchanged.
+The archive is what replay sends again; it must not reinterpret events. So an event here is its
+attributes (core and extensions, as strings, the way they travel in binary mode) plus its data
+as raw bytes: what came in as the body of a binary-mode request is recorded unchanged.
 """
 
 from __future__ import annotations

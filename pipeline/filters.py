@@ -2,7 +2,7 @@
 
 Ported in behaviour (not in code) from knative.dev/eventing v0.50 ``pkg/eventfilter``
 (``attributes/filter.go`` and ``subscriptionsapi/*.go``) and ``pkg/broker/filter/
-filter_handler.go``. The rules, each one tested in ``tests/unit/test_router_filters.py``:
+filter_handler.go``. The rules, each one tested in ``tests/unit/test_trigger_filters.py``:
 
 - Every filter answers one of three results: PASS, FAIL or NO_FILTER. The broker drops an event
   for a Trigger only on FAIL; NO_FILTER delivers like PASS.

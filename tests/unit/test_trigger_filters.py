@@ -1,4 +1,4 @@
-"""Trigger filter rules of the local router, each row tied to the Knative source it encodes.
+"""Trigger filter rules as replay evaluates them, each row tied to the Knative source it encodes.
 
 References are to knative.dev/eventing v0.50.0:
   [attr]    pkg/eventfilter/attributes/filter.go        (spec.filter.attributes, LookupAttribute)
