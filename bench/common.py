@@ -484,3 +484,39 @@ def finite_numbers(data: Any) -> Iterable[float]:
     elif isinstance(data, (list, tuple)):
         for v in data:
             yield from finite_numbers(v)
+
+
+# -- Knative's Broker, for the benches that run more than one -----------------------------------
+
+
+def broker_manifests(namespace: str, directory: Path, source: Path = ROOT / "knative") -> Path:
+    """The project's Broker and Triggers (``source``) moved to ``namespace``, in ``directory``.
+
+    Knative's dispatcher and filter watch every namespace's channels and Triggers: two Brokers
+    on one control plane must live in two namespaces, or the second would take over the
+    first's channel. Only Brokers and Triggers are copied; their delivery specs and filters
+    are the shipped ones."""
+    directory.mkdir(parents=True, exist_ok=True)
+    docs: list[JSON] = []
+    for path in sorted(source.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") in ("Broker", "Trigger"):
+                doc["metadata"]["namespace"] = namespace
+                docs.append(doc)
+    (directory / "broker.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return directory
+
+
+def archived(path: Path) -> list[JSON]:
+    """The events a KnativeBroker's archive Trigger received (structured CloudEvents)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def attributes(event: Mapping[str, Any]) -> dict[str, str]:
+    """A structured CloudEvent's context attributes and extensions, as a Trigger filter sees
+    them (everything but the data)."""
+    return {k: str(v) for k, v in event.items() if k not in ("data", "data_base64")}

@@ -2,9 +2,9 @@
 
 The corpus is real ApiServerSource pod events (Knative's adapter watching the local cluster's
 pods during the recovery benchmark: healthy pods and crash-looping ones), kept in
-``bench/corpus/pod-events.jsonl.gz`` (structured mode, as the router archives them). Each
-event is sent the way the Broker delivers it: binary mode, ``ce-*`` headers and the pod JSON as
-the body.
+``bench/corpus/pod-events.jsonl.gz`` (structured mode, as the Broker's archive Trigger keeps
+them). Each event is sent the way the Broker delivers it: binary mode, ``ce-*`` headers and the
+pod JSON as the body.
 
 In-process, pinned to one core, three tiers per event:
 

@@ -185,10 +185,11 @@ class KnRescheduler(System):
             self.stack.wait_idle(30)
 
     def stats(self) -> JSON:
-        """The router's counters (deliveries, retries, dead letters) for this run."""
-        if self.stack is None or self.stack.router is None:
+        """The Broker's counters for this run: events its archive Trigger received (every
+        event the ingress accepted) and dead letters."""
+        if self.stack is None or self.stack.broker is None:
             return {}
-        return dict(self.stack.router.stats())
+        return dict(self.stack.broker.stats())
 
 
 def run_system(
@@ -270,7 +271,7 @@ def run_system(
         },
     }
     if extra:
-        out["router"] = extra
+        out["broker"] = extra
     return out
 
 

@@ -232,7 +232,7 @@ def render(results: JSON, results_path: Path) -> str:
             "the whole pipeline running. Rollout: "
             f"{ro['ready']:,}/{ro['expected']:,} Ready in {ro['seconds']:.0f} s; function CPU "
             f"during it: {_cpu(ro['function_cpu_s'])}; the harness process (fake kubelet, "
-            f"router, watch) used {ro['harness_cpu_s']:.0f} CPU-s."
+            f"the Broker's forwards and receivers, watch) used {ro['harness_cpu_s']:.0f} CPU-s."
         )
         r = scl.get("recovery") or {}
         if "affected_replicas" in r:

@@ -1,10 +1,11 @@
 """Measurement 6: many nodes and pods, 2% of the nodes turning faulty at once.
 
-A cluster of ``scale_nodes`` kwok nodes runs the whole pipeline (kn-rescheduler's functions, the
-router, Knative's ApiServerSource adapter, the webhook registered). One Deployment per node,
-``scale_pods / scale_nodes`` replicas each, ``scheduling-retries: "3"``, preferring its "home"
-node (preferred node affinity), is rolled out: ``scale_pods`` pods, every one admitted by the
-webhook and every status change of every pod classified by detect-failures.
+A cluster of ``scale_nodes`` kwok nodes runs the whole pipeline (kn-rescheduler's functions,
+Knative's Broker data plane and ApiServerSource adapter, the webhook registered). One
+Deployment per node, ``scale_pods / scale_nodes`` replicas each, ``scheduling-retries: "3"``,
+preferring its "home" node (preferred node affinity), is rolled out: ``scale_pods`` pods, every
+one admitted by the webhook and every status change of every pod classified by
+detect-failures.
 
 Then ``scale_faulty_share`` of the nodes turn faulty at once. The fake kubelet decides a pod's
 fate when the pod is bound (a real node's failure hits the containers already running; this
@@ -179,7 +180,7 @@ def _phases(
         "pipeline_drained_s": round(time.monotonic() - t0, 1),
         "function_cpu_s": {k: round(cpu1[k] - cpu0.get(k, 0.0), 2) for k in cpu1},
         "harness_cpu_s": round(harness1 - harness0, 2),
-        "router": stack.router.stats() if stack.router else {},
+        "broker": stack.broker.stats() if stack.broker else {},
     }
     log(f"  rollout: {ready}/{expected} Ready in {rollout:.0f} s")
     if ready < expected:

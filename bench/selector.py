@@ -6,9 +6,10 @@ pipeline nothing about pods that never opted in. This measures the saving, both 
 side in one run on one local control plane, seeing the very same pod changes:
 
 - *no selector*: Knative's adapter watching every pod (the source before the label), into its
-  own router and its own detect-failures process;
+  own Knative Broker (:class:`pipeline.broker.KnativeBroker`, the project's Triggers moved to a
+  namespace of its own) and its own detect-failures process;
 - *selector*: the adapter configured from ``knative/sources.yaml`` as it ships
-  (:meth:`pipeline.source.ApiServerSource.from_manifest`), into another router and another
+  (:meth:`pipeline.source.ApiServerSource.from_manifest`), into another Broker and another
   detect-failures.
 
 The webhook is registered with the API server as in a cluster. Each round creates
@@ -17,9 +18,12 @@ them with ``scheduling-retries: "3"`` (10 % of the pods at the default sizes), w
 pod is Ready, deletes the Deployments and waits until every pod is gone. *Pod changes* are the
 watch events of those pods (added, modified, deleted), counted by an independent watch of the
 namespace. Per round and per pipeline: events the adapter sent, events delivered to
-detect-failures (add and update; the Triggers keep deletes out), and the CPU seconds of the
-adapter process and of the detect-failures process (gunicorn master and worker, from /proc),
-from just before the round until both pipelines are idle again; all per 1,000 pod changes.
+detect-failures (add and update; the Triggers keep deletes out), both counted in the Broker's
+archive (its catch-all Trigger sees every event the ingress accepted; an event counts as
+delivered to detect-failures when that function's Trigger filter passes it), and the CPU
+seconds of the adapter process and of the detect-failures process (gunicorn master and
+worker, from /proc), from just before the round until both pipelines are idle again; all per
+1,000 pod changes.
 The medians over the rounds are reported, with the ratio no selector / selector.
 
 The adapters' CPU includes their idle cost over the round (Go runtime, client-go), which the
@@ -37,11 +41,17 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
+
+import yaml
 
 from bench.common import (
     JSON,
     ROOT,
     Scales,
+    archived,
+    attributes,
+    broker_manifests,
     cpu_seconds,
     create_namespace,
     is_ready,
@@ -50,13 +60,16 @@ from bench.common import (
 )
 from localcluster.cluster import Cluster
 from localcluster.rest import ApiError, Rest
-from pipeline.router import Router
+from pipeline import filters
+from pipeline.broker import KnativeBroker
 from pipeline.source import ApiServerSource, from_manifest
 from shared.constants import OPTED_IN_LABEL, POLICY_ANNOTATION
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment
 
 NAMESPACE = "bench-selector"
+# The ApiServerSource's event types (add, update, delete): what the adapter sent.
+APISERVER_TYPES: Final = "dev.knative.apiserver.resource."
 IMAGE = "registry.example.com/shop/web:1.4.2"
 MODES = ("no_selector", "selector")
 # Section markers in bench/RESULTS.md: a full run's rewrite carries the section over.
@@ -108,22 +121,42 @@ class PodChanges:
 
 @dataclass
 class Pipeline:
-    """One adapter -> router -> detect-failures chain."""
+    """One adapter -> Broker -> detect-failures chain."""
 
     name: str
     detect: FunctionServer
-    router: Router
+    broker: KnativeBroker
     source: ApiServerSource
 
     def usage(self) -> dict[str, float]:
         detect_pid = self.detect.proc.pid if self.detect.proc else 0
-        stats = self.router.stats()
+        sent, delivered = source_events(self.broker.archive, DETECT_FILTER)
         return {
-            "sent": float(stats["accepted"]),
-            "delivered": float(stats["delivered"]),
+            "sent": float(sent),
+            "delivered": float(delivered),
             "adapter_cpu_s": cpu_seconds(self.source.pid or 0),
             "detect_cpu_s": cpu_seconds(detect_pid),
         }
+
+
+def _detect_filter() -> filters.Filter:
+    """detect-failures' Trigger filter, as shipped."""
+    for path in sorted((ROOT / "knative").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            meta = (doc or {}).get("metadata") or {}
+            if doc and doc.get("kind") == "Trigger" and meta.get("name") == "detect-failures":
+                return filters.for_trigger(doc["spec"])
+    raise LookupError("no detect-failures Trigger in knative/")
+
+
+DETECT_FILTER: Final = _detect_filter()
+
+
+def source_events(archive: Path, delivers: filters.Filter) -> tuple[int, int]:
+    """Of the events in a Broker's archive, those the ApiServerSource sent, and those of them
+    a Trigger with the filter ``delivers`` passes on to its subscriber."""
+    sent = [e for e in archived(archive) if str(e.get("type", "")).startswith(APISERVER_TYPES)]
+    return len(sent), sum(delivers(attributes(e)).delivers for e in sent)
 
 
 def _deployment(name: str, replicas: int, opted_in: bool) -> JSON:
@@ -175,17 +208,21 @@ def _pipelines(cluster: Cluster, workdir: Path) -> Iterator[dict[str, Pipeline]]
             logs.mkdir(parents=True, exist_ok=True)
             detect = FunctionServer("detect-failures", logs, env=env).start()
             stack.callback(detect.stop)
-            router = Router(
-                ROOT / "knative",
+            namespace = "kn-rescheduler-" + mode.replace("_", "-")
+            broker = KnativeBroker(
+                cluster.kubeconfig,
+                cluster.api_client(),
+                broker_manifests(namespace, workdir / mode / "knative"),
                 {"detect-failures": detect.url},
-                workdir / mode / "archive.jsonl",
-                workdir / mode / "dead-letters.jsonl",
-            )
-            url = router.start()
-            stack.callback(router.stop)
+                workdir / mode,
+                logs,
+            ).start()
+            stack.callback(broker.stop)
+            # The adapter beside its Broker, in the Broker's network namespace.
+            url = broker.source_url
             if mode == "selector":
                 source = ApiServerSource.from_manifest(
-                    cluster.kubeconfig, url, log_path=logs / "adapter.log"
+                    cluster.kubeconfig, url, log_path=logs / "adapter.log", wrap=broker.wrap
                 )
             else:
                 # The shipped source without its selector: what every pod used to cost.
@@ -198,10 +235,11 @@ def _pipelines(cluster: Cluster, workdir: Path) -> Iterator[dict[str, Pipeline]]
                     name=shipped.name + "-no-selector",
                     namespace=shipped.namespace,
                     log_path=logs / "adapter.log",
+                    wrap=broker.wrap,
                 )
             source.start()
             stack.callback(source.stop)
-            out[mode] = Pipeline(mode, detect, router, source)
+            out[mode] = Pipeline(mode, detect, broker, source)
         yield out
 
 
@@ -227,18 +265,18 @@ def _round(
     for i in range(d):
         rest.delete(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/w{i:02d}")
     _wait("every pod gone", lambda: not list_all(rest, pods_path), 300)
-    # Every change reached the unfiltered adapter's router, and both pipelines are idle.
+    # Every change reached the unfiltered adapter's Broker, and both pipelines are idle.
     no_selector = pipelines["no_selector"]
     _wait(
         "the unselected adapter to send every pod change",
         lambda: (
-            no_selector.router.stats()["accepted"] - before["no_selector"]["sent"]
+            no_selector.usage()["sent"] - before["no_selector"]["sent"]
             >= changes.value() - changes0
         ),
         60,
     )
     for p in pipelines.values():
-        p.router.wait_idle(60)
+        p.broker.wait_idle(60)
     time.sleep(1.0)  # the last deliveries' CPU, and nothing else
     pod_changes = changes.value() - changes0
     after = {name: p.usage() for name, p in pipelines.items()}
