@@ -27,7 +27,8 @@ cluster-bins:
 	bash hack/build-bins.sh
 	bash hack/build-metrics-server.sh
 
-# Knative's own ApiServerSource receive adapter, the local source of pod events.
+# Knative Eventing's data plane from its Go module: the ApiServerSource receive adapter (pod
+# events) and the Broker's ingress, filter and in-memory channel dispatcher, with their CRDs.
 adapter-bin:
 	bash hack/build-adapter.sh
 
@@ -44,7 +45,7 @@ test: venv cluster-bins adapter-bin
 fuzz: venv
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests/fuzz -q --show-capture=no --timeout=3600 $(FUZZ_ARGS)
 
-# The control plane and the whole pipeline (functions, router, event source, webhook), in
+# The control plane and the whole pipeline (functions, Knative's Broker, event source, webhook), in
 # the background; `make down` stops it all.
 up: venv cluster-bins adapter-bin
 	$(PY) -m localcluster up --dir .local --nodes $(or $(NODES),4) --with stack.up:components
