@@ -35,10 +35,12 @@ loopback forwards that keep port numbers. The Broker's address is a forward insi
 namespace to the ingress (as a Service address is, to its pod): it lets :meth:`wait_idle` see a
 request still being fanned out. :attr:`url` is the Broker as seen from this machine.
 
-``async_handler`` sets ``messaging.knative.dev/async-handler`` on the channel: with it the
-dispatcher answers the ingress (and so the sender) at once and delivers in the background;
-without it (the default, and Knative's) the sender waits until every Trigger's delivery and
-retries are done (docs/pipeline.md compares the two).
+The channel carries the Broker's ``messaging.knative.dev/*`` annotations, as Knative's Broker
+reconciler copies them (``pkg/reconciler/broker/broker.go``), so ``knative/broker.yaml``
+decides locally what it decides in a cluster, ``messaging.knative.dev/async-handler`` above all:
+``"true"`` makes the dispatcher answer the ingress (and so the sender) at once and deliver in
+the background; without it the sender waits until every Trigger's delivery and retries are
+done (docs/pipeline.md compares the two). ``async_handler`` overrides it for a bench.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ SYSTEM_NAMESPACE: Final = "knative-eventing"
 EVENTING: Final = ("eventing.knative.dev", "v1")
 MESSAGING: Final = ("messaging.knative.dev", "v1")
 ASYNC_HANDLER: Final = "messaging.knative.dev/async-handler"
+SCOPE: Final = "eventing.knative.dev/scope"
 CHANNEL_ADDRESS: Final = "knative.dev/channelAddress"
 ARCHIVE_TRIGGER: Final = "archive"
 PROBE_TYPE: Final = "io.kn-rescheduler.local.probe"
@@ -279,7 +282,7 @@ class KnativeBroker:
         workdir: Path,
         log_dir: Path,
         *,
-        async_handler: bool = False,
+        async_handler: bool | None = None,
         archive: Path | None = None,
         dead_letters: Path | None = None,
         port: int | None = None,
@@ -424,7 +427,11 @@ class KnativeBroker:
         return sum(f.busy() for f in self.forwards if f.name != self._api_forward)
 
     def wait_idle(self, timeout: float = 30.0, quiet: float = 0.3) -> bool:
-        """True once no request is outstanding anywhere in the data plane for ``quiet`` s."""
+        """True once no request is outstanding anywhere in the data plane for ``quiet`` s.
+
+        Exact with the synchronous fan-out (the sender's request to the ingress stays open
+        through every delivery and retry); with ``async-handler`` a delivery waiting out a
+        retry backoff holds no request open and is not seen."""
         deadline = time.monotonic() + timeout
         calm_since: float | None = None
         while time.monotonic() < deadline:
@@ -566,7 +573,11 @@ class KnativeBroker:
             "metadata": {
                 "name": channel_name,
                 "namespace": ns,
-                "annotations": {ASYNC_HANDLER: str(self.async_handler).lower()},
+                "labels": {
+                    "eventing.knative.dev/broker": name,
+                    "eventing.knative.dev/brokerEverything": "true",
+                },
+                "annotations": self._channel_annotations(broker),
                 "ownerReferences": [
                     {
                         "apiVersion": "eventing.knative.dev/v1",
@@ -599,6 +610,16 @@ class KnativeBroker:
             status["deadLetterSinkUri"] = dls
         self._status(EVENTING, "brokers", broker, status)
         return broker_url
+
+    def _channel_annotations(self, broker: Mapping[str, Any]) -> dict[str, str]:
+        """What Knative's Broker reconciler puts on the Broker's channel."""
+        out = {SCOPE: "cluster"}
+        for key, value in (broker["metadata"].get("annotations") or {}).items():
+            if key.startswith("messaging.knative.dev/"):
+                out[key] = value
+        if self.async_handler is not None:
+            out[ASYNC_HANDLER] = str(self.async_handler).lower()
+        return out
 
     def _upsert(self, gv: tuple[str, str], plural: str, doc: Mapping[str, Any]) -> dict[str, Any]:
         group, version = gv
