@@ -11,7 +11,7 @@ printed and recorded as ``prometheus_url``); ``up --no-prometheus`` leaves it ou
 
 More processes can join the same supervisor: ``up --with package.module:function`` calls
 ``function(cluster)`` once the cluster is ready; it returns :class:`localcluster.Component`
-objects (a function under development, a router), started with ``KUBECONFIG`` set, logged in the
+objects (a function under development, a Broker), started with ``KUBECONFIG`` set, logged in the
 same log directory and stopped with the cluster.
 """
 

@@ -6,7 +6,7 @@ Ctrl-C reaches only Python, which then stops the children in order), with stdout
 appended to one log file. :meth:`Proc.stop` sends SIGTERM, waits, then SIGKILLs.
 
 A :class:`Component` describes a process to run next to the cluster (a function under
-development, a router): later work hands a list of them to the cluster or the supervisor.
+development, a Broker): later work hands a list of them to the cluster or the supervisor.
 """
 
 from __future__ import annotations

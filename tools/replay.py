@@ -1,6 +1,6 @@
 """Replay recorded CloudEvents into a function, and show what it decided.
 
-Input: the local router's archive (one structured CloudEvent per line) or the functions' own
+Input: the local Broker's archive (one structured CloudEvent per line) or the functions' own
 logs (``kubectl logs`` of a Knative Service: JSON lines whose ``cloudevent`` field holds the
 event received), from a file or stdin. Other lines are skipped and counted.
 
