@@ -91,9 +91,25 @@ INGRESS_PORT: Final = 8180
 FILTER_HOST: Final = f"broker-filter.{SYSTEM_NAMESPACE}.svc.cluster.local"
 FILTER_PORT: Final = 80
 BROKER_PORT: Final = 8380
+INGRESS_HTTPS_PORT: Final = 8543
+FILTER_HTTPS_PORT: Final = 8643
+DISPATCHER_HTTPS_PORT: Final = 8443
 # The ApiServerSource's own way to the ingress: a forward of its own, so the chaos suite can
 # lose source events (and only those) where Knative loses them.
 SOURCE_PORT: Final = 8381
+# Taken inside the namespace: nothing outside may be forwarded in on these.
+RESERVED_PORTS: Final = frozenset(
+    {
+        DISPATCHER_PORT,
+        DISPATCHER_HTTPS_PORT,
+        INGRESS_PORT,
+        INGRESS_HTTPS_PORT,
+        FILTER_PORT,
+        FILTER_HTTPS_PORT,
+        BROKER_PORT,
+        SOURCE_PORT,
+    }
+)
 
 
 class BrokerError(RuntimeError):
@@ -342,6 +358,12 @@ class KnativeBroker:
         ports = {self._api_port()} | {
             urllib.parse.urlsplit(u).port or 80 for u in services.values()
         }
+        clash = sorted(ports & RESERVED_PORTS)
+        if clash:
+            raise BrokerError(
+                f"port {clash[0]} is used by Knative's data plane inside the namespace; "
+                "run the function or API server on another port"
+            )
         for port in sorted(ports):
             self._forward(f"out-{port}", self.netns.path, port, None, port)
         # The Broker's address: a forward to the ingress, as a Service is to its pod.
@@ -368,14 +390,14 @@ class KnativeBroker:
         self._run(
             "ingress",
             [],
-            {"INGRESS_PORT": str(INGRESS_PORT), "INGRESS_PORT_HTTPS": str(INGRESS_PORT + 363)},
+            {"INGRESS_PORT": str(INGRESS_PORT), "INGRESS_PORT_HTTPS": str(INGRESS_HTTPS_PORT)},
         )
         self._run(
             "filter",
             [],
             {
                 "FILTER_PORT": str(FILTER_PORT),
-                "FILTER_PORT_HTTPS": "8643",
+                "FILTER_PORT_HTTPS": str(FILTER_HTTPS_PORT),
                 "NAMESPACE": SYSTEM_NAMESPACE,
             },
         )
