@@ -21,6 +21,17 @@ A Forward also tells whether a request is outstanding, without parsing HTTP: on 
 whose last bytes went from the client to the server, the client is waiting for an answer
 (HTTP/1.1 clients do not pipeline). :meth:`Forward.busy` counts such connections; the stack's
 ``wait_idle`` asks every Forward.
+
+Faults (the chaos suite, :mod:`pipeline.faults`): a Forward given a :class:`FaultPolicy`
+(:meth:`Forward.set_faults`) relays the connections it accepts from then on one HTTP/1.1
+request at a time (Content-Length or chunked framing; the data plane's Go clients speak HTTP/1.1
+to a plain ``http://`` URL, never h2c), and asks the policy about each request: answer ``202``
+itself and drop it, reset the client's connection before the request goes on or after the
+server answered (a TCP RST: what a dying pod or a broken node gives the sender), hold it back,
+and send it once more later on a fresh connection. Connections accepted before stay raw:
+``set_faults`` closes those that are idle (an HTTP client opens a new one for its next request,
+as when a server closes a kept-alive connection) and those that are busy once their answer is
+through. Without a policy nothing changes: bytes are relayed as they come.
 """
 
 from __future__ import annotations
@@ -28,17 +39,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import enum
+import itertools
 import logging
 import os
 import selectors
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +194,174 @@ class NetNamespace:
             raise NetnsError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
+# -- HTTP/1.1 framing, for a Forward with faults -------------------------------------------------
+
+MAX_HEAD: Final = 64 * 1024
+ACCEPTED: Final = b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n"
+
+
+class FramingError(RuntimeError):
+    """Bytes that are not an HTTP/1.1 message (or the peer closed in the middle of one)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One HTTP/1.1 request or answer as it went over the wire: ``raw`` is the exact bytes
+    (head and body, chunked framing included), ``body`` the payload without that framing."""
+
+    start_line: str
+    headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
+    body: bytes
+    raw: bytes
+
+    @property
+    def status(self) -> int:
+        """An answer's status code (0 for a request)."""
+        parts = self.start_line.split(" ", 2)
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+    @property
+    def closes(self) -> bool:
+        """Whether the connection ends after this message (``Connection: close``)."""
+        return "close" in self.headers.get("connection", "").lower()
+
+
+class _Reader:
+    """Reads whole messages off a socket; ``stop`` ends a wait for bytes that never come."""
+
+    def __init__(self, sock: socket.socket, stop: threading.Event) -> None:
+        self.sock = sock
+        self.stop = stop
+        self.buf = b""
+        self.eof = False
+        sock.settimeout(0.5)
+
+    def _fill(self) -> bool:
+        while not self.stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self.eof = True
+                return False
+            self.buf += data
+            return True
+        return False
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            if not self._fill():
+                raise FramingError("connection closed inside a message")
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            if len(self.buf) > MAX_HEAD or not self._fill():
+                raise FramingError("connection closed inside a chunked body")
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line + b"\r\n"
+
+    def read(
+        self, *, answer_to: str = "", first_byte: Callable[[], None] | None = None
+    ) -> Message | None:
+        """The next message; None when the peer closed cleanly between messages. A request
+        unless ``answer_to`` names the request method it answers."""
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > MAX_HEAD:
+                raise FramingError("message head too long")
+            had = bool(self.buf)
+            if not self._fill():
+                if had:
+                    raise FramingError("connection closed inside a message head")
+                return None
+            if first_byte is not None and not had:
+                first_byte()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        raw = head + b"\r\n\r\n"
+        status = Message(lines[0], headers, b"", raw).status
+        if answer_to and (answer_to == "HEAD" or status in (204, 304) or 100 <= status < 200):
+            return Message(lines[0], headers, b"", raw)
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = b""
+            while True:
+                size_line = self._line()
+                raw += size_line
+                size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    # Trailers, up to the empty line.
+                    while True:
+                        trailer = self._line()
+                        raw += trailer
+                        if trailer == b"\r\n":
+                            break
+                    break
+                chunk = self._take(size + 2)
+                raw += chunk
+                body += chunk[:-2]
+        elif "content-length" in headers:
+            body = self._take(int(headers["content-length"]))
+            raw += body
+        elif answer_to:
+            # An answer with neither: its body runs until the server closes.
+            while self._fill():
+                pass
+            body, self.buf = self.buf, b""
+            raw += body
+            headers["connection"] = "close"
+        else:
+            body = b""
+        return Message(lines[0], headers, body, raw)
+
+
+class Action(enum.Enum):
+    PASS = "pass"
+    # Answer 202 Accepted to the sender and relay nothing.
+    ACCEPT_AND_DROP = "accept-and-drop"
+    # Reset the sender's connection before the request goes on.
+    RESET_BEFORE = "reset-before"
+    # Relay the request and the server's whole answer's arrival, then reset the sender's
+    # connection instead of relaying that answer.
+    RESET_AFTER = "reset-after"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action = Action.PASS
+    # Seconds the request is held back before anything else is done with it.
+    hold: float = 0.0
+
+
+PASS: Final = Decision()
+
+
+class FaultPolicy(Protocol):
+    """What a Forward asks about each request once faults are set (pipeline.faults)."""
+
+    def decide(self, forward: str, request: Message) -> Decision: ...
+
+    def answered(self, forward: str, request: Message, answer: Message) -> float | None:
+        """After an answer was relayed: seconds after which to send the same request once more
+        on a new connection (its answer discarded), or None."""
+        ...
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with an RST rather than a FIN: the peer reads ECONNRESET, as from a dead pod."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
 class Forward:
     """Accept on 127.0.0.1:``listen_port`` in one namespace, connect to 127.0.0.1:``port`` in
     another; ``None`` for a namespace is the process's own."""
@@ -197,13 +380,18 @@ class Forward:
         self.listen_port = listen_port
         self.connect_in = connect_in
         self.port = port
+        self.faults: FaultPolicy | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._keys = itertools.count()
         self._outstanding: set[int] = set()
         self._last_activity = time.monotonic()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
+        # Raw connections, and those of them to close once nothing is awaited on them.
+        self._raw: set[int] = set()
+        self._retire: set[int] = set()
 
     def start(self) -> Forward:
         with entered(self.listen_in):
@@ -228,8 +416,17 @@ class Forward:
                 with contextlib.suppress(OSError):
                     conn.close()
 
+    def set_faults(self, policy: FaultPolicy | None) -> None:
+        """Consult ``policy`` about every request from now on (None: no more faults; the
+        connections already framed stay framed and pass everything)."""
+        with self._lock:
+            self.faults = policy
+            if policy is not None:
+                self._retire.update(self._raw)
+
     def busy(self) -> int:
-        """Connections on which a request went out and no answer came back yet."""
+        """Connections on which a request went out and no answer came back yet (with faults:
+        also requests held back, and repeats not yet sent or answered)."""
         with self._lock:
             return len(self._outstanding)
 
@@ -246,9 +443,10 @@ class Forward:
                 continue
             except OSError:
                 return
-            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+            relay = self._relay if self.faults is None else self._relay_http
+            threading.Thread(target=relay, args=(client,), daemon=True).start()
 
-    def _relay(self, client: socket.socket) -> None:
+    def _connect(self) -> socket.socket | None:
         try:
             with entered(self.connect_in):
                 upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -256,18 +454,32 @@ class Forward:
         except OSError as exc:
             # As a Service with no ready endpoint: the connection is refused/reset.
             log.debug("%s: cannot reach 127.0.0.1:%d: %s", self.name, self.port, exc)
+            return None
+        return upstream
+
+    def _relay(self, client: socket.socket) -> None:
+        upstream = self._connect()
+        if upstream is None:
             client.close()
             return
-        key = id(client)
+        key = next(self._keys)
         with self._lock:
             self._conns.update((client, upstream))
+            self._raw.add(key)
         sel = selectors.DefaultSelector()
         sel.register(client, selectors.EVENT_READ, upstream)
         sel.register(upstream, selectors.EVENT_READ, client)
         open_ends = 2
         try:
             while open_ends and not self._stop.is_set():
-                for sk, _ in sel.select(timeout=0.5):
+                ready = sel.select(timeout=0.5)
+                if not ready:
+                    with self._lock:
+                        if key in self._retire and key not in self._outstanding:
+                            # Faults were switched on: this kept-alive connection ends, so
+                            # the client's next request comes on a framed one.
+                            break
+                for sk, _ in ready:
                     src = sk.fileobj
                     dst = sk.data
                     assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
@@ -297,7 +509,115 @@ class Forward:
             sel.close()
             with self._lock:
                 self._outstanding.discard(key)
+                self._raw.discard(key)
+                self._retire.discard(key)
                 self._conns.discard(client)
                 self._conns.discard(upstream)
             client.close()
             upstream.close()
+
+    # -- with faults ------------------------------------------------------------------------
+
+    def _awaiting(self, key: int, waiting: bool) -> None:
+        with self._lock:
+            self._last_activity = time.monotonic()
+            if waiting:
+                self._outstanding.add(key)
+            else:
+                self._outstanding.discard(key)
+
+    def _relay_http(self, client: socket.socket) -> None:
+        """One request at a time, each put to the fault policy (see the module docstring)."""
+        key = next(self._keys)
+        with self._lock:
+            self._conns.add(client)
+        reader = _Reader(client, self._stop)
+        upstream: socket.socket | None = None
+        answers: _Reader | None = None
+        try:
+            while not self._stop.is_set():
+                request = reader.read(first_byte=lambda: self._awaiting(key, True))
+                if request is None:
+                    break
+                self._awaiting(key, True)
+                policy = self.faults
+                decision = policy.decide(self.name, request) if policy is not None else PASS
+                if decision.hold > 0 and self._stop.wait(decision.hold):
+                    break
+                if decision.action is Action.ACCEPT_AND_DROP:
+                    client.sendall(ACCEPTED)
+                    self._awaiting(key, False)
+                    if request.closes:
+                        break
+                    continue
+                if decision.action is Action.RESET_BEFORE:
+                    _reset(client)
+                    break
+                if upstream is None:
+                    upstream = self._connect()
+                    if upstream is None:
+                        break
+                    with self._lock:
+                        self._conns.add(upstream)
+                    answers = _Reader(upstream, self._stop)
+                assert answers is not None
+                upstream.sendall(request.raw)
+                method = request.start_line.split(" ", 1)[0]
+                answer = answers.read(answer_to=method)
+                # Interim answers (100 Continue) go through as they are; the final one follows.
+                while answer is not None and 100 <= answer.status < 200:
+                    client.sendall(answer.raw)
+                    answer = answers.read(answer_to=method)
+                if answer is None:
+                    break
+                if decision.action is Action.RESET_AFTER:
+                    _reset(client)
+                    break
+                client.sendall(answer.raw)
+                self._awaiting(key, False)
+                if policy is not None:
+                    again = policy.answered(self.name, request, answer)
+                    if again is not None:
+                        self._repeat(request, again)
+                if answer.closes or request.closes:
+                    break
+        except (OSError, FramingError) as exc:
+            log.debug("%s: connection ends: %s", self.name, exc)
+        finally:
+            with self._lock:
+                self._outstanding.discard(key)
+                self._conns.discard(client)
+                if upstream is not None:
+                    self._conns.discard(upstream)
+            client.close()
+            if upstream is not None:
+                upstream.close()
+
+    def _repeat(self, request: Message, after: float) -> None:
+        """Send ``request`` again ``after`` s from now on a new connection; the answer is read
+        and dropped. Counted as outstanding from now until it is answered."""
+        key = next(self._keys)
+        self._awaiting(key, True)
+
+        def send() -> None:
+            upstream: socket.socket | None = None
+            try:
+                if self._stop.wait(after):
+                    return
+                upstream = self._connect()
+                if upstream is None:
+                    return
+                upstream.sendall(request.raw)
+                method = request.start_line.split(" ", 1)[0]
+                answers = _Reader(upstream, self._stop)
+                answer = answers.read(answer_to=method)
+                while answer is not None and 100 <= answer.status < 200:
+                    answer = answers.read(answer_to=method)
+            except (OSError, FramingError) as exc:
+                log.debug("%s: repeated request failed: %s", self.name, exc)
+            finally:
+                if upstream is not None:
+                    upstream.close()
+                self._awaiting(key, False)
+
+        threading.Thread(target=send, name=f"fwd-{self.name}-again", daemon=True).start()

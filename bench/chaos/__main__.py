@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(tempfile.mkdtemp(prefix="kn-rescheduler-chaos-quick-")) if args.quick else RESULTS_DIR
     )
     workdir = Path(tempfile.mkdtemp(prefix="kn-rescheduler-chaos-"))
-    # The pipeline's own logs (the router's, the stack's) go to a file; stderr is the story.
+    # The pipeline's own logs (the stack's, the faults') go to a file; stderr is the story.
     logging.basicConfig(
         filename=workdir / "harness.log",
         level=logging.INFO,

@@ -1,7 +1,7 @@
 """What must hold after a failure storm under chaos, judged on what the API server says.
 
 Pure functions of a :class:`Snapshot` (everything read at the end of a run: the workloads, the
-live pods, every pod seen during the run, the Events, the router's dead letters), each
+live pods, every pod seen during the run, the Events, the Broker's dead letters), each
 returning :class:`Violation` s with the evidence a person needs to reproduce the finding.
 
 The state annotation is read here with a reader of its own (the documented JSON format, see
@@ -37,8 +37,12 @@ The invariants:
     exactly one live successor, Ready on such a node.
 ``dead-letters-permanent``
     Nothing was dead-lettered whose last answer a retry could have changed (no answer, 404,
-    408, 409, 429, 5xx: Knative's retriable statuses). With the router's chaos never failing a
-    last attempt, a dead letter is always the subscriber's own last word.
+    408, 409, 429, 5xx: Knative's retriable statuses), as the dead-letter sink got it from
+    Knative: the subscriber's last status is the ``knativeerrorcode`` extension
+    (pipeline/broker.py ``dead_letter_line``; a connection that failed reaches it as the
+    broker filter's 500). The injected faults fail at most ``max_failures`` attempts of an
+    event per function, fewer than a Trigger's retries (pipeline/faults.py): a dead letter is
+    the subscriber's own last word, or the sign of a function that stayed down.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pipeline.router import retriable
+from pipeline.faults import retriable
 from shared.constants import (
     POLICY_ANNOTATION,
     REASON_EXCLUSIONS_CLEARED,
@@ -643,14 +647,16 @@ def dead_letters_permanent(snapshot: Snapshot) -> tuple[list[Violation], int]:
         status = record.get("status")
         if retriable(status if isinstance(status, int) else None):
             event = record.get("event") or {}
+            who = record.get("trigger") or record.get("subscriber") or "an unknown subscriber"
             violations.append(
                 Violation(
                     "dead-letters-permanent",
                     f"{event.get('type')} {event.get('subject')}",
-                    f"dead-lettered after {record.get('attempts')} attempts with a retriable "
-                    f"answer ({status}: {record.get('reason')})",
+                    f"dead-lettered by {who} with a retriable last answer "
+                    f"({status}: {record.get('reason')})",
                     {
                         "trigger": record.get("trigger"),
+                        "subscriber": record.get("subscriber"),
                         "time": record.get("time"),
                         "ce_id": event.get("id"),
                         "status": status,

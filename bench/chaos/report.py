@@ -17,7 +17,7 @@ END: Final = "<!-- chaos-figures:end -->"
 
 def rows(r: JSON) -> list[tuple[str, str]]:
     f, e, m = r["faults"], r["events"], r["moves"]
-    chaos = f["router"]
+    chaos = f["data_plane"]
     rec = r.get("recovery", {})
     by_invariant = r["invariants"]["violations_by_invariant"]
     checked = r["invariants"]["checked"]
@@ -54,20 +54,20 @@ def rows(r: JSON) -> list[tuple[str, str]]:
             ),
         ),
         (
-            "router: source events lost / attempts dropped / answers lost",
+            "data plane: source events lost / attempts dropped / answers lost",
             f"{chaos.get('ingress_dropped', 0)} / {chaos.get('attempts_dropped', 0)} / "
             f"{chaos.get('answers_lost', 0)}",
         ),
         (
-            "router: duplicated / reordered",
+            "data plane: duplicated / reordered",
             f"{chaos.get('duplicated', 0)} / {chaos.get('reordered', 0)}",
         ),
         (
-            "events routed (pod events, failing, of which from the sweep)",
+            "events archived by the Broker (pod events, failing, of which from the sweep)",
             f"{e['routed']} ({e['pod_events']}, {e['failing']}, {e['failing_from_the_sweep']})",
         ),
         (
-            "deliveries / retries / dead-lettered",
+            "deliveries to the functions / Knative's retries / dead-lettered",
             f"{e['deliveries']} / {e['retries']} / {e['dead_lettered']}",
         ),
         ("moves recorded / Rescheduled Events", f"{m['recorded']} / {m['rescheduled_events']}"),

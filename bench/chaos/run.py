@@ -1,9 +1,10 @@
 """One chaos run: a local cluster, the whole pipeline, a failure storm, faults, then the verdict.
 
 cluster (faulty nodes) -> install RBAC, opt the bare pods' namespace in -> ledger watches
--> Stack (as update-annotations, sweep on) -> router chaos on -> the storm
+-> Stack (as update-annotations, sweep on) -> faults on in Knative's data plane (the Broker's
+forwards: pipeline/faults.py) -> the storm
 -> for chaos_s: kills (on state writes, at random), API server / etcd restarts, revive
--> chaos off -> wait until every replica is healthy (settle_s at most) -> router idle
+-> faults off -> wait until every replica is healthy (settle_s at most) -> data plane idle
 -> snapshot from the API server -> invariants -> figures
 """
 
@@ -23,6 +24,7 @@ from bench.chaos.observe import Ledger, start_watches
 from localcluster.cluster import Cluster
 from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from localcluster.rest import ApiError
+from pipeline import faults as data_plane
 from shared.constants import (
     APISERVER_ADD,
     APISERVER_UPDATE,
@@ -30,7 +32,7 @@ from shared.constants import (
     EVENT_POD_RESCHEDULED,
     REASON_RESCHEDULED,
 )
-from stack.stack import Stack
+from stack.stack import TRIGGERED_FUNCTIONS, Stack
 
 JSON = dict[str, Any]
 Log = Callable[[str], None]
@@ -119,7 +121,7 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
         deadline = time.monotonic() + 30
         while not all(w.relists for w in watches) and time.monotonic() < deadline:
             time.sleep(0.1)
-        log("starting the pipeline (functions, router, ApiServerSource, webhook, sweep)")
+        log("starting the pipeline (functions, Knative's Broker, ApiServerSource, webhook, sweep)")
         stack = Stack(
             kubeconfig,
             cluster.api_client(),
@@ -128,8 +130,10 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
             settings=LOCAL_FUNCTION_SETTINGS,
             sweep_every=scales.sweep_every,
         ).start()
-        router = stack.router
-        assert router is not None
+        broker = stack.broker
+        assert broker is not None
+        functions = {name: stack.servers[name].url for name in TRIGGERED_FUNCTIONS}
+        wire = data_plane.Faults(scales.data_plane_faults(seed))
         killer = faults.Killer(
             stack, random.Random(rng.random()), scales.kill_on_write, scales.min_uptime
         )
@@ -143,7 +147,7 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
             f"storm: {scales.pods} failing pods in {len(workloads)} workloads, in "
             f"{scales.waves} waves {every:.0f}s apart; faults on"
         )
-        router.set_chaos(scales.router_chaos(seed))
+        data_plane.attach(broker, wire, functions)
         t0 = time.monotonic()
         killer.t0, killer.enabled = t0, True
         created = 0
@@ -187,7 +191,8 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
                 log(f"  {name} had exited: started again")
             time.sleep(0.2)
         killer.enabled = False
-        router.set_chaos(None)
+        # Faults off; the forwards keep counting deliveries and Knative's retries.
+        wire.stop()
         faults_end = time.monotonic()
         log(
             f"faults off after {faults_end - t0:.0f}s ({len(killer.kills)} kills, "
@@ -218,7 +223,9 @@ def run(scales: scenario.Scales, seed: int, workdir: Path, log: Log) -> JSON:
         snap = _retrying(lambda: collect(cluster, namespaces, faulty, ledger, stack))
         verdict = invariants.check(snap)
         landed = faults.kills_in_window(cluster.log_dir / f"{faults.TARGET}.log", killer.kills)
-        result = _figures(workloads, seed, snap, verdict, stack, killer, landed, restarts, revived)
+        result = _figures(
+            workloads, seed, snap, verdict, stack, wire, killer, landed, restarts, revived
+        )
         result["storm"]["extra_waves"] = extra
         result["recovery"] = {
             "fault_window_s": round(faults_end - t0, 1),
@@ -242,6 +249,7 @@ def _figures(
     snap: invariants.Snapshot,
     verdict: invariants.Verdict,
     stack: Stack,
+    wire: data_plane.Faults,
     killer: faults.Killer,
     landed: JSON,
     restarts: list[JSON],
@@ -249,8 +257,8 @@ def _figures(
 ) -> JSON:
     archived = stack.archived()
     types = Counter(str(e.get("type")) for e in archived)
-    router = stack.router.stats() if stack.router else {}
-    chaos = stack.router.chaos_stats() if stack.router else {}
+    broker = stack.broker.stats() if stack.broker else {}
+    chaos = wire.stats()
     events = [o for o in snap.objects if o.get("kind") == "Event"]
     rescheduled = [e for e in events if e.get("reason") == REASON_RESCHEDULED]
     moves = invariants.moves_recorded(snap)
@@ -275,10 +283,10 @@ def _figures(
             "etcd_restarts": sum(1 for r in restarts if r["process"] == "etcd"),
             "control_plane_restarts": restarts,
             "revived_after_a_restart": revived,
-            "router": chaos,
+            "data_plane": chaos,
         },
         "events": {
-            "routed": router.get("accepted", 0),
+            "routed": broker.get("accepted", 0),
             "pod_events": types.get(APISERVER_ADD, 0) + types.get(APISERVER_UPDATE, 0),
             "failing": types.get(EVENT_POD_FAILING, 0),
             "failing_from_the_sweep": sum(
@@ -288,9 +296,9 @@ def _figures(
                 and str(e.get("source", "")).endswith("sweep-failures")
             ),
             "rescheduled_replies": types.get(EVENT_POD_RESCHEDULED, 0),
-            "deliveries": router.get("attempts", 0),
-            "retries": router.get("retries", 0),
-            "dead_lettered": router.get("dead_lettered", 0),
+            "deliveries": chaos.get("deliveries", 0),
+            "retries": chaos.get("retries", 0),
+            "dead_lettered": broker.get("dead_lettered", 0),
             "by_type": dict(types),
         },
         "moves": {

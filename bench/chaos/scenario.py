@@ -35,7 +35,7 @@ import yaml
 from localcluster.bins import ensure_bins
 from localcluster.cluster import Cluster
 from localcluster.rest import ApiError, Rest
-from pipeline.router import Chaos
+from pipeline.faults import FaultSpec
 from shared.constants import DEFAULT_NAMESPACE, POLICY_ANNOTATION
 
 JSON = dict[str, Any]
@@ -84,8 +84,8 @@ class Scales:
     # Control-plane restarts (SIGKILL, then started again), spread over the fault window.
     apiserver_restarts: int
     etcd_restarts: int
-    # The router's faults (seeded from the run's seed).
-    router: JSON = field(default_factory=dict)
+    # The faults in Knative's data plane (pipeline/faults.py; seeded from the run's seed).
+    data_plane: JSON = field(default_factory=dict)
     # A run in which fewer kills than this landed between a state write and the removal it
     # was for (read from the function's log) gets one more wave and half a window more, at
     # most max_extra_waves times: the moment is a race, and a run that never hit it proves
@@ -102,17 +102,19 @@ class Scales:
             + self.bare_pods
         )
 
-    def router_chaos(self, seed: int) -> Chaos:
-        return Chaos(seed=seed, **self.router)
+    def data_plane_faults(self, seed: int) -> FaultSpec:
+        return FaultSpec(seed=seed, **self.data_plane)
 
 
-ROUTER_FAULTS: Final = {
+DATA_PLANE_FAULTS: Final = {
     "ingress_drop": 0.05,
     "attempt_drop": 0.1,
     "answer_loss": 0.05,
     "duplicate": 0.1,
     "reorder": 0.1,
     "max_delay": 2.0,
+    # Below every Trigger's retry (5): see pipeline/faults.py.
+    "max_failures": 2,
 }
 QUICK: Final = Scales(
     nodes=6,
@@ -133,7 +135,7 @@ QUICK: Final = Scales(
     waves=2,
     apiserver_restarts=1,
     etcd_restarts=1,
-    router=dict(ROUTER_FAULTS),
+    data_plane=dict(DATA_PLANE_FAULTS),
 )
 FULL: Final = Scales(
     nodes=12,
@@ -154,7 +156,7 @@ FULL: Final = Scales(
     waves=3,
     apiserver_restarts=3,
     etcd_restarts=3,
-    router=dict(ROUTER_FAULTS),
+    data_plane=dict(DATA_PLANE_FAULTS),
 )
 
 

@@ -2,12 +2,14 @@
 
 A world is what the suite reads at the end of a run: a Deployment with its ReplicaSet (and the
 state annotation update-annotations wrote), live and removed pods shaped as the API server
-returns them, Events named as update-annotations names them, dead letters as the router writes
-them. Each case breaks one thing and names the one invariant that must catch it.
+returns them, Events named as update-annotations names them, dead letters as the Broker's
+dead-letter sink records them from Knative's extensions. Each case breaks one thing and names
+the one invariant that must catch it.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections.abc import Callable
@@ -18,6 +20,8 @@ import pytest
 from bench.chaos import faults, invariants, observe
 from bench.chaos.invariants import Snapshot
 from localcluster.podstatus import terminated_status
+from pipeline.broker import dead_letter_line
+from pipeline.cloudevent import Event
 from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.rescheduling.bodies import ORIGIN_ANNOTATION, event_name
 from shared.rescheduling.owners import Ref
@@ -163,15 +167,26 @@ def live_on_bad_node(s: Snapshot) -> Snapshot:
     )
 
 
+SUBSCRIBER = "http://127.0.0.1:9100/"
+
+
 def dead_letter(status: int | None) -> Callable[[Snapshot], Snapshot]:
+    """A dead letter as the sink records it from Knative's extensions (a connection that
+    failed carries no knativeerrorcode at all)."""
+
     def change(s: Snapshot) -> Snapshot:
-        record = {
-            "trigger": "update-annotations",
-            "status": status,
-            "reason": f"HTTP {status}",
-            "attempts": 6,
-            "event": {"id": "e-1", "type": "io.kn-rescheduler.pod.failing", "subject": "x"},
+        attributes = {
+            "specversion": "1.0",
+            "id": "e-1",
+            "source": "kn-rescheduler/detect-failures",
+            "type": "io.kn-rescheduler.pod.failing",
+            "subject": "x",
+            "knativeerrordest": SUBSCRIBER,
+            "knativeerrordata": base64.b64encode(f"HTTP {status}".encode()).decode(),
         }
+        if status is not None:
+            attributes["knativeerrorcode"] = str(status)
+        record = dead_letter_line(Event(attributes, b"{}"), {SUBSCRIBER: "update-annotations"})
         return Snapshot(s.faulty_nodes, s.objects, s.seen, s.gone, [record])
 
     return change
