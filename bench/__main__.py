@@ -24,6 +24,9 @@ Only when named with ``--only``:
   cluster.
 - ``throughput``: scheduling throughput (pods/s) of the cluster's scheduler, the second
   scheduler calling score-nodes and the same without the extender (``bench.throughput``).
+- ``broker``: event latency through Knative's Broker data plane (ingress hop, adapter to
+  subscriber) p50/p99, and what one failing subscriber does to the next event, with the
+  channel's ``async-handler`` false and true (``bench.broker``).
 
 ``--systems`` (with ``--only recovery``) measures recovery for only these systems (vanilla,
 descheduler-2m, descheduler-10s, kn-rescheduler), on the same scenario: re-measuring
@@ -63,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    broker,
     coldstart,
     detect,
     extender,
@@ -91,7 +95,7 @@ from localcluster.kubelet import Timing
 
 NAMES = ("recovery", "detect", "webhook", "cold-start", "load", "scale")
 # Run only when named with --only.
-EXTRA_NAMES = ("source-selector", "extender", "throughput")
+EXTRA_NAMES = ("source-selector", "extender", "throughput", "broker")
 # The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
 BACKOFFS = ("compressed", "real")
 # The shortest recovery window with a real kubelet's back-off (seconds).
@@ -268,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
         "extender": lambda: extender.measure(workdir / "extender", quick=args.quick, log=_log),
+        "broker": lambda: broker.measure(workdir / "broker", quick=args.quick, log=_log),
         "throughput": lambda: throughput.measure(
             workdir / "throughput", quick=args.quick, log=_log
         ),
