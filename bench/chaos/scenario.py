@@ -17,8 +17,10 @@ The pipeline runs with the install's own RBAC (knative/rbac.yaml, applied for re
 ServiceAccount update-annotations; the namespace of the bare pods opts in to their replacement
 with knative/bare-pod-replacement, as docs/install.md tells users to. The local Stack runs
 every component with one kubeconfig, so that account is also bound, for this run, to the
-ApiServerSource adapter's own ClusterRole (watching pods) and to assess-nodes's (marking
-Nodes): a little more than update-annotations has in a cluster, nothing it uses to move a pod.
+ApiServerSource adapter's own ClusterRole (watching pods), to assess-nodes's (marking
+Nodes) and to the Roles of Knative's Broker data plane (knative-data-plane-roles.yaml: reading
+its ConfigMaps, TLS secrets, Brokers, Triggers and channels): a little more than
+update-annotations has in a cluster, nothing it uses to move a pod.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ import yaml
 from localcluster.bins import ensure_bins
 from localcluster.cluster import Cluster
 from localcluster.rest import ApiError, Rest
+from pipeline.broker import SYSTEM_NAMESPACE
 from pipeline.faults import FaultSpec
 from shared.constants import DEFAULT_NAMESPACE, POLICY_ANNOTATION
 
 JSON = dict[str, Any]
 ROOT: Final = Path(__file__).resolve().parents[2]
 KNATIVE_DIR: Final = ROOT / "knative"
+DATA_PLANE_ROLES: Final = Path(__file__).with_name("knative-data-plane-roles.yaml")
 IMAGE: Final = "registry.example.com/shop/web:1.4.2"
 LABEL: Final = "chaos.kn-rescheduler.io/run"
 SERVICE_ACCOUNT: Final = "update-annotations"
@@ -338,10 +342,42 @@ def install_identity(cluster: Cluster, workdir: Path) -> Path:
         for o in _kustomize(KNATIVE_DIR)
         if o.get("kind") in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
-    _apply(cluster, rbac)
+    knative = [d for d in yaml.safe_load_all(DATA_PLANE_ROLES.read_text()) if d]
+    # Knative's Roles live in its system namespace, which the Broker's start creates too.
+    system = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+    _apply(cluster, [*rbac, system, *knative])
+    for r in knative:
+        if r["kind"] != "Role":
+            continue
+        _create(
+            cluster.rest,
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": f"kn-rescheduler-chaos-local-{r['metadata']['name']}"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": r["metadata"]["name"],
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": SERVICE_ACCOUNT,
+                        "namespace": DEFAULT_NAMESPACE,
+                    }
+                ],
+            },
+        )
     for role, binding in (
         (SOURCE_ROLE, "kn-rescheduler-chaos-local-source"),
         (ASSESS_ROLE, "kn-rescheduler-chaos-local-assess-nodes"),
+        *(
+            (r["metadata"]["name"], f"kn-rescheduler-chaos-local-{r['metadata']['name']}")
+            for r in knative
+            if r["kind"] == "ClusterRole"
+        ),
     ):
         _create(
             cluster.rest,
