@@ -68,8 +68,9 @@ bench-quick: venv cluster-bins adapter-bin
 	$(PY) -m bench --quick $(if $(OUT),--out $(OUT))
 
 # Chaos (issue 11): a failure storm of 100 pods while update-annotations is SIGKILLed, the API
-# server and etcd restart and the router loses, drops, duplicates and reorders deliveries; then
-# the invariants (docs/reliability.md). Writes bench/results/chaos-<date>.json and the table in
+# server and etcd restart and the network around Knative's Broker loses source events, resets
+# deliveries, duplicates and holds back requests (Knative retrying); then the invariants
+# (docs/reliability.md). Writes bench/results/chaos-<date>.json and the table in
 # docs/reliability.md; exits 1 on any violation. SEED=n picks another fault schedule. CI runs
 # the short version (tests/e2e/test_chaos_quick.py).
 chaos: venv cluster-bins adapter-bin
