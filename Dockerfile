@@ -1,6 +1,11 @@
 # One image per function, all from this file:
 #
+#   make image FN=detect-failures      without a daemon (hack/build-image.sh: buildah, on a
+#                                      Debian base made by mmdebstrap, passed as PYTHON_IMAGE)
 #   docker build --build-arg FUNCTION=detect-failures -t REGISTRY/detect-failures .
+#
+# `python` and `pip` are the base's: the stock python image's, or the venv that is first on
+# PATH in the Debian base (Debian's own pip is externally managed, PEP 668).
 #
 # The image holds the runtime dependencies (requirements.txt), shared/, the one function and
 # the gunicorn settings every function uses, nothing else. It starts the function exactly as
@@ -20,7 +25,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PORT=8080
 WORKDIR /app
 
-# Dependencies first: this layer is shared by all four images and survives code changes.
+# Build-time only, not kept in the image: the CA bundle and index pip should use when the build
+# host reaches the package index through a TLS-intercepting proxy or a mirror
+# (hack/build-image.sh passes the host's). Unset unless given with --build-arg.
+ARG PIP_CERT
+ARG PIP_INDEX_URL
+
+# Dependencies first: this layer is shared by all the images and survives code changes.
 COPY requirements.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
 

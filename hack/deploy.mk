@@ -1,6 +1,7 @@
 # Images and Knative deployment of the functions. Included from the Makefile.
 #
-#   make image FN=detect-failures                 build one function's image
+#   make image FN=detect-failures                 build one function's image (.local/images/FN.tar)
+#   make images                                   build every function's image
 #   make deploy FN=detect-failures REGISTRY=r     build, push, deploy that function only
 #   make deploy-all REGISTRY=r                    every function, plus everything else in knative/
 #   make undeploy FN=detect-failures              remove that function's Service
@@ -9,6 +10,11 @@
 #   make rollback FN=detect-failures REVISION=detect-failures-00003
 #   make rollforward FN=detect-failures           route to the latest Revision again
 #   make webhook-cert                             self-signed webhook certificate (no cert-manager)
+#
+# Images are built without a daemon by default (CONTAINER=buildah, hack/build-image.sh: a Debian
+# base made by mmdebstrap, then the Dockerfile with buildah) into OCI archives under
+# .local/images/, which deploy pushes with skopeo. CONTAINER=docker (or podman) builds and pushes
+# with that engine instead, as before.
 #
 # COMPONENTS adds kustomize components of knative/ to what is rendered and applied, e.g.
 # COMPONENTS="cert-manager monitoring" (names: the folders of knative/components, and
@@ -25,14 +31,17 @@ REGISTRY ?=
 ifeq ($(origin TAG),undefined)
 TAG := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 endif
-CONTAINER ?= docker
+CONTAINER ?= buildah
 KUBECTL ?= kubectl
 COMPONENTS ?=
 # Where the generated overlays and digests go (ignored by git).
 KNR_WORK := .local/deploy
 KNR_CERT_DIR ?= .local/webhook-cert
+KNR_IMAGES := .local/images
+# The daemonless build: the default engine, or buildah named by its path.
+knr_daemonless = $(filter buildah,$(notdir $(CONTAINER)))
 
-.PHONY: image deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
+.PHONY: image images deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
 	knr-check-fn knr-check-registry knr-check-engine
 
 knr-check-fn:
@@ -45,24 +54,48 @@ knr-check-registry:
 	  exit 2; fi
 
 knr-check-engine:
+ifneq ($(knr_daemonless),)
+	@for t in mmdebstrap buildah skopeo; do command -v $$t >/dev/null 2>&1 || { \
+	  echo "building images without a daemon needs mmdebstrap, buildah and skopeo: '$$t' is" \
+	    "missing (hack/install-packages.sh installs them; CONTAINER=docker uses docker)" >&2; \
+	  exit 1; }; done
+else
 	@if ! command -v $(CONTAINER) >/dev/null 2>&1; then \
 	  echo "building images needs a container engine: '$(CONTAINER)' is not installed" \
 	    "(CONTAINER=docker or CONTAINER=podman chooses one)" >&2; exit 1; fi
 	@if ! $(CONTAINER) info >/dev/null 2>&1; then \
 	  echo "building images needs a running container engine: '$(CONTAINER) info' fails" \
-	    "(is its daemon running? CONTAINER=podman uses podman instead)" >&2; exit 1; fi
+	    "(is its daemon running? CONTAINER=buildah builds without one)" >&2; exit 1; fi
+endif
 
 # The image reference of one function: REGISTRY/FN:TAG (kn-rescheduler/FN:TAG without REGISTRY).
 knr_image = $(if $(REGISTRY),$(REGISTRY),kn-rescheduler)/$(1):$(TAG)
 
+# Builds the images of the functions $(1): OCI archives $(KNR_IMAGES)/FN.tar without a daemon,
+# or images in the engine's store with CONTAINER=docker/podman.
+ifneq ($(knr_daemonless),)
+knr_build = KNR_IMAGE_TAG=$(TAG) bash hack/build-image.sh --out $(KNR_IMAGES) $(1)
+else
+knr_build = $(foreach f,$(1),$(CONTAINER) build --build-arg FUNCTION=$(f) -t $(call knr_image,$(f)) . &&) true
+endif
+
 image: knr-check-fn knr-check-engine
-	$(CONTAINER) build --build-arg FUNCTION=$(FN) -t $(call knr_image,$(FN)) .
+	$(call knr_build,$(FN))
+
+images: knr-check-engine
+	$(call knr_build,$(KNR_FUNCTIONS))
 
 # Build, push and write the pushed digest (registry/name@sha256:...) to $(KNR_WORK)/FN.digest.
+# Daemonless: skopeo copies the archive to the registry (its credentials: skopeo login or
+# REGISTRY_AUTH_FILE) and writes the digest of the manifest it pushed.
 knr_push = \
-	$(CONTAINER) build --build-arg FUNCTION=$(1) -t $(call knr_image,$(1)) . && \
+	$(call knr_build,$(1)) && \
 	mkdir -p $(KNR_WORK) && \
-	if [ "$$(basename $(CONTAINER))" = podman ]; then \
+	if [ -n "$(knr_daemonless)" ]; then \
+	  skopeo copy --quiet --digestfile $(KNR_WORK)/$(1).sha \
+	    oci-archive:$(KNR_IMAGES)/$(1).tar docker://$(call knr_image,$(1)) && \
+	  echo "$(REGISTRY)/$(1)@$$(cat $(KNR_WORK)/$(1).sha)" > $(KNR_WORK)/$(1).digest; \
+	elif [ "$$(basename $(CONTAINER))" = podman ]; then \
 	  $(CONTAINER) push --digestfile $(KNR_WORK)/$(1).sha $(call knr_image,$(1)) && \
 	  echo "$(REGISTRY)/$(1)@$$(cat $(KNR_WORK)/$(1).sha)" > $(KNR_WORK)/$(1).digest; \
 	else \
