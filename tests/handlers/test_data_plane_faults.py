@@ -294,3 +294,47 @@ def test_the_chaos_policy_drops_source_events_only_on_the_source_forward(
     time.sleep(0.2)
     assert server.got == []
     assert faults.stats()["ingress_dropped"] == 1
+
+
+def test_an_answer_lost_leaves_nothing_outstanding(forward: Forward, server: Recorder) -> None:
+    forward.set_faults(Scripted(Decision(Action.RESET_AFTER)))
+    with pytest.raises(requests.ConnectionError):
+        post(forward, "acted")
+    assert eventually(lambda: forward.busy() == 0)
+
+
+def test_an_answer_without_a_length_is_relayed_up_to_the_servers_close() -> None:
+    """An HTTP/1.0-style answer (no Content-Length, not chunked) ends when the server closes."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(4096)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil ")
+                time.sleep(0.2)
+                conn.sendall(b"the close")
+
+        threading.Thread(target=serve, daemon=True).start()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        f = Forward(
+            "out-raw",
+            listen_in=None,
+            listen_port=port,
+            connect_in=None,
+            port=listener.getsockname()[1],
+        ).start()
+        try:
+            f.set_faults(Scripted())
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/")
+            assert conn.getresponse().read() == b"until the close"
+            conn.close()
+        finally:
+            f.stop()
