@@ -6,8 +6,9 @@
 #   ingress, filter             the multi-tenant channel-based Broker's ingress and filter
 #   channel_dispatcher          the in-memory channel's dispatcher (the Broker's fan-out)
 #
-# and copies, from the same module, the CRDs and ConfigMaps they were built against
-# (config/core/resources, config/channels/in-memory-channel/resources, config/core/configmaps)
+# and copies, from the same module, the CRDs, ConfigMaps and data plane roles they were built
+# against (config/core/resources, config/channels/in-memory-channel/resources,
+# config/core/configmaps; the broker filter's and ingress's roles and the channel dispatcher's)
 # to config/ beside them. Locally they run as processes against the local kube-apiserver
 # (pipeline/broker.py, pipeline/source.py). Prints the directory.
 set -euo pipefail
@@ -50,15 +51,20 @@ else
   log "built in $((SECONDS - start)) s"
 fi
 
-if [[ ! -f "$out/config/.complete" ]]; then
+if [[ ! -f "$out/config/.complete-v2" ]]; then
   module=$(cd "$here/adapter" && go list -m -f '{{.Dir}}' knative.dev/eventing)
-  rm -rf "$out/config" && mkdir -p "$out/config/crds" "$out/config/configmaps"
+  rm -rf "$out/config" && mkdir -p "$out/config/crds" "$out/config/configmaps" "$out/config/roles"
   cp "$module"/config/core/resources/*.yaml "$module"/config/channels/in-memory-channel/resources/*.yaml \
     "$out/config/crds/"
   cp "$module"/config/core/configmaps/*.yaml "$out/config/configmaps/"
+  # What each data plane binary's ServiceAccount is bound to in a cluster.
+  cp "$module"/config/brokers/mt-channel-broker/roles/{filter,ingress}-{clusterrole,role}.yaml \
+    "$module"/config/channels/in-memory-channel/roles/dispatcher-clusterrole.yaml \
+    "$module"/config/channels/in-memory-channel/200-imc-dispatcher-serviceaccount.yaml \
+    "$out/config/roles/"
   chmod -R u+w "$out/config"
-  touch "$out/config/.complete"
-  log "CRDs and ConfigMaps of $EVENTING_VERSION copied"
+  touch "$out/config/.complete-v2"
+  log "CRDs, ConfigMaps and roles of $EVENTING_VERSION copied"
 fi
 
 echo "$out"

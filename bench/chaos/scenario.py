@@ -18,7 +18,7 @@ ServiceAccount update-annotations; the namespace of the bare pods opts in to the
 with knative/bare-pod-replacement, as docs/install.md tells users to. The local Stack runs
 every component with one kubeconfig, so that account is also bound, for this run, to the
 ApiServerSource adapter's own ClusterRole (watching pods), to assess-nodes's (marking
-Nodes) and to the Roles of Knative's Broker data plane (knative-data-plane-roles.yaml: reading
+Nodes) and to the Roles of Knative's Broker data plane (Knative's own, from its module: reading
 its ConfigMaps, TLS secrets, Brokers, Triggers and channels): a little more than
 update-annotations has in a cluster, nothing it uses to move a pod.
 """
@@ -39,12 +39,12 @@ from localcluster.cluster import Cluster
 from localcluster.rest import ApiError, Rest
 from pipeline.broker import SYSTEM_NAMESPACE
 from pipeline.faults import FaultSpec
+from pipeline.source import knative_dir
 from shared.constants import DEFAULT_NAMESPACE, POLICY_ANNOTATION
 
 JSON = dict[str, Any]
 ROOT: Final = Path(__file__).resolve().parents[2]
 KNATIVE_DIR: Final = ROOT / "knative"
-DATA_PLANE_ROLES: Final = Path(__file__).with_name("knative-data-plane-roles.yaml")
 IMAGE: Final = "registry.example.com/shop/web:1.4.2"
 LABEL: Final = "chaos.kn-rescheduler.io/run"
 SERVICE_ACCOUNT: Final = "update-annotations"
@@ -333,6 +333,17 @@ def create_namespaces(cluster: Cluster, workdir: Path) -> list[str]:
     return list(NAMESPACES.values())
 
 
+def data_plane_roles() -> list[JSON]:
+    """The ClusterRoles and Roles Knative binds its Broker filter, ingress and channel
+    dispatcher to, from the module the binaries were built from (hack/build-adapter.sh)."""
+    return [
+        d
+        for path in sorted((knative_dir() / "config" / "roles").glob("*.yaml"))
+        for d in yaml.safe_load_all(path.read_text())
+        if d and d.get("kind") in ("ClusterRole", "Role")
+    ]
+
+
 def install_identity(cluster: Cluster, workdir: Path) -> Path:
     """The install's RBAC from knative/ (namespace, ServiceAccounts, ClusterRoles and their
     bindings), for real, and a kubeconfig with a token of the ServiceAccount update-annotations
@@ -342,7 +353,7 @@ def install_identity(cluster: Cluster, workdir: Path) -> Path:
         for o in _kustomize(KNATIVE_DIR)
         if o.get("kind") in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
-    knative = [d for d in yaml.safe_load_all(DATA_PLANE_ROLES.read_text()) if d]
+    knative = data_plane_roles()
     # Knative's Roles live in its system namespace, which the Broker's start creates too.
     system = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
     _apply(cluster, [*rbac, system, *knative])

@@ -2,9 +2,9 @@
 
 On the real control plane: the webhook registered with the API server (it labels every pod it
 stamps with a policy), Knative's own ApiServerSource adapter configured from knative/sources.yaml
-(its label selector included), Knative's Broker with the project's Triggers, the real detect-failures
-and sweep-failures processes. update-annotations is a recorder: these tests look at which events
-reach detect-failures and which failing-pod events come out, never at moves.
+(its label selector included), Knative's Broker with the project's Triggers, the real
+detect-failures and sweep-failures processes. update-annotations is a recorder: these tests look
+at which events reach detect-failures and which failing-pod events come out, never at moves.
 
 What the label must not lose: a pod our exclusions keep Pending (it carries the label, since
 exclusions are only stamped with a policy), and a pod that opted in while the webhook was not
