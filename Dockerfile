@@ -13,15 +13,11 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
-ARG FUNCTION
-RUN test -n "${FUNCTION}" || { echo "build with --build-arg FUNCTION=<function name>" >&2; exit 1; }
-
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONPATH=/app \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    FUNCTION=${FUNCTION} \
     PORT=8080
 WORKDIR /app
 
@@ -31,17 +27,25 @@ WORKDIR /app
 ARG PIP_CERT
 ARG PIP_INDEX_URL
 
-# Dependencies first: this layer is shared by all the images and survives code changes.
+# Dependencies first: this layer is shared by all the images and survives code changes. Nothing
+# above it may depend on FUNCTION: a build argument in scope changes the cache key of every RUN
+# after it, and each image would install the dependencies again.
 COPY requirements.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
 
+# The code every function shares, byte-compiled here: the root filesystem is read-only at run
+# time, and a cold start should not compile anything.
 COPY shared/ shared/
 COPY functions/gunicorn.conf.py functions/gunicorn.conf.py
+RUN python -m compileall -q shared functions
+
+# Only the layers from here on differ between the functions.
+ARG FUNCTION
+RUN test -n "${FUNCTION}" || { echo "build with --build-arg FUNCTION=<function name>" >&2; exit 1; }
+ENV FUNCTION=${FUNCTION}
 COPY functions/${FUNCTION}/ functions/${FUNCTION}/
-# Byte-compiled here: the root filesystem is read-only at run time, and a cold start should
-# not compile anything.
 RUN test -f "functions/${FUNCTION}/main.py" || { echo "no function ${FUNCTION}" >&2; exit 1; } \
-    && python -m compileall -q shared functions
+    && python -m compileall -q "functions/${FUNCTION}"
 
 # A numeric user, so that runAsNonRoot can be verified by the kubelet.
 USER 65532:65532

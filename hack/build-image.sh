@@ -100,10 +100,13 @@ build_base() {
   log "base: rootfs $(du -h "$tmp/rootfs.tar" | cut -f1), to an OCI image"
   local ctr
   ctr=$(buildah from scratch)
+  # shellcheck disable=SC2064 # the container's name now, not when the trap runs
+  trap "buildah rm $ctr >/dev/null 2>&1 || true" EXIT
   buildah add --quiet "$ctr" "$tmp/rootfs.tar" / >/dev/null
   buildah config --env PATH="$base_path" --env VIRTUAL_ENV="$venv" --env LANG=C.UTF-8 \
     --cmd python3 --created-by "mmdebstrap $suite $packages" "$ctr"
   buildah commit --quiet --rm --format oci "$ctr" "oci-archive:$tmp/base.tar:$base_ref" >/dev/null
+  trap - EXIT
   mv "$tmp/base.tar" "$base_archive"
   rm -rf "$tmp"
 }
@@ -151,7 +154,8 @@ for fn in "${functions[@]}"; do
   # refuses a hybrid cgroup v1/v2 host) and no user namespace setup. --network host: pip reaches
   # the package index the way the host does, with no container network to set up. --layers:
   # the requirements layer is built once and shared by all the functions.
-  buildah bud --quiet --layers --pull=never --isolation chroot --network host --format oci \
+  buildah bud --quiet --layers --force-rm --pull=never --isolation chroot --network host \
+    --format oci \
     --build-arg PYTHON_IMAGE="$base_ref" --build-arg FUNCTION="$fn" "${pip_args[@]}" \
     -t "$image" -f "$root/Dockerfile" "$root" >/dev/null
   rm -f "$out/$fn.tar"

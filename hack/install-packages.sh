@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the local cluster needs from Debian when it is missing: today Prometheus (the
-# server only). `make cluster-bins` (and so `make test`, `make demo`, `make up`) and .ci/run
-# call it; extra packages can be named in CI_APT_PACKAGES.
+# Installs what the local cluster needs from Debian when it is missing: Prometheus (the server
+# only), and the daemonless image tools (mmdebstrap, buildah, skopeo, podman with runc) that
+# `make images` and tests/e2e/test_images.py use. `make cluster-bins` (and so `make test`,
+# `make demo`, `make up`) and .ci/run call it; extra packages can be named in CI_APT_PACKAGES.
 set -euo pipefail
 # apt: the local cluster runs a real Prometheus (Debian's package; only the server, not its
 # recommends). The harness runs its own prometheus process on a free loopback port and never
@@ -10,6 +11,14 @@ set -euo pipefail
 # deb-systemd-invoke from starting it during the install, and it is disabled where systemd runs.
 apt_packages="${CI_APT_PACKAGES:-}"
 command -v prometheus >/dev/null || apt_packages+=" prometheus"
+# apt: the images are built and run without a daemon or a registry. mmdebstrap makes the base
+# root filesystem from Debian packages, buildah builds the Dockerfile on it, skopeo copies the
+# OCI archives (into a registry on deploy), podman runs them in the image test. runc: crun,
+# podman's default runtime, refuses hosts whose cgroups are in hybrid v1/v2 mode.
+for tool in mmdebstrap buildah skopeo podman runc; do
+  # runc is in /usr/sbin, which is not on every user's PATH.
+  command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] || apt_packages+=" $tool"
+done
 if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   own_policy=""
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then

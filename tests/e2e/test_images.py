@@ -1,0 +1,282 @@
+"""Every function's image, built without a daemon, started as its Knative Service starts it and
+asked a real request.
+
+The image is the OCI archive ``make images`` writes (hack/build-image.sh; built here first if
+it is missing), loaded into podman's store and run with the Service's environment from knative/
+(its env and the ConfigMap it loads), as the Service's securityContext says: the image's own
+numeric non-root user, a read-only root filesystem with no tmpfs but /dev/shm (gunicorn's
+worker tmp dir), every capability dropped, no privilege escalation; the webhook's TLS Secret
+mounted read-only where the Service mounts it. Each function is then asked something it
+answers from the request alone (no API server): the answer's status and body show the
+function's own code ran, not just gunicorn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import shutil
+import ssl
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import images
+from shared.constants import EVENT_POD_FAILING
+from stack.functions import FUNCTIONS, free_port
+from stack.webhook import make_tls
+from tests.e2e.knative_manifests import (
+    Obj,
+    container,
+    environment,
+    find,
+    knative_service,
+    pod_spec,
+    render,
+)
+from tests.handlers.test_score_nodes import args, usage
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        bool(images.missing_tools()),
+        reason=f"images need {', '.join(images.missing_tools())} (hack/install-packages.sh)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def built() -> None:
+    missing = [f for f in FUNCTIONS if not images.archive(f).exists()]
+    if missing:
+        images.build(missing)
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[Obj]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def webhook_secret(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files of the Secret mutate-admission-tls, as a Secret volume shows them: tls.crt,
+    tls.key and ca.crt, readable by the container's user (a Secret's defaultMode is 0644)."""
+    made = tmp_path_factory.mktemp("tls-made")
+    ca, crt, key = make_tls(made)
+    secret = tmp_path_factory.mktemp("tls-secret")
+    for source, name in ((ca, "ca.crt"), (crt, "tls.crt"), (key, "tls.key")):
+        shutil.copyfile(source, secret / name)
+        (secret / name).chmod(0o644)
+    secret.chmod(0o755)
+    return secret
+
+
+@dataclass
+class Started:
+    function: str
+    port: int
+    container: images.Container
+    ca: Path | None
+
+    def request(
+        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        if self.ca is None:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        else:
+            # The certificate is for 127.0.0.1, verified against the Secret's CA.
+            context = ssl.create_default_context(cafile=str(self.ca))
+            conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=context, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=dict(headers or {}))
+            response = conn.getresponse()
+            return (
+                response.status,
+                {k.lower(): v for k, v in response.getheaders()},
+                response.read(),
+            )
+        finally:
+            conn.close()
+
+
+def volume_files(manifests: list[Obj], volume: Obj, webhook_secret: Path, directory: Path) -> Path:
+    """The files a volume of a function's pod shows: the webhook's Secret, or a ConfigMap of
+    knative/ written out key by key (a ConfigMap volume's files are world-readable too)."""
+    if "secret" in volume:
+        assert volume["secret"]["secretName"] == "mutate-admission-tls", volume
+        return webhook_secret
+    config_map = find(manifests, "ConfigMap", volume["configMap"]["name"])
+    directory.mkdir(mode=0o755)
+    for key, value in config_map["data"].items():
+        (directory / key).write_text(value)
+        (directory / key).chmod(0o644)
+    return directory
+
+
+@pytest.fixture
+def start(
+    built: None, manifests: list[Obj], webhook_secret: Path, tmp_path: Path
+) -> Iterator[Callable[[str], Started]]:
+    with contextlib.ExitStack() as stack:
+
+        def starter(function: str) -> Started:
+            ksvc = knative_service(manifests, function)
+            spec, c = pod_spec(ksvc), container(ksvc)
+            context = {**(spec.get("securityContext") or {}), **(c.get("securityContext") or {})}
+            image = images.load(function)
+            if context.get("runAsNonRoot"):
+                # The kubelet refuses to start a root user, and needs a number to tell.
+                user = context.get("runAsUser") or images.image_user(image).split(":")[0]
+                assert str(user).isdigit() and int(user) != 0, f"{function}: user {user!r}"
+            port = free_port()
+            env = {**environment(manifests, ksvc), "PORT": str(port), "HOST": "127.0.0.1"}
+            volumes = {v["name"]: v for v in spec.get("volumes") or []}
+            mounts: dict[Path, str] = {}
+            for mount in c.get("volumeMounts") or []:
+                files = volume_files(
+                    manifests, volumes[mount["name"]], webhook_secret, tmp_path / mount["name"]
+                )
+                mounts[files] = mount["mountPath"]
+            running = stack.enter_context(
+                images.run_image(image, env, security_context=context, mounts=mounts)
+            )
+            ca = webhook_secret / "ca.crt" if webhook_secret in mounts else None
+            started = Started(function, port, running, ca)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if started.request("GET", "/metrics")[0] == 200:
+                        return started
+                except OSError:
+                    pass
+                assert running.running(), f"{function} exited:\n{running.logs()}"
+                assert time.monotonic() < deadline, f"{function} never answered:\n{running.logs()}"
+                time.sleep(0.1)
+
+        yield starter
+
+
+def cloudevent(event_type: str, data: Any) -> tuple[dict[str, str], bytes]:
+    return {
+        "ce-specversion": "1.0",
+        "ce-id": str(uuid.uuid4()),
+        "ce-source": "https://kube-apiserver.example",
+        "ce-type": event_type,
+        "content-type": "application/json",
+    }, json.dumps(data).encode()
+
+
+def metric_samples(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` carrying ``labels`` in a /metrics page."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_detect_failures_image_replies_to_an_oom_killed_pods_event_with_a_failing_pod_event(
+    start: Callable[[str], Started],
+) -> None:
+    fn = start("detect-failures")
+    headers, body = images.pod_event(oom_killed=True)
+    status, reply_headers, reply = fn.request("POST", "/", body, headers)
+    assert status == 200, reply
+    assert reply_headers["ce-type"] == EVENT_POD_FAILING
+    sent = json.loads(body)
+    data = json.loads(reply)
+    assert (data["uid"], data["node"], data["reason"]) == (
+        sent["metadata"]["uid"],
+        "node-7",
+        "OOMKilled",
+    )
+
+
+def test_mutate_admission_image_answers_an_admission_review_over_tls_from_its_secret(
+    start: Callable[[str], Started],
+) -> None:
+    fn = start("mutate-admission")
+    uid = str(uuid.uuid4())
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop",
+            "operation": "CREATE",
+            # A bare pod with no owner and no policy: nothing to read, nothing to stamp.
+            "object": {
+                "metadata": {"name": "scratch", "namespace": "shop"},
+                "spec": {"containers": [{"name": "app", "image": "shop/web:1"}]},
+            },
+        },
+    }
+    status, _, body = fn.request(
+        "POST", "/", json.dumps(review).encode(), {"content-type": "application/json"}
+    )
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == uid
+    assert answer["response"]["allowed"] is True
+    assert "patch" not in answer["response"]
+    assert (
+        metric_samples(fn.request("GET", "/metrics")[2].decode(), "knr_webhook_admissions_total")
+        == 1
+    )
+
+
+def test_score_nodes_image_filters_the_nodes_of_a_schedulers_request_by_their_usage(
+    start: Callable[[str], Started],
+) -> None:
+    fn = start("score-nodes")
+    body = json.dumps(args(node_0=usage(92), node_1=usage(20))).encode()
+    status, _, answer = fn.request(
+        "POST", "/scheduler/filter", body, {"content-type": "application/json"}
+    )
+    assert status == 200, answer
+    result = json.loads(answer)
+    assert result["NodeNames"] == ["node-1"]
+    assert result["FailedAndUnresolvableNodes"] == {"node-0": "node CPU usage over 80 percent"}
+
+
+# The functions whose every answer needs the API server (or Prometheus) behind it: here they
+# are asked what they answer from the request alone, a POST that is not a CloudEvent. The 400
+# and the event counted under the function's own name come from the function's module (its
+# FUNCTION, events.serve), loaded with its settings from the Service's environment.
+NEEDS_THE_CLUSTER = (
+    "update-annotations",
+    "sweep-failures",
+    "assess-nodes",
+    "label-nodes",
+    "annotate-usage",
+    "rebalance-nodes",
+)
+
+
+@pytest.mark.parametrize("function", NEEDS_THE_CLUSTER)
+def test_image_refuses_a_post_that_is_not_a_cloudevent_as_its_function(
+    start: Callable[[str], Started], function: str
+) -> None:
+    fn = start(function)
+    status, _, body = fn.request("POST", "/", b"{}", {"content-type": "application/json"})
+    assert status == 400, body
+    assert "error" in json.loads(body)
+    page = fn.request("GET", "/metrics")[2].decode()
+    counted = metric_samples(
+        page, "knr_events_received_total", function=function, type="malformed", outcome="400"
+    )
+    assert counted == 1, page
+
+
+def test_every_function_has_an_image_test() -> None:
+    covered = {"detect-failures", "mutate-admission", "score-nodes", *NEEDS_THE_CLUSTER}
+    assert covered == set(FUNCTIONS)
