@@ -26,7 +26,7 @@ writes it where the data plane reads it:
 
 Service references resolve to the local functions' URLs (``subscribers``), the dead-letter
 sink to a local receiver writing ``dead-letters.jsonl``. What the project's former home-made
-router also gave is kept with Knative's means: a catch-all ``archive`` Trigger (local only)
+router gave is kept with Knative's means: a catch-all ``archive`` Trigger (local only)
 delivers every event to a receiver that appends it to ``archive.jsonl`` for ``make replay``.
 
 Knative's binaries bind fixed ports on every interface, so they run in a network namespace of
@@ -67,7 +67,7 @@ import requests
 import yaml
 from kubernetes import client as k8s
 
-from pipeline import cloudevent, triggers
+from pipeline import cloudevent, filters, triggers
 from pipeline.netns import Forward, NetNamespace
 from pipeline.source import _die_with_parent, _terminate, knative_dir
 
@@ -514,7 +514,13 @@ class KnativeBroker:
         for d in docs:
             if d.get("kind") == "Broker":
                 meta = d["metadata"]
-                triggers.load(self.triggers_dir, namespace=meta["namespace"], broker=meta["name"])
+                try:
+                    triggers.load(
+                        self.triggers_dir, namespace=meta["namespace"], broker=meta["name"]
+                    )
+                except filters.UnsupportedFilter as exc:
+                    # Knative's filter evaluates CESQL; only replay cannot.
+                    log.warning("%s", exc)
         brokers = [d for d in docs if d.get("kind") == "Broker"]
         if len(brokers) != 1:
             raise BrokerError(f"expected one Broker in {self.triggers_dir}, found {len(brokers)}")

@@ -60,7 +60,7 @@ class InvalidFilter(ValueError):
 
 
 class UnsupportedFilter(InvalidFilter):
-    """A valid filter this local router cannot evaluate (CESQL)."""
+    """A valid filter replay cannot evaluate in-process (CESQL); Knative's filter can."""
 
 
 _GO_ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -271,8 +271,8 @@ def validate_expression(expression: Mapping[str, Any], where: str) -> None:
     cesql = expression.get("cesql")
     if cesql:
         raise UnsupportedFilter(
-            f"{where}.cesql: CESQL expressions ({cesql!r}) are not evaluated by the local "
-            "router; use exact/prefix/suffix/all/any/not"
+            f"{where}.cesql: CESQL expressions ({cesql!r}) are not evaluated by replay "
+            "(Knative's filter evaluates them); use exact/prefix/suffix/all/any/not to replay"
         )
 
 
@@ -295,7 +295,7 @@ def materialize(expression: Mapping[str, Any], where: str = "filters") -> Filter
     if negated is not None:
         return NotFilter(materialize(negated, f"{where}.not"))
     if expression.get("cesql"):
-        raise UnsupportedFilter(f"{where}.cesql: CESQL is not evaluated by the local router")
+        raise UnsupportedFilter(f"{where}.cesql: CESQL is not evaluated by replay")
     return None
 
 

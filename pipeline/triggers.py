@@ -1,8 +1,8 @@
 """Triggers and the Broker read from the manifests in ``knative/``, as Knative would see them.
 
-Only what the data plane needs: which broker a Trigger hangs on, its filter, its subscriber
-and its delivery spec. The checks are the ones Knative's admission webhook makes (so a manifest
-the router accepts is one the cluster accepts too); anything else in the files (Services,
+Only what replay and the local Broker need: which broker a Trigger hangs on, its filter, its
+subscriber and its delivery spec. The checks are the ones Knative's admission webhook makes (so
+a manifest they accept is one the cluster accepts too); anything else in the files (Services,
 kustomizations, RBAC) is ignored.
 
 Delivery semantics (knative.dev/eventing v0.50 ``pkg/kncloudevents/retries.go`` and
@@ -63,7 +63,7 @@ _UNIT_SECONDS = {
 
 
 class InvalidManifest(ValueError):
-    """A Trigger or Broker Knative would reject (or this router cannot honour)."""
+    """A Trigger or Broker Knative would reject (or replay cannot honour)."""
 
 
 def parse_duration(value: str) -> float:

@@ -4,7 +4,7 @@ The webhook runs as its real server (gunicorn, TLS) and is registered with the A
 every pod the controllers create in a test passes through it. detect-failures and
 update-annotations run in-process on their shared logic with a real API client: what a Broker
 would deliver is built here from the live pod exactly as ApiServerSource shapes it (the whole
-pipeline with a router is tested separately).
+pipeline through Knative's Broker is tested separately).
 """
 
 from __future__ import annotations

@@ -201,3 +201,44 @@ def test_the_extender_part_measures_every_size_and_verb(tmp_path: Path) -> None:
             latency = point[verb]["latency_ms"]
             assert latency["n"] == measured["calls_per_point"]
             assert positive(latency["p50"]) and latency["p99"] >= latency["p50"]
+
+
+def test_the_broker_part_shows_a_failing_subscriber_stalling_the_next_event_only_when_sync(
+    tmp_path: Path,
+) -> None:
+    # Named with --only: its own quick run on a small control plane.
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "broker", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    (path,) = tmp_path.glob("*-broker-quick.json")
+    data = json.loads(path.read_text())
+    assert data["errors"] == {}
+    modes = data["measurements"]["broker"]["modes"]
+    assert set(modes) == {"async_handler_false", "async_handler_true"}
+    for mode in modes.values():
+        for path_ in ("hop", "source"):
+            assert mode[path_]["lost"] == 0
+            latency = mode[path_]["latency_ms"]
+            assert positive(latency["p50"]) and latency["p99"] >= latency["p50"]
+        for via in ("direct", "source"):
+            for trial in mode["failing"][via]["trials"]:
+                # The shipped delivery spec: the first attempt and 5 retries, about 15.5 s,
+                # then the dead-letter sink, whatever the channel's handler.
+                assert trial["failing_attempts"] == 6
+                assert trial["dead_letter_ms"] > 10_000
+    # Synchronous: the sender waits out the retries, so the next event waits as long.
+    sync = modes["async_handler_false"]["failing"]
+    assert all(t["first_answer_ms"] > 10_000 for t in sync["direct"]["trials"])
+    for via in ("direct", "source"):
+        assert all(t["next_delivered_ms"] > 10_000 for t in sync[via]["trials"])
+    # Asynchronous: the dispatcher answers at once and the next event goes through.
+    fast = modes["async_handler_true"]["failing"]
+    assert all(t["first_answer_ms"] < 5_000 for t in fast["direct"]["trials"])
+    for via in ("direct", "source"):
+        assert all(t["next_delivered_ms"] < 5_000 for t in fast[via]["trials"])

@@ -145,7 +145,7 @@ def test_the_pipelines_function_logs_replay_every_event_that_led_to_an_action(
     log_dir.mkdir()
     bad = cluster.nodes[2]
     faults("crashloop", bad)
-    # The whole pipeline (router, Knative's ApiServerSource adapter, each function its own
+    # The whole pipeline (Knative's Broker, Knative's ApiServerSource adapter, each function its own
     # gunicorn) at its default log settings, for this test only: it acts on every namespace.
     with Stack(
         cluster.kubeconfig, cluster.api_client(), tmp_path / "stack", log_dir, sweep_every=None
@@ -176,7 +176,7 @@ def test_the_pipelines_function_logs_replay_every_event_that_led_to_an_action(
 
     detect_log = (log_dir / "detect-failures.log").read_text().splitlines()
     update_log = (log_dir / "update-annotations.log").read_text().splitlines()
-    # The router's archive stands in for the Broker and keeps events as sent; the functions'
+    # The Broker's archive Trigger keeps events as sent; the functions'
     # own logs keep no literal env value, and no whole pod that led to nothing.
     assert any(PASSWORD in json.dumps(e) for e in archive)
     assert PASSWORD not in "\n".join(detect_log + update_log)

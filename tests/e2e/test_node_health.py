@@ -3,7 +3,7 @@ path, and what the real scheduler does with a suspect node.
 
 assess-nodes is driven through functions-framework's test client (the function exactly as it
 is served) against the real API server, with the events the pipeline really emits; the last
-tests run the whole pipeline (the ApiServerSource adapter, the router with the Triggers of
+tests run the whole pipeline (the ApiServerSource adapter, Knative's Broker with the Triggers of
 knative/, every function, the webhook the API server calls) with crash-looping nodes.
 """
 

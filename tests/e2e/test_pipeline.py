@@ -1,8 +1,8 @@
 """The whole loop, as Knative would run it, on the real control plane.
 
-Pod events come from Knative's own ApiServerSource adapter, the router applies the Triggers
+Pod events come from Knative's own ApiServerSource adapter, Knative's Broker applies the Triggers
 in knative/ with Knative's retry rules, each function runs as its own gunicorn process with the
-image's command line, replies go back through the router, and the API server itself calls the
+image's command line, replies go back through the Broker, and the API server itself calls the
 webhook on every pod CREATE. Nothing is called by hand: each test makes a node faulty, creates
 a workload and watches where its pods end up and what the workload's state and Events say.
 """

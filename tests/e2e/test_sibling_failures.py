@@ -6,7 +6,7 @@ went to the second node (the preferred one still allowed) and failed again, one 
 Now update-annotations lists the workload's pods once per move and records, free of charge,
 every other node where one of them is failing for a reason another node could fix.
 
-The scenario runs the whole pipeline (Knative's ApiServerSource adapter, the router with the
+The scenario runs the whole pipeline (Knative's ApiServerSource adapter, Knative's Broker with the
 Triggers in knative/, detect-failures, update-annotations, the webhook the API server calls,
 and the sweep) and watches every pod of the namespace from its creation, so no binding to a
 faulty node can go unseen. The deliveries before it go through functions-framework's test
