@@ -17,7 +17,8 @@ on only kn-rescheduler acts. Measured: the time from the fault until every affec
 Ready on a healthy node, the moves it took and how many of them were *wasted* (the replacement
 landed on another faulty node: with 2 % of the nodes emptied at once, those are the emptiest
 nodes in the cluster, which the scheduler's default scores prefer), and the CPU seconds the
-function processes used (from /proc), during the rollout and during the recovery.
+function processes, the ApiServerSource adapter and Knative's Broker data plane (ingress,
+filter, channel dispatcher) used (from /proc), during the rollout and during the recovery.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def _function_pids(stack: Stack) -> dict[str, int]:
     proc = getattr(stack.source, "_proc", None) if stack.source else None
     if proc is not None:
         pids["apiserversource-adapter"] = int(proc.pid)
+    # Knative's Broker data plane: processes of their own, where the former router was a part
+    # of the harness process.
+    for p in stack.broker.procs if stack.broker else []:
+        pids["knative-" + p.name.replace("_", "-")] = int(p.proc.pid)
     return pids
 
 
