@@ -27,6 +27,9 @@ Only when named with ``--only``:
 - ``broker``: event latency through Knative's Broker data plane (ingress hop, adapter to
   subscriber) p50/p99, and what one failing subscriber does to the next event, with the
   channel's ``async-handler`` false and true (``bench.broker``).
+- ``images``: the functions' image sizes (OCI archive, unpacked) and the cold start of a
+  function in its container (podman, as its Service runs it) beside the bare process
+  (``bench.images``; builds the image it needs, needs the tools of hack/install-packages.sh).
 
 ``--systems`` (with ``--only recovery``) measures recovery for only these systems (vanilla,
 descheduler-2m, descheduler-10s, kn-rescheduler), on the same scenario: re-measuring
@@ -70,6 +73,7 @@ from bench import (
     coldstart,
     detect,
     extender,
+    images,
     loadaware,
     recovery,
     report,
@@ -95,7 +99,7 @@ from localcluster.kubelet import Timing
 
 NAMES = ("recovery", "detect", "webhook", "cold-start", "load", "scale")
 # Run only when named with --only.
-EXTRA_NAMES = ("source-selector", "extender", "throughput", "broker")
+EXTRA_NAMES = ("source-selector", "extender", "throughput", "broker", "images")
 # The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
 BACKOFFS = ("compressed", "real")
 # The shortest recovery window with a real kubelet's back-off (seconds).
@@ -273,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
         "extender": lambda: extender.measure(workdir / "extender", quick=args.quick, log=_log),
         "broker": lambda: broker.measure(workdir / "broker", quick=args.quick, log=_log),
+        "images": lambda: images.measure(workdir / "images", quick=args.quick, log=_log),
         "throughput": lambda: throughput.measure(
             workdir / "throughput", quick=args.quick, log=_log
         ),

@@ -274,15 +274,33 @@ def sizes(function: str, image: str) -> JSON:
         capture_output=True,
         text=True,
     ).stdout
+    history = json.loads(
+        subprocess.run(
+            ["podman", "history", "--format", "json", image],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    # Newest first. The function's own layers are those above the Dockerfile's `ARG FUNCTION`;
+    # all the others (the Debian base, the dependencies, shared/) are the same in every image,
+    # stored once by a registry and pulled once by a node.
+    own = 0
+    for entry in history:
+        if "ARG FUNCTION" in entry.get("CreatedBy", ""):
+            break
+        own += int(entry.get("size") or 0)
     return {
         "archive_mb": round(archive(function).stat().st_size / 1e6, 1),
         "unpacked_mb": round(int(unpacked.strip()) / 1e6, 1),
+        "base_mb": round(int(history[-1].get("size") or 0) / 1e6, 1),
+        "own_layers_kb": round(own / 1e3, 1),
     }
 
 
 def measure(workdir: Path, *, quick: bool = False, log: Callable[[str], None] = print) -> JSON:
     """Sizes of every built image, and the cold start of COLD_FUNCTION in its container and as
-    a bare process (median of 3 runs each, 1 with ``quick``)."""
+    a bare process (median of 5 runs each, 1 with ``quick``)."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"images need {', '.join(missing)} (hack/install-packages.sh)")
@@ -294,9 +312,13 @@ def measure(workdir: Path, *, quick: bool = False, log: Callable[[str], None] = 
         if archive(function).exists():
             result["sizes"][function] = sizes(function, load(function))
     image = load(COLD_FUNCTION)
-    runs = 1 if quick else 3
-    container = [container_cold_start(image) for _ in range(runs)]
-    process = [process_cold_start(workdir) for _ in range(runs)]
+    runs = 1 if quick else 5
+    container: list[float] = []
+    process: list[float] = []
+    # Interleaved, so that whatever else the machine does weighs on both alike.
+    for _ in range(runs):
+        container.append(container_cold_start(image))
+        process.append(process_cold_start(workdir))
     result["cold_start"] = {
         "function": COLD_FUNCTION,
         "runs": runs,
