@@ -32,6 +32,9 @@ ifeq ($(origin TAG),undefined)
 TAG := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 endif
 CONTAINER ?= buildah
+# Extra flags of the daemonless push, e.g. --dest-tls-verify=false for a plain-HTTP registry
+# or --dest-authfile FILE.
+SKOPEO_FLAGS ?=
 KUBECTL ?= kubectl
 COMPONENTS ?=
 # Where the generated overlays and digests go (ignored by git).
@@ -92,7 +95,7 @@ knr_push = \
 	$(call knr_build,$(1)) && \
 	mkdir -p $(KNR_WORK) && \
 	if [ -n "$(knr_daemonless)" ]; then \
-	  skopeo copy --quiet --digestfile $(KNR_WORK)/$(1).sha \
+	  skopeo copy --quiet $(SKOPEO_FLAGS) --digestfile $(KNR_WORK)/$(1).sha \
 	    oci-archive:$(KNR_IMAGES)/$(1).tar docker://$(call knr_image,$(1)) && \
 	  echo "$(REGISTRY)/$(1)@$$(cat $(KNR_WORK)/$(1).sha)" > $(KNR_WORK)/$(1).digest; \
 	elif [ "$$(basename $(CONTAINER))" = podman ]; then \
