@@ -19,6 +19,9 @@ for tool in mmdebstrap buildah skopeo podman runc; do
   # runc is in /usr/sbin, which is not on every user's PATH.
   command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] || apt_packages+=" $tool"
 done
+# podman looks for a network backend even for --network host, and Debian's podman only
+# recommends one.
+[[ -x /usr/lib/podman/netavark ]] || apt_packages+=" netavark"
 if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   own_policy=""
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
