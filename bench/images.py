@@ -125,8 +125,13 @@ class Container:
     image: str
 
     def logs(self) -> str:
+        # podman logs writes what the container wrote to stderr on its own stderr.
         return subprocess.run(
-            ["podman", "logs", self.name], capture_output=True, text=True, check=False
+            ["podman", "logs", self.name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
         ).stdout[-4000:]
 
     def running(self) -> bool:
