@@ -9,6 +9,9 @@ image's own numeric non-root user, a read-only root filesystem with no tmpfs but
 (the webhook's TLS Secret, label-nodes' rule ConfigMap) mounted read-only where the Service
 mounts them. Each function is then asked something it answers from the request alone (no API
 server): the answer's status and body show the function's own code ran, not just gunicorn.
+sweep-failures and update-annotations are also run against the local control plane as a pod
+reaches it: their own ServiceAccount's token and the cluster's CA where the kubelet mounts
+them, KUBERNETES_SERVICE_HOST/PORT, knative/'s RBAC installed.
 """
 
 from __future__ import annotations
@@ -26,20 +29,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
 from bench import images
-from shared.constants import EVENT_POD_FAILING
+from shared.constants import EVENT_POD_FAILING, POLICY_ANNOTATION
+from shared.platform.config import Config
+from shared.rescheduling.classify import classify
+from shared.rescheduling.failing import FailingPod
 from stack.functions import FUNCTIONS, free_port
 from stack.webhook import make_tls
+from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (
+    NAMESPACE,
     Obj,
     container,
     environment,
     find,
+    install_rbac,
     knative_service,
     pod_spec,
     render,
+    service_account_token,
 )
+from tests.e2e.test_function_commands import Receiver, receiver  # noqa: F401 - shared fixture
 from tests.handlers.test_score_nodes import args, usage
 
 pytestmark = [
@@ -119,47 +131,113 @@ def volume_files(manifests: list[Obj], volume: Obj, webhook_secret: Path, direct
     return directory
 
 
+# Where the kubelet mounts a pod's ServiceAccount token, and the client library looks for it.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass
+class InCluster:
+    """What a pod of the function gets to reach the API server: its ServiceAccount's token,
+    the cluster's CA and its namespace as files, and KUBERNETES_SERVICE_HOST/PORT (here the
+    local API server on loopback: the container shares the host's network)."""
+
+    files: Path
+    env: dict[str, str]
+
+
+class Starter:
+    def __init__(
+        self,
+        stack: contextlib.ExitStack,
+        manifests: list[Obj],
+        webhook_secret: Path,
+        tmp_path: Path,
+    ) -> None:
+        self.stack = stack
+        self.manifests = manifests
+        self.webhook_secret = webhook_secret
+        self.tmp_path = tmp_path
+
+    def __call__(
+        self,
+        function: str,
+        *,
+        in_cluster: InCluster | None = None,
+        overrides: Mapping[str, str] | None = None,
+    ) -> Started:
+        manifests, webhook_secret, tmp_path = self.manifests, self.webhook_secret, self.tmp_path
+        ksvc = knative_service(manifests, function)
+        spec, c = pod_spec(ksvc), container(ksvc)
+        context = {**(spec.get("securityContext") or {}), **(c.get("securityContext") or {})}
+        image = images.load(function)
+        if context.get("runAsNonRoot"):
+            # The kubelet refuses to start a root user, and needs a number to tell.
+            user = context.get("runAsUser") or images.image_user(image).split(":")[0]
+            assert str(user).isdigit() and int(user) != 0, f"{function}: user {user!r}"
+        port = free_port()
+        env = {
+            **environment(manifests, ksvc),
+            "PORT": str(port),
+            "HOST": "127.0.0.1",
+            **(overrides or {}),
+        }
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        mounts: dict[Path, str] = {}
+        for mount in c.get("volumeMounts") or []:
+            files = volume_files(
+                manifests, volumes[mount["name"]], webhook_secret, tmp_path / mount["name"]
+            )
+            mounts[files] = mount["mountPath"]
+        if in_cluster is not None:
+            mounts[in_cluster.files] = SERVICE_ACCOUNT_DIR
+            env.update(in_cluster.env)
+        running = self.stack.enter_context(
+            images.run_image(image, env, security_context=context, mounts=mounts)
+        )
+        ca = webhook_secret / "ca.crt" if webhook_secret in mounts else None
+        started = Started(function, port, running, ca)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if started.request("GET", "/metrics")[0] == 200:
+                    return started
+            except OSError:
+                pass
+            assert running.running(), f"{function} exited:\n{running.logs()}"
+            assert time.monotonic() < deadline, f"{function} never answered:\n{running.logs()}"
+            time.sleep(0.1)
+
+
 @pytest.fixture
 def start(
     built: None, manifests: list[Obj], webhook_secret: Path, tmp_path: Path
-) -> Iterator[Callable[[str], Started]]:
+) -> Iterator[Starter]:
     with contextlib.ExitStack() as stack:
+        yield Starter(stack, manifests, webhook_secret, tmp_path)
 
-        def starter(function: str) -> Started:
-            ksvc = knative_service(manifests, function)
-            spec, c = pod_spec(ksvc), container(ksvc)
-            context = {**(spec.get("securityContext") or {}), **(c.get("securityContext") or {})}
-            image = images.load(function)
-            if context.get("runAsNonRoot"):
-                # The kubelet refuses to start a root user, and needs a number to tell.
-                user = context.get("runAsUser") or images.image_user(image).split(":")[0]
-                assert str(user).isdigit() and int(user) != 0, f"{function}: user {user!r}"
-            port = free_port()
-            env = {**environment(manifests, ksvc), "PORT": str(port), "HOST": "127.0.0.1"}
-            volumes = {v["name"]: v for v in spec.get("volumes") or []}
-            mounts: dict[Path, str] = {}
-            for mount in c.get("volumeMounts") or []:
-                files = volume_files(
-                    manifests, volumes[mount["name"]], webhook_secret, tmp_path / mount["name"]
-                )
-                mounts[files] = mount["mountPath"]
-            running = stack.enter_context(
-                images.run_image(image, env, security_context=context, mounts=mounts)
-            )
-            ca = webhook_secret / "ca.crt" if webhook_secret in mounts else None
-            started = Started(function, port, running, ca)
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if started.request("GET", "/metrics")[0] == 200:
-                        return started
-                except OSError:
-                    pass
-                assert running.running(), f"{function} exited:\n{running.logs()}"
-                assert time.monotonic() < deadline, f"{function} never answered:\n{running.logs()}"
-                time.sleep(0.1)
 
-        yield starter
+@pytest.fixture(scope="module")
+def service_account(
+    cluster: Any, manifests: list[Obj], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], InCluster]:
+    """The in-cluster credentials of the function's own ServiceAccount, with knative/'s RBAC
+    installed in the local control plane."""
+    install_rbac(cluster.kubeconfig, manifests)
+    api = cluster.api_client()
+    host, port = cluster.server.removeprefix("https://").rsplit(":", 1)
+
+    def credentials(account: str) -> InCluster:
+        files = tmp_path_factory.mktemp(f"sa-{account}")
+        (files / "token").write_text(service_account_token(api, account))
+        shutil.copyfile(cluster.ca_file, files / "ca.crt")
+        (files / "namespace").write_text(NAMESPACE)
+        # A projected token volume's files are readable by the container's user.
+        for f in files.iterdir():
+            f.chmod(0o644)
+        files.chmod(0o755)
+        return InCluster(files, {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
+
+    return credentials
 
 
 def cloudevent(event_type: str, data: Any) -> tuple[dict[str, str], bytes]:
@@ -182,7 +260,7 @@ def metric_samples(text: str, name: str, **labels: str) -> float:
 
 
 def test_detect_failures_image_replies_to_an_oom_killed_pods_event_with_a_failing_pod_event(
-    start: Callable[[str], Started],
+    start: Starter,
 ) -> None:
     fn = start("detect-failures")
     headers, body = images.pod_event(oom_killed=True)
@@ -199,7 +277,7 @@ def test_detect_failures_image_replies_to_an_oom_killed_pods_event_with_a_failin
 
 
 def test_mutate_admission_image_answers_an_admission_review_over_tls_from_its_secret(
-    start: Callable[[str], Started],
+    start: Starter,
 ) -> None:
     fn = start("mutate-admission")
     uid = str(uuid.uuid4())
@@ -235,7 +313,7 @@ def test_mutate_admission_image_answers_an_admission_review_over_tls_from_its_se
 
 
 def test_score_nodes_image_filters_the_nodes_of_a_schedulers_request_by_their_usage(
-    start: Callable[[str], Started],
+    start: Starter,
 ) -> None:
     fn = start("score-nodes")
     body = json.dumps(args(node_0=usage(92), node_1=usage(20))).encode()
@@ -264,7 +342,7 @@ NEEDS_THE_CLUSTER = (
 
 @pytest.mark.parametrize("function", NEEDS_THE_CLUSTER)
 def test_image_refuses_a_post_that_is_not_a_cloudevent_as_its_function(
-    start: Callable[[str], Started], function: str
+    start: Starter, function: str
 ) -> None:
     fn = start(function)
     status, _, body = fn.request("POST", "/", b"{}", {"content-type": "application/json"})
@@ -280,3 +358,83 @@ def test_image_refuses_a_post_that_is_not_a_cloudevent_as_its_function(
 def test_every_function_has_an_image_test() -> None:
     covered = {"detect-failures", "mutate-admission", "score-nodes", *NEEDS_THE_CLUSTER}
     assert covered == set(FUNCTIONS)
+
+
+# -- on the local control plane, with the function's own ServiceAccount -------------------------
+
+
+def test_sweep_failures_image_sends_the_failing_pod_it_lists_to_k_sink_on_a_ping(
+    cluster: Any,
+    start: Starter,
+    service_account: Callable[[str], InCluster],
+    receiver: Receiver,  # noqa: F811 - the fixture imported above
+    faults: Callable[..., None],
+    namespace: str,
+) -> None:
+    # A pod that its node OOM-kills, as the webhook would have stamped it.
+    node = cluster.nodes[-1]
+    faults("oom", node)
+    core = k8s.CoreV1Api(cluster.api_client())
+    name = "sweep-me"
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: "2"}},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "app", "image": "registry.example.com/shop/web:1"}],
+            },
+        },
+    )
+    wait_for(
+        f"pod {name} to fail on {node}",
+        lambda: classify(
+            core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace)),
+            Config(),
+        ),
+    )
+    fn = start(
+        "sweep-failures",
+        in_cluster=service_account("sweep-failures"),
+        overrides={"K_SINK": receiver.url},
+    )
+    # The PingSource's tick, with the data and content type of knative/sources.yaml.
+    ping = find(start.manifests, "PingSource", "sweep-failures")["spec"]
+    headers, _ = cloudevent("dev.knative.sources.ping", None)
+    headers["content-type"] = ping["contentType"]
+    status, _, body = fn.request("POST", "/", ping["data"].encode(), headers)
+    assert status == 202, body
+    sent = [
+        (h, json.loads(b))
+        for h, b in receiver.received
+        if h.get("ce-subject") == f"namespaces/{namespace}/pods/{name}"
+    ]
+    assert len(sent) == 1, f"expected one event for {name}: {receiver.received}"
+    headers, data = sent[0]
+    assert headers["ce-type"] == EVENT_POD_FAILING
+    assert (data["node"], data["reason"]) == (node, "OOMKilled")
+
+
+def test_update_annotations_image_reads_the_failing_pod_through_its_own_service_account(
+    start: Starter, service_account: Callable[[str], InCluster]
+) -> None:
+    fn = start("update-annotations", in_cluster=service_account("update-annotations"))
+    # A failing pod that does not exist: its ServiceAccount may read pods, finds none, and the
+    # answer is plain success (RBAC refusing the read, or no credentials, would be a 500).
+    # An OOM-killed pod of a namespace that does not exist in the cluster.
+    pod = json.loads(images.pod_event(oom_killed=True)[1])
+    failure = classify(pod, Config())  # type: ignore[arg-type]
+    assert failure is not None
+    data = FailingPod.from_pod(pod, failure).to_data()  # type: ignore[arg-type]
+    headers, body = cloudevent(EVENT_POD_FAILING, data)
+    headers["ce-subject"] = f"namespaces/shop/pods/{pod['metadata']['name']}"
+    status, _, answer = fn.request("POST", "/", body, headers)
+    assert (status, answer) == (202, b"")
+    page = fn.request("GET", "/metrics")[2].decode()
+    assert (
+        metric_samples(
+            page, "knr_events_received_total", function="update-annotations", outcome="202"
+        )
+        == 1
+    ), page
