@@ -113,15 +113,14 @@ build_base() {
 # base recipe: end
 
 mkdir -p "$base_dir"
-if [[ -n "${KNR_BASE_REFRESH:-}" ]]; then
-  rm -f "$base_archive"
-  buildah rmi "$base_ref" >/dev/null 2>&1 || true
-fi
+if [[ -n "${KNR_BASE_REFRESH:-}" ]]; then rm -f "$base_archive"; fi
+built_base=""
 if [[ -s "$base_archive" ]]; then
   log "base $key: cached"
 else
   start=$SECONDS
   build_base
+  built_base=1
   log "base $key: built in $((SECONDS - start)) s"
 fi
 if [[ -n "$only_base" ]]; then
@@ -129,8 +128,9 @@ if [[ -n "$only_base" ]]; then
   exit 0
 fi
 
-# buildah bud takes its base from local storage: load the cached archive there once.
-if ! buildah inspect --type image "$base_ref" >/dev/null 2>&1; then
+# buildah bud takes its base from local storage: the cached archive is loaded there once, and
+# again when it was just rebuilt (the new image takes the tag over).
+if [[ -n "$built_base" ]] || ! buildah inspect --type image "$base_ref" >/dev/null 2>&1; then
   skopeo copy --quiet "oci-archive:$base_archive" "containers-storage:$base_ref"
 fi
 
