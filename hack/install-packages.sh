@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the local cluster needs from Debian when it is missing: Prometheus (the server
-# only), and the daemonless image tools (mmdebstrap, buildah, skopeo, podman with runc) that
+# only), iproute2 (the local stack's network namespace), and the daemonless image tools (mmdebstrap, buildah, skopeo, podman with runc) that
 # `make images` and tests/e2e/test_images.py use. `make cluster-bins` (and so `make test`,
 # `make demo`, `make up`) and .ci/run call it; extra packages can be named in CI_APT_PACKAGES.
 set -euo pipefail
@@ -22,6 +22,9 @@ done
 # podman looks for a network backend even for --network host, and Debian's podman only
 # recommends one.
 [[ -x /usr/lib/podman/netavark ]] || apt_packages+=" netavark"
+# apt: Knative's data plane runs in a network namespace of the local stack's own (ip netns)
+# and the tests list its sockets (ss): iproute2.
+{ command -v ip && command -v ss; } >/dev/null || apt_packages+=" iproute2"
 if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   own_policy=""
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
