@@ -329,6 +329,10 @@ class KnativeBroker:
         self.port = port or _free_port()
         self.broker_url_in_namespace = ""
         self._api_forward = ""
+        # Whether the channel answers before delivering (its async-handler annotation), and
+        # the longest a retry of any Trigger can wait after a failed attempt.
+        self.is_async = False
+        self._retry_window = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -451,20 +455,35 @@ class KnativeBroker:
     def wait_idle(self, timeout: float = 30.0, quiet: float = 0.3) -> bool:
         """True once no request is outstanding anywhere in the data plane for ``quiet`` s.
 
-        Exact with the synchronous fan-out (the sender's request to the ingress stays open
-        through every delivery and retry); with ``async-handler`` a delivery waiting out a
-        retry backoff holds no request open and is not seen."""
+        With the synchronous fan-out the sender's request to the ingress stays open through
+        every delivery and retry, so that is exact. With ``async-handler`` a delivery waiting
+        out a retry backoff holds no request open: then, after a failed answer, idle also
+        means that the longest backoff of any Trigger has passed without a retry."""
         deadline = time.monotonic() + timeout
         calm_since: float | None = None
         while time.monotonic() < deadline:
+            now = time.monotonic()
             if self.busy() == 0:
-                calm_since = calm_since or time.monotonic()
-                if time.monotonic() - calm_since >= quiet:
+                calm_since = calm_since or now
+                failed = self._last_failure()
+                retry_due = (
+                    self.is_async and failed is not None and now - failed < self._retry_window
+                )
+                if now - calm_since >= quiet and not retry_due:
                     return True
             else:
                 calm_since = None
             time.sleep(0.05)
         return False
+
+    def _last_failure(self) -> float | None:
+        times = [
+            t
+            for f in self.forwards
+            if f.name != self._api_forward
+            if (t := f.last_failure()) is not None
+        ]
+        return max(times, default=None)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -624,6 +643,10 @@ class KnativeBroker:
                 broker["spec"]["delivery"], services
             )
         channel = self._upsert(MESSAGING, "inmemorychannels", channel_doc)
+        self.is_async = channel["metadata"]["annotations"].get(ASYNC_HANDLER) == "true"
+        self._retry_window = (
+            max((_longest_wait(e.get("delivery")) for e in subscribers), default=0.0) + 0.5
+        )
         status = _ready(channel["metadata"]["generation"])
         status["address"] = {"name": "http", "url": channel_url}
         status["addresses"] = [{"name": "http", "url": channel_url}]
@@ -772,6 +795,15 @@ class KnativeBroker:
                 )
                 raise BrokerError(f"the Broker delivers nothing ({last}):\n{tails}")
             time.sleep(0.2)
+
+
+def _longest_wait(delivery: Mapping[str, Any] | None) -> float:
+    """The longest a dispatcher waits between two attempts under ``delivery``, plus one
+    attempt's timeout (Knative's retry rules, as pipeline.triggers.Delivery encodes them)."""
+    spec = triggers.Delivery.from_spec(delivery, "delivery")
+    if spec is None or spec.retry == 0:
+        return 0.0
+    return spec.backoff(spec.retry - 1) + (spec.timeout or 0.0)
 
 
 def _resolved_delivery(delivery: Mapping[str, Any], services: Mapping[str, str]) -> dict[str, Any]:
