@@ -75,6 +75,7 @@ class Stack:
         score_nodes_port: int | None = None,
         triggers_dir: Path = ROOT / "knative",
         restart_functions: bool = True,
+        async_handler: bool | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.api_client = api_client
@@ -99,6 +100,8 @@ class Stack:
         self._ping_stop = threading.Event()
         self._ping_threads: list[threading.Thread] = []
         self.restart_functions = restart_functions
+        # None: the channel's fan-out mode is what knative/broker.yaml says.
+        self.async_handler = async_handler
         self._watchdog: Watchdog | None = None
         self.broker_url = ""
 
@@ -167,6 +170,7 @@ class Stack:
             archive=self.archive,
             dead_letters=self.dead_letters,
             port=broker_port,
+            async_handler=self.async_handler,
         ).start()
         self.broker_url = self.broker.url
         webhook_setup.register(self.api_client, webhook_setup.configuration(hook.url, ca))
