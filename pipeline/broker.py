@@ -477,10 +477,12 @@ class KnativeBroker:
         return False
 
     def _last_failure(self) -> float | None:
+        # Only deliveries (to a function or receiver) are retried by the dispatcher; a sender's
+        # refused event at the ingress is not.
         times = [
             t
             for f in self.forwards
-            if f.name != self._api_forward
+            if f.name.startswith("out-") and f.name != self._api_forward
             if (t := f.last_failure()) is not None
         ]
         return max(times, default=None)
