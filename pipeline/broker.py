@@ -200,9 +200,9 @@ class Receiver:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length)
                 try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    body = self.rfile.read(length)
                     event = cloudevent.from_http(dict(self.headers.items()), body)
                 except ValueError as exc:
                     self._answer(400, str(exc).encode())
@@ -358,10 +358,9 @@ class KnativeBroker:
         # Out of the namespace, same port: the API server and every URL a Trigger resolves to.
         # The API server's is not an event path (and client-go speaks HTTP/2 on it, where
         # "the client spoke last" does not mean a request is waiting): wait_idle ignores it.
-        self._api_forward = f"out-{self._api_port()}"
-        ports = {self._api_port()} | {
-            urllib.parse.urlsplit(u).port or 80 for u in services.values()
-        }
+        api_port = self._api_port()
+        self._api_forward = f"out-{api_port}"
+        ports = {api_port} | {urllib.parse.urlsplit(u).port or 80 for u in services.values()}
         clash = sorted(ports & RESERVED_PORTS)
         if clash:
             raise BrokerError(
@@ -433,10 +432,6 @@ class KnativeBroker:
         return self.netns.argv(argv)
 
     @property
-    def url_in_namespace(self) -> str:
-        return self.broker_url_in_namespace
-
-    @property
     def source_url(self) -> str:
         """Where the ApiServerSource adapter (in the namespace) sends: the Broker's path via the
         ``source`` forward."""
@@ -497,9 +492,6 @@ class KnativeBroker:
         return requests.post(
             self.url, data=body, headers=dict(headers), timeout=timeout
         ).status_code
-
-    def logs(self) -> dict[str, Path]:
-        return {p.name: p.log_path for p in self.procs}
 
     # -- the control plane's part --------------------------------------------------------------
 

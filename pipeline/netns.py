@@ -393,7 +393,6 @@ class Forward:
         self._lock = threading.Lock()
         self._keys = itertools.count()
         self._outstanding: set[int] = set()
-        self._last_activity = time.monotonic()
         # When an answer last said the request failed (>= 400, or no answer): a Knative
         # dispatcher may retry it after a backoff, with nothing on the wire meanwhile.
         self._last_failure: float | None = None
@@ -450,10 +449,6 @@ class Forward:
         if status is None or status >= 400:
             with self._lock:
                 self._last_failure = time.monotonic()
-
-    def quiet_for(self) -> float:
-        with self._lock:
-            return time.monotonic() - self._last_activity
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -513,7 +508,6 @@ class Forward:
                     except OSError:
                         data = b""
                     with self._lock:
-                        self._last_activity = time.monotonic()
                         awaited = key in self._outstanding
                         if data and src is client:
                             self._outstanding.add(key)
@@ -549,7 +543,6 @@ class Forward:
 
     def _awaiting(self, key: int, waiting: bool) -> None:
         with self._lock:
-            self._last_activity = time.monotonic()
             if waiting:
                 self._outstanding.add(key)
             else:
