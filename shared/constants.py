@@ -5,6 +5,7 @@ on the event types, and existing clusters carry the state annotation. Change non
 without a migration.
 """
 
+from collections.abc import Mapping
 from typing import Final
 
 # The user's opt-in, kept compatible with the original kse-rescheduler: an integer, 0 disables.
@@ -29,8 +30,17 @@ POLICY_STAMP_ANNOTATION: Final = PREFIX + "scheduling-retries"
 # Per-workload override of how long a pod may stay bound to a node without starting before the
 # sweep calls it stuck (a Go-style duration); the webhook copies it onto the pod.
 STUCK_AFTER_ANNOTATION: Final = PREFIX + "stuck-after"
-# Label on a pod that makes the webhook leave it alone (also the webhook's objectSelector).
+# Label on a pod or a Node that makes every function leave it alone (also the webhook's
+# objectSelector). Its presence opts out, whatever its value ("", "true", even "false"): that is
+# what the webhook's `DoesNotExist` selector sees, and every function reads it the same way
+# through `opted_out`.
 OPT_OUT_LABEL: Final = PREFIX + "ignore"
+
+
+def opted_out(labels: Mapping[str, str] | None) -> bool:
+    """Whether a pod or Node carries the opt-out label (any value): the one rule for both."""
+    return OPT_OUT_LABEL in (labels or {})
+
 
 # Compatibility with the original Podrescheduling scheduler plugin, written when enabled.
 KSE_SCHEDULED_HOSTS_ANNOTATION: Final = "kse.com/scheduled-hosts"
@@ -119,8 +129,8 @@ NODE_HEALTH_ANNOTATION: Final = PREFIX + "node-health"
 SUSPECT_LABEL: Final = PREFIX + "suspect"
 SUSPECT_VALUE: Final = "true"
 SUSPECT_TAINT_EFFECT: Final = "PreferNoSchedule"
-# A Node carrying the project's opt-out label (the same key as the pod's) is never marked, by
-# blame or by pressure rules.
+# A Node carrying the project's opt-out label (the same key and rule as the pod's, `opted_out`)
+# is never marked, by blame or by pressure rules, gets no usage record and is never rebalanced.
 NODE_OPT_OUT_LABEL: Final = OPT_OUT_LABEL
 EVENT_NODE_SUSPECTED: Final = "io.kn-rescheduler.node.suspected"
 EVENT_NODE_CLEARED: Final = "io.kn-rescheduler.node.cleared"

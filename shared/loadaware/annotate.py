@@ -32,8 +32,8 @@ from shared.constants import (
     LOAD_OVERLOADED,
     MAINTENANCE_LABEL,
     MAINTENANCE_VALUE,
-    NODE_OPT_OUT_LABEL,
     USAGE_ANNOTATION,
+    opted_out,
 )
 from shared.loadaware.usage import (
     Estimate,
@@ -199,7 +199,7 @@ def decide_node(
         unreadable = True
     else:
         unreadable = False
-    if labels.get(NODE_OPT_OUT_LABEL) == "true":
+    if opted_out(labels):
         has_any = current is not None or unreadable or current_bucket is not None
         return NodeDecision(
             name, None, None, has_any, "opted out of kn-rescheduler", remove_record=has_any

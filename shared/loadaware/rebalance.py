@@ -64,7 +64,7 @@ from shared.constants import (
     LOAD_LABEL,
     MAINTENANCE_LABEL,
     MAINTENANCE_VALUE,
-    NODE_OPT_OUT_LABEL,
+    opted_out,
 )
 from shared.loadaware.usage import (
     Resources,
@@ -262,7 +262,7 @@ def assess(
         for n in nodes
         if _name(n) in fresh
         and _labels(n).get(MAINTENANCE_LABEL) != MAINTENANCE_VALUE
-        and _labels(n).get(NODE_OPT_OUT_LABEL) != "true"
+        and not opted_out(_labels(n))
     ]
     bounds = bounds_for(members, cfg)
     states = []
@@ -270,20 +270,20 @@ def assess(
         name = _name(node)
         labels = _labels(node)
         maintenance = labels.get(MAINTENANCE_LABEL) == MAINTENANCE_VALUE
-        opted_out = labels.get(NODE_OPT_OUT_LABEL) == "true"
+        node_opted_out = opted_out(labels)
         previous = read_streak(node)
         record = fresh.get(name)
         hot_why = _why_hot(record, bounds, cfg) if record is not None else None
-        if opted_out:
+        if node_opted_out:
             hot_why = None
         if hot_why is None:
             streak = Streak()
-            why = "opted out" if opted_out else why_not.get(name) or "under the bounds"
+            why = "opted out" if node_opted_out else why_not.get(name) or "under the bounds"
         else:
             before = previous or Streak()
             streak = Streak(before.hot + 1, before.since or now)
             why = f"{hot_why[1]}; hot for {streak.hot} evaluation(s)"
-        acting = not opted_out and (
+        acting = not node_opted_out and (
             maintenance or (hot_why is not None and streak.hot >= cfg.rebalance_hot_samples)
         )
         reason = MAINTENANCE if maintenance else hot_why[0] if hot_why else ""
@@ -293,7 +293,7 @@ def assess(
                 record,
                 capacity[name],
                 maintenance,
-                opted_out,
+                node_opted_out,
                 hot_why is not None,
                 why,
                 streak,

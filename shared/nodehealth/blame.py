@@ -40,6 +40,7 @@ from shared.constants import (
     SUSPECT_LABEL,
     SUSPECT_TAINT_EFFECT,
     SUSPECT_VALUE,
+    opted_out,
 )
 from shared.nodehealth.record import NodeHealth, Seen, load
 from shared.platform.config import Config
@@ -169,9 +170,7 @@ class NodeFacts:
 
     @property
     def opted_out(self) -> bool:
-        # Presence, whatever the value, as for pods (the webhook's objectSelector is
-        # DoesNotExist on the same key).
-        return NODE_OPT_OUT_LABEL in self.labels
+        return opted_out(self.labels)
 
     @property
     def labelled(self) -> bool:

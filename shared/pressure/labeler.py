@@ -31,7 +31,7 @@ from typing import Any, Final, TypedDict, cast
 
 from prometheus_client import Counter, Gauge
 
-from shared.constants import NODE_OPT_OUT_LABEL, PRESSURE_ANNOTATION
+from shared.constants import PRESSURE_ANNOTATION, opted_out
 from shared.platform import kube as kubeapi
 from shared.platform import prometheus as prom
 from shared.platform.config import Config
@@ -236,7 +236,7 @@ class Labeler:
             labelled=labels.get(self.label_key) == self.label_value,
             record=record,
             annotated=raw is not None,
-            opted_out=NODE_OPT_OUT_LABEL in labels,
+            opted_out=opted_out(labels),
             schedulable=not (node.get("spec") or {}).get("unschedulable", False),
         )
 
