@@ -222,6 +222,8 @@ def classify(pod: Pod, cfg: Config, now: datetime | None = None) -> Failure | No
     for _, status in statuses:
         if fails_everywhere(status) is not None:
             return None
+    if evicted_for_its_own_limits(pod) is not None:
+        return None
     pod_failure = _pod_failed(pod, node, cfg)
     if pod_failure is not None:
         return pod_failure
@@ -245,7 +247,7 @@ def fails_everywhere(status: ContainerStatus) -> str | None:
     if reason in NEVER_MOVE_REASONS:
         return f"{reason} fails on every node"
     if reason in _IMAGE_PULL_REASONS:
-        matched = _matches(_IMAGE_EVERYWHERE, waiting.get("message", ""))
+        matched = _matches(_IMAGE_EVERYWHERE + _REGISTRY_ANSWERS, waiting.get("message", ""))
         if matched:
             return f"{reason}: the registry answered {matched!r}, which no node can change"
     messages = [waiting.get("message", "")] if reason in _START_FAILURE_REASONS else []
@@ -255,9 +257,31 @@ def fails_everywhere(status: ContainerStatus) -> str | None:
         if block.get("reason") in _START_FAILURE_REASONS:
             messages.append(block.get("message", ""))
     for message in messages:
-        matched = _matches(_START_EVERYWHERE, message)
+        matched = _matches(_START_EVERYWHERE + _OWN_COMMAND_MISSING, message)
         if matched:
             return f"the container's command is not in its image ({matched!r})"
+        matched = _matches(_OWN_READ_ONLY_MOUNT, message)
+        if matched:
+            return f"a mount point of the pod's own spec lies in a read-only path ({matched!r})"
+    return None
+
+
+@judges_pod
+def evicted_for_its_own_limits(pod: Pod) -> str | None:
+    """Why the kubelet's eviction of this pod follows it to every node, or None.
+
+    Besides node pressure, the eviction manager evicts a pod that outgrows its own local
+    storage limits: the pod's or a container's `ephemeral-storage` limit, an emptyDir's
+    `sizeLimit` (pkg/kubelet/eviction/eviction_manager.go, localStorageEviction). Those are
+    the pod's own numbers and its usage comes with it: every node would evict it again.
+    Only the kubelet's message tells the kinds apart (reason Evicted for all of them).
+    """
+    status = pod.get("status", {})
+    if status.get("phase") != "Failed" or status.get("reason") != "Evicted":
+        return None
+    matched = _matches(_OWN_LIMIT_EVICTIONS, status.get("message", ""))
+    if matched:
+        return f"evicted for exceeding its own limit ({matched!r}), which every node enforces"
     return None
 
 
@@ -369,6 +393,36 @@ _START_FAILURE_REASONS: Final = frozenset(
 )
 _IMAGE_EVERYWHERE: Final = tuple(re.compile(p, re.IGNORECASE) for p in IMAGE_EVERYWHERE_PATTERNS)
 _START_EVERYWHERE: Final = tuple(re.compile(p, re.IGNORECASE) for p in START_EVERYWHERE_PATTERNS)
+# Registry answers that no other node gets differently, beyond IMAGE_EVERYWHERE_PATTERNS: DNS
+# says the registry's host does not exist (Go's resolver: "lookup <host> on <server>: no such
+# host"), or the registry refuses for its pull rate limit (429, Docker Hub's toomanyrequests),
+# which counts per client address: nodes behind one NAT share it, and moving cannot tell.
+_REGISTRY_ANSWERS: Final = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (r"lookup \S+ on \S+: no such host", r"toomanyrequests", r"\b429 Too Many Requests")
+)
+# crun (CRI-O's default runtime on many distributions) words a missing command its own way;
+# CRI-O reports it at create time: "container create failed: executable file `x` not found
+# in $PATH: No such file or directory".
+_OWN_COMMAND_MISSING: Final = (re.compile(r"executable file `[^`]*` not found in \$PATH"),)
+# runc making a mount point for a volume inside the container's own root filesystem, under a
+# path the pod's spec made read-only (a volume nested in a read-only volume): every node does
+# the same ("mkdirat /run/containerd/.../rootfs/etc/app/data: read-only file system"). A
+# read-only path outside a container's rootfs is the node's own disk and stays movable.
+_OWN_READ_ONLY_MOUNT: Final = (
+    re.compile(r"mkdirat? \S*/rootfs/\S*: read-only file system", re.IGNORECASE),
+)
+# The kubelet's messages for an eviction at the pod's own limits (pkg/kubelet/eviction/
+# helpers.go: podEphemeralStorageMessageFmt, containerEphemeralStorageMessageFmt,
+# emptyDirMessageFmt), unchanged from v1.30 to v1.36.
+_OWN_LIMIT_EVICTIONS: Final = tuple(
+    re.compile(p)
+    for p in (
+        r"Pod ephemeral local storage usage exceeds the total limit of containers",
+        r"Container \S+ exceeded its local ephemeral storage limit",
+        r'Usage of EmptyDir volume "[^"]*" exceeds the limit',
+    )
+)
 # "back-off 40s restarting failed container=app pod=..." (kuberuntime's doBackOff).
 _BACK_OFF = re.compile(r"^back-off (\S+) restarting failed container", re.IGNORECASE)
 # The kubelet's default crash-loop back-off: 10s doubling to a 5-minute cap. A back-off of
@@ -422,11 +476,26 @@ def _condition(pod: Pod, kind: str) -> PodCondition | None:
     return None
 
 
+# The Unix epoch, what a container that never started carries as its startedAt.
+_NEVER_STARTED: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _run_length(block: Mapping[str, Any]) -> timedelta | None:
-    """How long a terminated container ran (finishedAt - startedAt), if both are known."""
+    """How long a terminated container ran (finishedAt - startedAt), if both are known.
+
+    A container the runtime never started ran for no time at all: containerd records a failed
+    start (reason StartError) without a start time, 0 ns, and the kubelet converts that with
+    time.Unix(0, 0) (pkg/kubelet/kuberuntime/kuberuntime_container.go), so the API shows
+    `startedAt: 1970-01-01T00:00:00Z`. Read as a time it would be a 56-year run, one that
+    restarts the crash-loop series at every failure and resets the exclusions.
+    """
     started = parse_kube_time(block.get("startedAt"))
     finished = parse_kube_time(block.get("finishedAt"))
-    if started is None or finished is None or finished < started:
+    if started is None or finished is None:
+        return None
+    if started <= _NEVER_STARTED:
+        return timedelta(0)
+    if finished < started:
         return None
     return finished - started
 

@@ -78,3 +78,43 @@ def test_the_failing_event_says_how_long_the_container_ran_not_how_old_the_pod_i
     assert response.status_code == 200
     _, data = reply_of(response)
     assert data["ranForSeconds"] == 3
+
+
+def _evicted_at_its_own_limit() -> Any:
+    """The kubelet's eviction for a container's own ephemeral-storage limit: phase Failed,
+    reason Evicted, containerEphemeralStorageMessageFmt (pkg/kubelet/eviction/helpers.go),
+    no DisruptionTarget condition (eviction_manager.go passes none for limit evictions)."""
+    return pods.pod(
+        phase="Failed",
+        reason="Evicted",
+        message='Container app exceeded its local ephemeral storage limit "1Gi". ',
+        containers=[pods.terminated("Error", 137)],
+    )
+
+
+def test_an_eviction_at_the_pods_own_limit_gets_202(function_client: ClientFactory) -> None:
+    assert post(function_client("detect-failures"), _evicted_at_its_own_limit()).status_code == 202
+
+
+def test_a_container_the_runtime_never_started_is_forwarded_with_no_time_run(
+    function_client: ClientFactory,
+) -> None:
+    # containerd's failed start (internal/cri/server/container_start.go): StartError, 128, and
+    # startedAt as the kubelet converts containerd's 0 ns (kuberuntime_container.go).
+    now = datetime.now(UTC)
+    status = pods.crash_looping(restarts=3)
+    status["lastState"] = {
+        "terminated": {
+            **pods.last_terminated("StartError", 128, attempt=2, finished=now),
+            "startedAt": "1970-01-01T00:00:00Z",
+            "message": "failed to create containerd task: failed to create shim task: OCI "
+            "runtime create failed: runc create failed: unable to start container process: "
+            "error during container init: error setting cgroup config for procHooks "
+            "process: unable to freeze: unknown",
+        }
+    }
+    response = post(function_client("detect-failures"), pods.pod(started=now, containers=[status]))
+    assert response.status_code == 200
+    _, data = reply_of(response)
+    assert data["reason"] == "CrashLoopBackOff"
+    assert data["ranForSeconds"] == 0

@@ -869,3 +869,290 @@ def test_the_sweep_forwards_a_disabled_pod_only_to_clear_our_exclusions() -> Non
     crashing = pods.pod("web-7d9c8b6f4-k2k2k", stamp="0", containers=[crash_looping(restarts=9)])
     found = find_failures([blocked, crashing], CFG, NOW)
     assert [f.name for f in found] == [blocked["metadata"]["name"]]
+
+
+# Statuses shaped exactly as a kubelet (v1.30 to v1.36) and its runtime write them; each row
+# names the source that writes the shape. docs/failure-rules.md has the verdict of every reason.
+CONTAINERD_START_FAILED = (
+    "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+    "runc create failed: unable to start container process: error during container init: "
+    "error setting cgroup config for procHooks process: unable to freeze: unknown"
+)
+
+
+def _start_error(message: str, *, restarts: int, back_off: str) -> Pod:
+    """A container containerd never managed to start, waiting in CrashLoopBackOff.
+
+    containerd (internal/cri/server/container_start.go) records a failed start as an exit with
+    reason StartError, code 128, a finishedAt and no startedAt (0 ns); the kubelet
+    (pkg/kubelet/kuberuntime/kuberuntime_container.go, toKubeContainerStatus) converts that 0
+    with time.Unix(0, 0), which the API server writes as 1970-01-01T00:00:00Z, not null.
+    """
+    status = crash_looping(restarts=restarts)
+    status["state"]["waiting"]["message"] = status["state"]["waiting"]["message"].replace(
+        status["state"]["waiting"]["message"].split(" ")[1], back_off, 1
+    )
+    status["lastState"] = {
+        "terminated": {
+            **last_terminated("StartError", 128, attempt=restarts - 1),
+            "startedAt": "1970-01-01T00:00:00Z",
+            "message": message,
+        }
+    }
+    return pods.pod(containers=[status])
+
+
+def _evicted(message: str, *, disruption_condition: bool) -> Pod:
+    """A pod the kubelet's eviction manager failed (pkg/kubelet/eviction/eviction_manager.go,
+    evictPod): phase Failed, reason Evicted, the message as the kubelet formats it
+    (pkg/kubelet/eviction/helpers.go). Node-pressure evictions add a DisruptionTarget condition
+    (TerminationByKubelet); the local-storage limit evictions pass none."""
+    p = pods.pod(
+        phase="Failed",
+        reason="Evicted",
+        message=message,
+        containers=[terminated("Error", 137)],
+    )
+    if disruption_condition:
+        p["status"]["conditions"].insert(
+            0,
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "TerminationByKubelet",
+                "message": message,
+                "lastProbeTime": None,
+                "lastTransitionTime": pods.ts(NOW - timedelta(seconds=20)),
+            },
+        )
+    return p
+
+
+class Judged(NamedTuple):
+    pod: Pod
+    moved: bool
+    # Where the shape comes from (a file of the kubelet, containerd or CRI-O).
+    source: str
+
+
+KUBELET_STATUSES = {
+    "a container containerd never started (StartError, startedAt 1970), 3 in a row": Judged(
+        _start_error(CONTAINERD_START_FAILED, restarts=3, back_off="40s"),
+        True,
+        "containerd internal/cri/server/container_start.go; kubelet kuberuntime_container.go",
+    ),
+    "a container containerd never started, on a pod with old restarts, twice in a row": Judged(
+        _start_error(CONTAINERD_START_FAILED, restarts=9, back_off="20s"),
+        False,
+        "containerd internal/cri/server/container_start.go; kubelet kuberuntime_manager.go",
+    ),
+    "an eviction for the pod's own ephemeral-storage limit": Judged(
+        _evicted(
+            "Pod ephemeral local storage usage exceeds the total limit of containers 2Gi. ",
+            disruption_condition=False,
+        ),
+        False,
+        "kubelet pkg/kubelet/eviction/helpers.go podEphemeralStorageMessageFmt",
+    ),
+    "an eviction for a container's own ephemeral-storage limit": Judged(
+        _evicted(
+            'Container app exceeded its local ephemeral storage limit "1Gi". ',
+            disruption_condition=False,
+        ),
+        False,
+        "kubelet pkg/kubelet/eviction/helpers.go containerEphemeralStorageMessageFmt",
+    ),
+    "an eviction for an emptyDir over its sizeLimit": Judged(
+        _evicted(
+            'Usage of EmptyDir volume "cache" exceeds the limit "500Mi". ',
+            disruption_condition=False,
+        ),
+        False,
+        "kubelet pkg/kubelet/eviction/helpers.go emptyDirMessageFmt",
+    ),
+    "an eviction under the node's disk pressure": Judged(
+        _evicted(
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, "
+            "available: 9765432Ki. Container app was using 2Gi, request is 0, has larger "
+            "consumption of ephemeral-storage. ",
+            disruption_condition=True,
+        ),
+        True,
+        "kubelet pkg/kubelet/eviction/helpers.go nodeLowMessageFmt, containerMessageFmt",
+    ),
+    "a pod rejected at admission by the eviction manager (node condition)": Judged(
+        _evicted(
+            "Pod was rejected: The node had condition: [DiskPressure]. ",
+            disruption_condition=False,
+        ),
+        True,
+        "kubelet pkg/kubelet/eviction/eviction_manager.go Admit; kubelet.go rejectPod",
+    ),
+    "CRI-O with crun: the command is not in the image": Judged(
+        pods.pod(
+            phase="Pending",
+            containers=[
+                waiting(
+                    "CreateContainerError",
+                    "container create failed: executable file `/bin/alloy` not found in $PATH: "
+                    "No such file or directory\n",
+                )
+            ],
+        ),
+        False,
+        "CRI-O internal/oci/runtime_oci.go (container create failed: %s) with crun's message",
+    ),
+    "CRI-O with runc: the command is not in the image": Judged(
+        pods.pod(
+            phase="Pending",
+            containers=[
+                waiting(
+                    "CreateContainerError",
+                    "container create failed: runc create failed: unable to start container "
+                    'process: exec: "/usr/bin/pod": stat /usr/bin/pod: no such file or directory',
+                )
+            ],
+        ),
+        False,
+        "CRI-O internal/oci/runtime_oci.go (container create failed: %s) with runc's message",
+    ),
+    "a registry host that does not exist (containerd)": Judged(
+        pods.pod(
+            phase="Pending",
+            containers=[
+                waiting(
+                    "ErrImagePull",
+                    'failed to pull and unpack image "registry.exmaple.com/shop/web:1.4.2": '
+                    'failed to resolve reference "registry.exmaple.com/shop/web:1.4.2": failed '
+                    'to do request: Head "https://registry.exmaple.com/v2/shop/web/manifests/'
+                    '1.4.2": dial tcp: lookup registry.exmaple.com on 127.0.0.53:53: no such host',
+                )
+            ],
+        ),
+        False,
+        "containerd core/remotes/docker/resolver.go (failed to do request) and Go's net package",
+    ),
+    "a registry host that does not exist (CRI-O)": Judged(
+        pods.pod(
+            phase="Pending",
+            containers=[
+                waiting(
+                    "ErrImagePull",
+                    "pinging container registry registry.exmaple.com: Get "
+                    '"https://registry.exmaple.com/v2/": dial tcp: lookup registry.exmaple.com '
+                    "on 10.0.0.2:53: no such host",
+                )
+            ],
+        ),
+        False,
+        "containers/image docker/docker_client.go (pinging container registry), used by CRI-O",
+    ),
+    "a registry's pull rate limit": Judged(
+        pods.pod(
+            phase="Pending",
+            containers=[
+                waiting(
+                    "ErrImagePull",
+                    'failed to pull and unpack image "docker.io/library/nginx:1.27": failed to '
+                    "copy: httpReadSeeker: failed open: unexpected status code https://registry-1."
+                    "docker.io/v2/library/nginx/manifests/sha256:0a3f: 429 Too Many Requests - "
+                    "Server message: toomanyrequests: You have reached your unauthenticated pull "
+                    "rate limit.",
+                )
+            ],
+        ),
+        False,
+        "containerd core/remotes/docker/fetcher.go (unexpected status code)",
+    ),
+    "a registry that times out on this node for minutes": Judged(
+        pods.pod(
+            phase="Pending",
+            containers=[
+                waiting(
+                    "ErrImagePull",
+                    'failed to pull and unpack image "registry.example.com/shop/web:1.4.2": '
+                    'failed to resolve reference "registry.example.com/shop/web:1.4.2": failed '
+                    'to do request: Head "https://registry.example.com/v2/shop/web/manifests/'
+                    '1.4.2": dial tcp 10.0.0.5:443: i/o timeout',
+                )
+            ],
+        ),
+        True,
+        "containerd core/remotes/docker/resolver.go (failed to do request)",
+    ),
+    "a mount point inside a read-only volume of the pod's own spec": Judged(
+        pods.pod(
+            containers=[
+                waiting(
+                    "RunContainerError",
+                    "failed to create containerd task: failed to create shim task: OCI runtime "
+                    "create failed: runc create failed: unable to start container process: "
+                    'error during container init: error mounting "/var/lib/kubelet/pods/'
+                    '0d7f5c4e/volumes/kubernetes.io~empty-dir/data" to rootfs at "/etc/app/data":'
+                    " create mountpoint for /etc/app/data mount: mkdirat /run/containerd/"
+                    "io.containerd.runtime.v2.task/k8s.io/4b1c/rootfs/etc/app/data: read-only "
+                    "file system: unknown",
+                    restarts=1,
+                )
+            ]
+        ),
+        False,
+        "runc libcontainer/rootfs_linux.go (create mountpoint for %s mount) via containerd",
+    ),
+    "a node whose own disk turned read-only": Judged(
+        pods.pod(
+            containers=[
+                waiting(
+                    "CreateContainerError",
+                    "failed to create containerd container: failed to prepare extraction "
+                    "snapshot: mkdir /var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/"
+                    "snapshots/812: read-only file system",
+                )
+            ]
+        ),
+        True,
+        "containerd internal/cri/server/container_create.go via its overlayfs snapshotter",
+    ),
+    "a pod the kubelet preempted to admit a critical pod": Judged(
+        pods.pod(
+            phase="Failed",
+            reason="Preempting",
+            message="Preempted in order to admit critical pod",
+            containers=[terminated("Error", 137)],
+        ),
+        False,
+        "kubelet pkg/kubelet/preemption/preemption.go",
+    ),
+    "a postStart hook that failed": Judged(
+        pods.pod(
+            containers=[
+                waiting(
+                    "PostStartHookError",
+                    'Exec lifecycle hook ([/bin/sh -c /warm-cache]) for Container "app" in Pod '
+                    '"web-7d9c8b6f4-x2x9z_shop(0d7f5c4e)" failed - error: command \'/bin/sh -c '
+                    '/warm-cache\' exited with 1: , message: ""',
+                    restarts=2,
+                )
+            ]
+        ),
+        False,
+        "kubelet pkg/kubelet/kuberuntime/kuberuntime_container.go (ErrPostStartHook)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", KUBELET_STATUSES.values(), ids=KUBELET_STATUSES.keys())
+def test_statuses_shaped_as_kubelets_write_them_are_judged_right(case: Judged) -> None:
+    failure = classify(case.pod, CFG, NOW)
+    if case.moved:
+        assert failure is not None, case.source
+        assert failure.kind is FailureKind.NODE_FIXABLE
+    else:
+        assert failure is None, f"{case.source}: {failure and failure.why}"
+
+
+def test_a_container_that_never_started_ran_for_no_time_at_all() -> None:
+    failure = classify(_start_error(CONTAINERD_START_FAILED, restarts=3, back_off="40s"), CFG, NOW)
+    assert failure is not None
+    assert failure.ran_for_seconds == 0
+    assert "3 restarts" in failure.why
