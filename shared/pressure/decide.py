@@ -36,11 +36,18 @@ The rules of the decision:
   so a stale label costs little for a while; a label nobody can confirm must not stay forever),
   and a ``for`` timer is neither advanced to a label nor reset;
 - at most ``pressure_max_share`` of the schedulable (not cordoned) nodes are labelled, rounded
-  down: the worst nodes (furthest past a threshold, relative to it) keep or get the label;
+  down: nodes that have the label and are still past a threshold keep it (hysteresis at the
+  cap: among nodes that all qualify, the worst changes with every reading), then the worst
+  other nodes (furthest past a threshold, relative to it) get it, and last labels that only a
+  clear threshold holds;
 - a node with the opt-out label is never labelled, and loses a label it has;
-- a label whose record is missing or unreadable (put there by hand, or by the seed) is treated
-  as ours but never confirmed: kept while a rule holds it, removed when none does or when no
-  data comes.
+- the label's key is a common word (``status``), so the label is ours only when the node
+  carries our value *and* our record says we put it there (a record with ``since``). Any other
+  value of the key (an operator's ``status=maintenance``), and our value without such a record
+  (written by hand, by a dynamicScheduler still running, or our record deleted), is left
+  alone: never overwritten, never removed, whatever the rules say; only our own annotation is
+  dropped from such a node, since it no longer describes a label of ours. Our value there still
+  steers pods away (the webhook cannot tell who wrote it), so it counts against the cap.
 """
 
 from __future__ import annotations
@@ -123,12 +130,15 @@ class NodeView:
     """A Node as the decision sees it."""
 
     name: str
+    # Carries the label's value (ours or not: see `foreign` and `record` for whose it is).
     labelled: bool
     record: Record | None = None
     # The annotation is there; with `record` None it could not be read (and will be replaced).
     annotated: bool = False
     opted_out: bool = False
     schedulable: bool = True
+    # The label key's value when it is not our value (someone else's); None: absent or ours.
+    foreign: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,8 @@ class Action(StrEnum):
     UNLABEL = "unlabel"
     KEEP = "keep"
     NONE = "none"
+    # The label key is not ours on this node: never written (our own record may be dropped).
+    HANDS_OFF = "hands-off"
 
 
 @dataclass(frozen=True)
@@ -178,6 +190,10 @@ class Decision:
     def capped(self) -> tuple[NodeDecision, ...]:
         return tuple(d for d in self.nodes if d.capped)
 
+    @property
+    def hands_off(self) -> tuple[NodeDecision, ...]:
+        return tuple(d for d in self.nodes if d.action is Action.HANDS_OFF)
+
 
 @dataclass(frozen=True)
 class _Wish:
@@ -203,17 +219,54 @@ def decide(
     # record read back equal to the one written.
     now = now.astimezone(UTC).replace(microsecond=0)
     cap = math.floor(config.pressure_max_share * sum(1 for n in nodes if n.schedulable) + 1e-9)
-    wishes = [_wish(view, rules, seen, now, config) for view in nodes]
-    ranked = sorted(
-        (w for w in wishes if w.label),
-        key=lambda w: (-w.severity, not w.view.labelled, w.view.name),
-    )
-    over_cap = {w.view.name for w in ranked[cap:]}
-    decisions = []
+    not_ours = {view.name: why for view in nodes if (why := hands_off(view))}
+    # Our value put there by someone else steers pods away as much as ours: it takes a place.
+    taken = sum(1 for view in nodes if view.name in not_ours and view.labelled)
+    wishes = [_wish(view, rules, seen, now, config) for view in nodes if view.name not in not_ours]
+    ranked = sorted((w for w in wishes if w.label), key=_rank)
+    over_cap = {w.view.name for w in ranked[max(cap - taken, 0) :]}
+    outcomes = {}
     for wish in wishes:
         outcome = _capped(wish, cap, rules, seen, now) if wish.view.name in over_cap else wish
-        decisions.append(_decision(outcome))
+        outcomes[wish.view.name] = _decision(outcome)
+    decisions = [
+        outcomes[view.name] if view.name not in not_ours else _left_alone(view, not_ours[view.name])
+        for view in nodes
+    ]
     return Decision(tuple(decisions), cap)
+
+
+def hands_off(view: NodeView) -> str:
+    """Why the label's key on this node is not ours to write; empty when it is."""
+    if view.foreign is not None:
+        return f"its label key has someone else's value {view.foreign!r}"
+    if view.labelled and (view.record is None or view.record.since is None):
+        return "it carries the label, but no record of ours says we put it there"
+    return ""
+
+
+def _left_alone(view: NodeView, why: str) -> NodeDecision:
+    """A node whose label key is not ours: the label as it is; our annotation, if any, goes (it
+    describes no label of ours there)."""
+    return NodeDecision(
+        view.name,
+        Action.HANDS_OFF,
+        f"left alone: {why}",
+        view.labelled,
+        None,
+        changed=view.annotated,
+    )
+
+
+def _rank(wish: _Wish) -> tuple[int, float, str]:
+    """The order in which the cap hands out labels: first the nodes that have the label and are
+    still past a threshold (hysteresis: nodes that all qualify would otherwise pass the label
+    around with every small change in who is worst, two writes each time), then the other nodes
+    past a threshold, then labels only a clear threshold still holds; the worst first within
+    each."""
+    past = wish.severity > 0
+    tier = 0 if wish.view.labelled and past else 1 if past else 2
+    return tier, -wish.severity, wish.view.name
 
 
 def _wish(
@@ -314,7 +367,8 @@ def _capped(
     return _Wish(
         view,
         False,
-        f"{wish.reason}; but at most {cap} node(s) may be labelled and {cap} are worse",
+        f"{wish.reason}; but at most {cap} node(s) may be labelled and the label stays on "
+        "nodes that have it while they are past a threshold, then goes to the worst",
         Record(pending=pending) if pending else None,
         capped=True,
     )

@@ -3,10 +3,16 @@
 An evaluation lists the Nodes, asks Prometheus each rule's expression, lets the pure decision
 (shared.pressure.decide) say which nodes carry the label afterwards, and writes only the Nodes
 whose label or record changes, with a JSON merge patch of the label and the annotation alone.
-No resourceVersion precondition: the patch touches only keys this function owns, one
-evaluation runs at a time (the Service allows one request in one pod), and what it writes
-depends only on those keys and on Prometheus, so a concurrent writer of other keys (assess-nodes'
-health record, the node controller's labels) never conflicts with it.
+
+The label's key (``status``) is not ours alone: an operator may use it for their own values. A
+patch names the key only to set it on a node that had none or to remove our value we put
+there (decide.hands_off says when it is ours); such a patch carries the ``resourceVersion`` the
+Node was read at, and the API server refuses it (409) if anyone wrote the Node since, so a value
+someone wrote between our read and our write is never overwritten or deleted. A merge patch is
+otherwise blind: it would replace or delete whatever the key holds by then. The 409 makes the
+ping answer 503, and the PingSource's retry evaluates afresh from a new list. A patch of our
+annotation alone (a ``for`` timer, a renewed record) names no label and needs no precondition:
+only we write that key, and one evaluation runs at a time (one pod, evaluations take turns).
 
 Prometheus down or answering errors is not a failed evaluation: the decision keeps labels until
 they are stale and labels nothing new, the outage is logged, counted and shown on ``/status``,
@@ -31,14 +37,21 @@ from typing import Any, Final, TypedDict, cast
 
 from prometheus_client import Counter, Gauge
 
-from shared.constants import PRESSURE_ANNOTATION, opted_out
+from shared.constants import (
+    PRESSURE_ANNOTATION,
+    PRESSURE_LABEL_KEY,
+    PRESSURE_LABEL_VALUE,
+    opted_out,
+)
 from shared.platform import kube as kubeapi
 from shared.platform import prometheus as prom
 from shared.platform.config import Config
 from shared.platform.kube import Kube
 from shared.platform.recorder import format_time
 from shared.pressure.decide import (
+    Action,
     Decision,
+    NodeDecision,
     NodeView,
     Observations,
     Record,
@@ -64,7 +77,7 @@ RULE_FAILURES: Final = Counter(
 NODE_WRITES: Final = Counter(
     "knr_pressure_node_writes_total",
     "Nodes written by label-nodes, by action (label, unlabel, keep: a record renewed, none: a "
-    "pending record changed).",
+    "pending record changed, hands-off: our record dropped from a node whose label is not ours).",
     ["action"],
 )
 LABELLED: Final = Gauge(
@@ -92,6 +105,7 @@ class _NodeSpec(TypedDict, total=False):
 
 class _NodeMeta(TypedDict, total=False):
     name: str
+    resourceVersion: str
     labels: dict[str, str]
     annotations: dict[str, str]
 
@@ -159,6 +173,8 @@ class Labeler:
         self.label_key, self.label_value = key, value
         self.status = Status(prometheus.url, rules=[rule.describe() for rule in self.rules])
         self._lock = threading.Lock()
+        # Nodes whose label key is not ours, as last told in the log: told again on a change.
+        self._told: dict[str, str] = {}
 
     # -- one evaluation -----------------------------------------------------------------------
 
@@ -173,7 +189,14 @@ class Labeler:
         decision = decide(
             [self._view(n) for n in nodes], self.rules, observations, now, self.config
         )
-        written = self._write(decision)
+        self._tell_hands_off(decision)
+        versions = {
+            (n.get("metadata") or {}).get("name", ""): (n.get("metadata") or {}).get(
+                "resourceVersion", ""
+            )
+            for n in nodes
+        }
+        written = self._write(decision, versions)
         self._record(now, decision, observations, outage)
         return Evaluation(now, decision, observations, outage, written)
 
@@ -220,42 +243,42 @@ class Labeler:
         return Observations(values, failed), outage
 
     def _view(self, node: _Node) -> NodeView:
-        meta = node.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        raw = (meta.get("annotations") or {}).get(PRESSURE_ANNOTATION)
-        record: Record | None = None
-        if raw is not None:
-            try:
-                record = Record.from_json(raw)
-            except RecordError as err:
-                log.warning(
-                    "node %s: %s: %s (replaced)", meta.get("name"), PRESSURE_ANNOTATION, err
-                )
-        return NodeView(
-            name=meta.get("name", ""),
-            labelled=labels.get(self.label_key) == self.label_value,
-            record=record,
-            annotated=raw is not None,
-            opted_out=opted_out(labels),
-            schedulable=not (node.get("spec") or {}).get("unschedulable", False),
-        )
+        return node_view(node, self.label_key, self.label_value)
 
-    def _write(self, decision: Decision) -> tuple[str, ...]:
+    def _tell_hands_off(self, decision: Decision) -> None:
+        """One log line when a node's label key becomes (or stops being) someone else's, not one
+        every 30 s. No Event: label-nodes records none (its RBAC allows Nodes only)."""
+        now = {d.node: d.reason for d in decision.hands_off}
+        for name, reason in sorted(now.items()):
+            if self._told.get(name) != reason:
+                log.warning(
+                    "node %s: label %s %s",
+                    name,
+                    self.label_key,
+                    reason,
+                    extra={"node": name, "action": Action.HANDS_OFF.value},
+                )
+        for name in sorted(self._told.keys() - now.keys()):
+            log.info("node %s: its label %s is no longer someone else's", name, self.label_key)
+        self._told = now
+
+    def _write(self, decision: Decision, versions: dict[str, str]) -> tuple[str, ...]:
         written = []
         transient: list[str] = []
         for change in decision.changes:
-            body = {
-                "metadata": {
-                    "labels": {self.label_key: self.label_value if change.labelled else None},
-                    "annotations": {
-                        PRESSURE_ANNOTATION: change.record.to_json() if change.record else None
-                    },
-                }
-            }
+            body = node_patch(
+                change, self.label_key, self.label_value, versions.get(change.node, "")
+            )
             try:
                 self.kube.merge_patch("Node", None, change.node, body)
             except kubeapi.NotFound:
                 log.info("node %s is gone; nothing to write", change.node)
+                continue
+            except kubeapi.Conflict as err:
+                # Written since the list: its label may now be someone else's. The retry of the
+                # tick (503) decides again from what the Node says then.
+                log.info("node %s changed since it was read; decided again on retry", change.node)
+                transient.append(f"{change.node}: {err}")
                 continue
             except kubeapi.Transient as err:
                 # The other nodes still get their writes; the tick is retried for this one.
@@ -313,6 +336,8 @@ class Labeler:
                 "labelled": sorted(d.node for d in decision.labelled),
                 # Qualify for the label, held back because worse nodes hold all it allows.
                 "capped": sorted(d.node for d in decision.capped),
+                # Their label key is not ours: never written.
+                "hands_off": sorted(d.node for d in decision.hands_off),
                 "outcome": outcome,
             },
         )
@@ -337,6 +362,51 @@ class Labeler:
                 }
             )
         return {"label": selector, "count": len(nodes), "nodes": nodes}
+
+
+def node_view(
+    node: _Node | dict[str, Any],
+    label_key: str = PRESSURE_LABEL_KEY,
+    label_value: str = PRESSURE_LABEL_VALUE,
+) -> NodeView:
+    """A Node as the decision sees it: the label key's value (ours or someone else's), our
+    record, opt-out and cordon."""
+    meta = cast(_Node, node).get("metadata") or {}
+    labels = meta.get("labels") or {}
+    raw = (meta.get("annotations") or {}).get(PRESSURE_ANNOTATION)
+    record: Record | None = None
+    if raw is not None:
+        try:
+            record = Record.from_json(raw)
+        except RecordError as err:
+            log.warning("node %s: %s: %s (replaced)", meta.get("name"), PRESSURE_ANNOTATION, err)
+    value = labels.get(label_key)
+    return NodeView(
+        name=meta.get("name", ""),
+        labelled=value == label_value,
+        record=record,
+        annotated=raw is not None,
+        opted_out=opted_out(labels),
+        schedulable=not (cast(_Node, node).get("spec") or {}).get("unschedulable", False),
+        foreign=value if value is not None and value != label_value else None,
+    )
+
+
+def node_patch(
+    change: NodeDecision, label_key: str, label_value: str, resource_version: str
+) -> dict[str, Any]:
+    """The JSON merge patch for one changed node: our annotation always; the label's key only
+    when the label is set or removed, and then with the resourceVersion the Node was read at
+    (see the module docstring). A node whose key is not ours never gets the key."""
+    meta: dict[str, Any] = {}
+    if change.action in (Action.LABEL, Action.UNLABEL):
+        if not resource_version:
+            # An empty resourceVersion would make the patch unconditional.
+            raise ValueError(f"node {change.node}: no resourceVersion to write the label against")
+        meta["resourceVersion"] = resource_version
+        meta["labels"] = {label_key: label_value if change.labelled else None}
+    meta["annotations"] = {PRESSURE_ANNOTATION: change.record.to_json() if change.record else None}
+    return {"metadata": meta}
 
 
 def _stamp(moment: datetime | None) -> str | None:

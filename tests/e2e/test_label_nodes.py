@@ -30,6 +30,12 @@ from shared.constants import (
     SIM_CPU_USAGE_ANNOTATION,
     SIM_MEMORY_USAGE_ANNOTATION,
 )
+from shared.platform import kube as kubeapi
+from shared.platform.config import Config
+from shared.platform.kube import Kube
+from shared.platform.prometheus import Prometheus
+from shared.pressure.labeler import Labeler
+from shared.pressure.rules import load_rules
 from stack.functions import ROOT, command
 from tests.e2e.conftest import wait_for
 from tests.handlers.conftest import ClientFactory, cloudevent
@@ -205,6 +211,69 @@ def test_a_value_oscillating_around_the_threshold_does_not_flap_the_label(
     changes = delta(before, writes(label_nodes))
     assert changes.get("label") == 1 and changes.get("unlabel") == 1
     assert set(changes) <= {"label", "unlabel", "keep"}
+
+
+def status_of(cluster: Cluster, node: str) -> str | None:
+    labels = cluster.rest.get(f"/api/v1/nodes/{node}")["metadata"].get("labels") or {}
+    value = labels.get(PRESSURE_LABEL_KEY)
+    return None if value is None else str(value)
+
+
+def operator_labels(cluster: Cluster, node: str, value: str) -> None:
+    """What `kubectl label node NODE status=VALUE --overwrite` sends: a merge patch."""
+    cluster.rest.patch(
+        f"/api/v1/nodes/{node}", {"metadata": {"labels": {PRESSURE_LABEL_KEY: value}}}
+    )
+
+
+def test_an_operators_status_is_never_overwritten_nor_cleared_and_gets_no_record(
+    cluster: Cluster, label_nodes: flask.testing.FlaskClient
+) -> None:
+    theirs, by_hand, *_ = cluster.nodes
+    operator_labels(cluster, theirs, "maintenance")
+    # Our value written by hand: nothing says label-nodes put it there.
+    operator_labels(cluster, by_hand, PRESSURE_LABEL_VALUE)
+    cluster.set_node_usage(theirs, cpu=0.95)
+    wait_for("Prometheus to read the node busy", reads(cluster, theirs, 72, 101))
+    before = writes(label_nodes)
+    ping(label_nodes)
+    ping(label_nodes)
+
+    assert status_of(cluster, theirs) == "maintenance"
+    # The quiet node keeps the label the operator wrote: we remove only what we put there.
+    assert status_of(cluster, by_hand) == PRESSURE_LABEL_VALUE
+    assert record_of(cluster, theirs) is None and record_of(cluster, by_hand) is None
+    assert delta(before, writes(label_nodes)) == {}
+
+
+def test_an_operator_writing_status_between_our_read_and_our_write_wins(
+    cluster: Cluster, quiet_nodes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = quiet_nodes[3]
+    cluster.set_node_usage(node, cpu=0.95)
+    wait_for("Prometheus to read the node busy", reads(cluster, node, 72, 101))
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    kube = Kube.from_environment()
+    listed = kube.list_all
+
+    def list_then_the_operator_writes(kind: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        items = list(listed(kind, *args, **kwargs))
+        operator_labels(cluster, node, "maintenance")
+        return iter(items)
+
+    monkeypatch.setattr(kube, "list_all", list_then_the_operator_writes)
+    labeler = Labeler(
+        kube,
+        Prometheus(cluster.prometheus_url),
+        load_rules(RULES),
+        Config(pressure_max_share=0.5),
+    )
+    # The label patch carried the resourceVersion we read: the API server refuses it (409),
+    # and the ping is answered 503 so that the PingSource's retry decides again.
+    with pytest.raises(kubeapi.Transient, match="409"):
+        labeler.evaluate()
+    assert status_of(cluster, node) == "maintenance"
+    assert record_of(cluster, node) is None
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from shared.constants import PRESSURE_ANNOTATION
 from shared.platform.config import Config
 from shared.pressure.decide import (
     Action,
@@ -22,8 +23,11 @@ from shared.pressure.decide import (
     Record,
     RecordError,
     decide,
+    hands_off,
 )
+from shared.pressure.labeler import node_patch, node_view
 from shared.pressure.rules import Fires, Rule
+from tests.unit.nodes import node
 
 NOW = datetime(2026, 11, 23, 15, 0, 0, tzinfo=UTC)
 CPU = Rule(
@@ -225,7 +229,7 @@ def test_over_the_cap_only_the_worst_nodes_are_labelled_and_the_others_say_why()
     assert not capped.changed  # type: ignore[attr-defined]
 
 
-def test_a_worse_node_takes_the_label_from_a_milder_one_at_the_cap() -> None:
+def test_at_the_cap_a_labelled_node_still_past_its_threshold_keeps_the_label() -> None:
     config = Config(pressure_max_share=0.3)
     decisions = run(
         fresh(),
@@ -233,8 +237,55 @@ def test_a_worse_node_takes_the_label_from_a_milder_one_at_the_cap() -> None:
         config=config,
     )
     assert labelled(decisions[0]) == {"node-a"}
+    # node-b is worse, but node-a is still over 70: moving the label would be a write now and
+    # another when they swap back; node-b waits, and says why.
+    assert labelled(decisions[1]) == {"node-a"}
+    assert decisions[1].changes == ()
+    waiting = by_node(decisions[1])["node-b"]
+    assert waiting.capped  # type: ignore[attr-defined]
+    assert "at most 1 node(s) may be labelled" in waiting.reason  # type: ignore[attr-defined]
+
+
+def test_at_the_cap_a_label_only_hysteresis_holds_gives_way_to_a_node_past_its_threshold() -> None:
+    config = Config(pressure_max_share=0.3)
+    decisions = run(
+        fresh(),
+        [(NOW, observed(node_a=80)), (NOW + timedelta(seconds=30), observed(node_a=65, node_b=99))],
+        config=config,
+    )
     assert labelled(decisions[1]) == {"node-b"}
     assert by_node(decisions[1])["node-a"].action is Action.UNLABEL  # type: ignore[attr-defined]
+
+
+def writes_at_the_cap(share: float) -> tuple[list[Decision], int]:
+    """Eight evaluations 30 s apart of four nodes at 80-83 % CPU, the worst a different node
+    each time (each node's reading moves by a point or two between scrapes)."""
+    series = [
+        (
+            NOW + timedelta(seconds=30 * i),
+            observed(
+                **{name.replace("-", "_"): 80.0 + (i + j) % 4 for j, name in enumerate(NODES)}
+            ),
+        )
+        for i in range(8)
+    ]
+    decisions = run(fresh(), series, config=Config(pressure_max_share=share))
+    return decisions, sum(len(d.changes) for d in decisions)
+
+
+@pytest.mark.parametrize("share", [0.3, 0.5, 0.75])
+def test_at_the_cap_nodes_that_all_qualify_do_not_pass_the_label_around(share: float) -> None:
+    decisions, writes = writes_at_the_cap(share)
+    cap = decisions[0].cap
+    assert 0 < cap < len(NODES)
+    # The same nodes hold the label from the first evaluation to the last.
+    assert len({frozenset(labelled(d)) for d in decisions}) == 1
+    assert len(labelled(decisions[0])) == cap
+    actions = [c.action for d in decisions for c in d.changes]
+    # One label per slot; every other write renews a record (once `seen` is 75 s old).
+    assert actions.count(Action.LABEL) == cap
+    assert set(actions) <= {Action.LABEL, Action.KEEP}
+    assert writes <= 3 * cap
 
 
 def test_cordoned_nodes_do_not_count_as_schedulable_for_the_cap() -> None:
@@ -338,13 +389,81 @@ def test_an_unchanged_node_is_not_written_and_its_record_is_renewed_only_when_ge
     )
 
 
-def test_a_label_set_by_someone_else_is_kept_while_a_rule_holds_it_and_gets_a_record() -> None:
-    seed_label = NodeView("node-a", labelled=True)
-    held = decide([seed_label], [CPU], observed(node_a=65), NOW, ROOMY)
-    assert held.nodes[0].labelled and held.nodes[0].changed
-    assert held.nodes[0].record == Record(rule="cpu-usage", value=65, since=NOW, seen=NOW)
-    assert decide([seed_label], [CPU], observed(node_a=20), NOW, ROOMY).nodes[0].labelled is False
-    assert decide([seed_label], [CPU], down(CPU), NOW, ROOMY).nodes[0].labelled is False
+# --- the label key when the value is not ours ---------------------------------------------------
+# The key `status` is a common word: an operator's `status=maintenance` on a node, or our value
+# written by hand (or by a dynamicScheduler still running), is not ours to overwrite or delete.
+
+
+def foreign(value: str, record: Record | None = None) -> NodeView:
+    return NodeView(
+        "node-a", labelled=False, foreign=value, record=record, annotated=record is not None
+    )
+
+
+OUR_RECORD = Record(rule="cpu-usage", value=90, since=NOW, seen=NOW)
+
+
+@pytest.mark.parametrize("value", [93.0, 65.0, 20.0])
+def test_a_node_whose_status_is_someone_elses_is_left_alone_whatever_its_usage(
+    value: float,
+) -> None:
+    (outcome,) = decide([foreign("maintenance")], [CPU], observed(node_a=value), NOW, ROOMY).nodes
+    assert outcome.action is Action.HANDS_OFF
+    assert not outcome.changed and not outcome.labelled
+    assert "someone else's value 'maintenance'" in outcome.reason
+
+
+def test_with_a_for_rule_a_node_whose_status_is_someone_elses_gets_no_timer() -> None:
+    (outcome,) = decide(
+        [foreign("maintenance")], [SUSTAINED], observed(SUSTAINED, node_a=95), NOW, ROOMY
+    ).nodes
+    assert outcome.action is Action.HANDS_OFF and not outcome.changed
+
+
+def test_our_record_on_a_node_whose_status_someone_changed_is_dropped_and_the_label_kept() -> None:
+    # We labelled it; an operator has since written status=maintenance over our value.
+    (outcome,) = decide(
+        [foreign("maintenance", OUR_RECORD)], [CPU], observed(node_a=20), NOW, ROOMY
+    ).nodes
+    assert outcome.action is Action.HANDS_OFF
+    assert outcome.changed and outcome.record is None
+
+
+def test_our_value_without_our_record_is_neither_taken_over_nor_removed() -> None:
+    # status=presure written by hand (or by dynamicScheduler), or our record deleted: nothing
+    # says we put it there, so we do not take it away.
+    by_hand = NodeView("node-a", labelled=True)
+    for seen in (observed(node_a=95), observed(node_a=65), observed(node_a=20), down(CPU)):
+        (outcome,) = decide([by_hand], [CPU], seen, NOW, ROOMY).nodes
+        assert outcome.action is Action.HANDS_OFF
+        assert outcome.labelled and not outcome.changed and outcome.record is None
+        assert "no record of ours" in outcome.reason
+
+
+def test_our_value_with_only_a_pending_record_is_not_ours_either() -> None:
+    pending = Record(pending={"cpu-sustained": NOW})
+    view = NodeView("node-a", labelled=True, record=pending, annotated=True)
+    (outcome,) = decide([view], [SUSTAINED], observed(SUSTAINED, node_a=20), NOW, ROOMY).nodes
+    assert outcome.action is Action.HANDS_OFF
+    # Our annotation goes (it is ours); the label stays.
+    assert outcome.changed and outcome.record is None and outcome.labelled
+
+
+def test_an_opted_out_node_whose_status_is_someone_elses_is_left_alone() -> None:
+    view = replace(foreign("maintenance"), opted_out=True)
+    (outcome,) = decide([view], [CPU], observed(node_a=95), NOW, ROOMY).nodes
+    assert outcome.action is Action.HANDS_OFF and not outcome.changed
+
+
+def test_our_value_put_there_by_someone_else_counts_against_the_cap() -> None:
+    # The webhook steers pods away from every node with status=presure, ours or not.
+    views = [NodeView("node-a", labelled=True), *fresh("node-b", "node-c", "node-d")]
+    decision = decide(
+        views, [CPU], observed(node_b=99, node_c=20, node_d=20), NOW, Config(pressure_max_share=0.3)
+    )
+    assert decision.cap == 1
+    assert labelled(decision) == {"node-a"}
+    assert by_node(decision)["node-b"].capped  # type: ignore[attr-defined]
 
 
 def test_an_unreadable_record_is_replaced() -> None:
@@ -389,3 +508,68 @@ def test_a_record_looks_like_what_people_read_on_the_node() -> None:
 def test_a_record_we_cannot_read_is_refused(text: str) -> None:
     with pytest.raises(RecordError):
         Record.from_json(text)
+
+
+# --- what label-nodes reads from a Node and the patch it sends -------------------------------
+
+
+def test_a_node_is_read_as_ours_free_or_someone_elses_by_its_status_value() -> None:
+    ours = node_view(
+        node(labels={"status": "presure"}, annotations={PRESSURE_ANNOTATION: OUR_RECORD.to_json()})
+    )
+    assert ours.labelled and ours.foreign is None and ours.record == OUR_RECORD
+    assert not hands_off(ours)
+    free = node_view(node())
+    assert not free.labelled and free.foreign is None and not hands_off(free)
+    theirs = node_view(node(labels={"status": "maintenance"}))
+    assert not theirs.labelled and theirs.foreign == "maintenance"
+    # An empty value is a value too (`kubectl label node x status=` writes one).
+    assert node_view(node(labels={"status": ""})).foreign == ""
+
+
+def decision_for(view: NodeView, seen: Observations, rules: Sequence[Rule] = (CPU,)) -> Decision:
+    return decide([view], rules, seen, NOW, ROOMY)
+
+
+def test_a_label_write_sets_or_removes_the_key_only_if_the_node_is_unchanged_since_read() -> None:
+    (label,) = decision_for(NodeView("node-a", labelled=False), observed(node_a=95)).changes
+    body = node_patch(label, "status", "presure", "48211")
+    assert body == {
+        "metadata": {
+            # A precondition: the API server answers 409 if anyone wrote the Node since.
+            "resourceVersion": "48211",
+            "labels": {"status": "presure"},
+            "annotations": {PRESSURE_ANNOTATION: label.record.to_json()},  # type: ignore[union-attr]
+        }
+    }
+    ours = NodeView("node-a", labelled=True, record=OUR_RECORD, annotated=True)
+    (unlabel,) = decision_for(ours, observed(node_a=20)).changes
+    assert node_patch(unlabel, "status", "presure", "48212") == {
+        "metadata": {
+            "resourceVersion": "48212",
+            "labels": {"status": None},
+            "annotations": {PRESSURE_ANNOTATION: None},
+        }
+    }
+
+
+def test_a_record_write_never_names_the_label_key() -> None:
+    # A `for` timer starting, a record renewed, our record dropped from a node not ours: the
+    # label key is not in the patch at all (a `status: null` would delete someone's value).
+    timer = decision_for(
+        NodeView("node-a", labelled=False), observed(SUSTAINED, node_a=95), [SUSTAINED]
+    )
+    old = replace(OUR_RECORD, since=NOW - timedelta(minutes=5), seen=NOW - timedelta(minutes=2))
+    renewal = decision_for(
+        NodeView("node-a", labelled=True, record=old, annotated=True), observed(node_a=95)
+    )
+    dropped = decision_for(foreign("maintenance", OUR_RECORD), observed(node_a=95))
+    for decision, action in (
+        (timer, Action.NONE),
+        (renewal, Action.KEEP),
+        (dropped, Action.HANDS_OFF),
+    ):
+        (change,) = decision.changes
+        assert change.action is action
+        body = node_patch(change, "status", "presure", "48211")
+        assert set(body["metadata"]) == {"annotations"}, body

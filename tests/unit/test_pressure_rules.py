@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,6 +16,7 @@ import yaml
 from shared.platform.config import ConfigError
 from shared.pressure.rules import (
     DEFAULT_RULES,
+    MEMORY_AVAILABLE,
     Fires,
     Rule,
     RulesError,
@@ -189,3 +195,142 @@ def test_rules_describe_themselves_for_the_logs_and_status() -> None:
     rule = Rule("cpu", "x", 80, 70, timedelta(minutes=1))
     assert rule.describe() == "cpu: > 80 (clears at 70) for 1m0s"
     assert Rule("mem", "y", 5, 5, fires=Fires.BELOW).describe() == "mem: < 5"
+
+
+# --- two scrape jobs, one node-exporter ----------------------------------------------------------
+# Many clusters scrape the same node-exporter twice: a static or file_sd job, plus the job their
+# monitoring stack brings. Each job's series differ by `job` and by the labels its relabelling
+# adds, so a rule that sums across series would count the node twice. The check runs the rules
+# with the real PromQL engine (`promtool test rules`, from Prometheus's own package, which the
+# local cluster needs anyway) over series shaped as each scrape configuration labels them.
+
+NODE_IP = "10.0.0.7"
+# A plain job (a file_sd or static target, as localcluster/prometheus.py scrapes it).
+PLAIN = {"job": "node-exporter", "instance": f"{NODE_IP}:9100"}
+WITH_NODE = {**PLAIN, "node": "node-a"}
+# The Prometheus community Helm chart's `kubernetes-service-endpoints` job: the endpoint's
+# address as instance (node-exporter runs on the host network), the Service's labels, its
+# namespace and name, and `node` from the pod's node name.
+SERVICE_ENDPOINTS = {
+    "job": "kubernetes-service-endpoints",
+    "instance": f"{NODE_IP}:9100",
+    "app_kubernetes_io_name": "prometheus-node-exporter",
+    "namespace": "monitoring",
+    "service": "prometheus-node-exporter",
+    "node": "node-a",
+}
+# kube-prometheus's node-exporter ServiceMonitor: `instance` relabelled to the pod's node name,
+# plus the labels the Prometheus Operator adds to every ServiceMonitor target.
+SERVICE_MONITOR = {
+    "job": "node-exporter",
+    "instance": "node-a",
+    "namespace": "monitoring",
+    "service": "node-exporter",
+    "endpoint": "https",
+    "pod": "node-exporter-x7k2p",
+    "container": "kube-rbac-proxy",
+}
+TWO_JOBS = {
+    "a second job with a node label": (PLAIN, SERVICE_ENDPOINTS),
+    "two jobs with the same instance and node": (WITH_NODE, SERVICE_ENDPOINTS),
+    "kube-prometheus beside a plain job": (PLAIN, SERVICE_MONITOR),
+}
+
+# What the node-exporter says: 2 CPUs each idle a quarter of the time, 4 GiB of 16 GiB
+# available, 300 MiB free plus 100 MiB of inactive file pages.
+IDLE_PER_SECOND = 0.25
+MIB = 2**20
+MEMORY = {
+    "node_memory_MemTotal_bytes": 16 * 1024 * MIB,
+    "node_memory_MemAvailable_bytes": 4 * 1024 * MIB,
+    "node_memory_MemFree_bytes": 300 * MIB,
+    "node_memory_Inactive_file_bytes": 100 * MIB,
+}
+# What each rule must read for that node, one job or two.
+EXPECTED = {"cpu-usage": 75.0, "memory-usage": 75.0, "memory-available": 400.0 * MIB}
+
+
+def selector(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def promtool_check(rules: Sequence[Rule], jobs: Sequence[dict[str, str]], step: int) -> str:
+    """``promtool test rules`` asserting that every series each rule yields reads the expected
+    value (the smallest and the largest: label-nodes takes the one nearest pressure). Returns
+    promtool's output; raises AssertionError with it when a value is wrong."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian's prometheus package) is not installed")
+    samples = 40
+    series = []
+    for job in jobs:
+        for cpu in ("0", "1"):
+            labels = {**job, "cpu": cpu, "mode": "idle"}
+            series.append(
+                {
+                    "series": "node_cpu_seconds_total" + selector(labels),
+                    "values": f"0+{IDLE_PER_SECOND * step:g}x{samples}",
+                }
+            )
+        for name, value in MEMORY.items():
+            series.append({"series": name + selector(job), "values": f"{value}x{samples}"})
+    checks = [
+        {
+            "expr": f"{aggregate}({rule.expr})",
+            "eval_time": f"{samples * step}s",
+            "exp_samples": [{"labels": "{}", "value": EXPECTED[rule.name]}],
+        }
+        for rule in rules
+        for aggregate in ("min", "max")
+    ]
+    document = {
+        "rule_files": [],
+        "evaluation_interval": f"{step}s",
+        "tests": [{"interval": f"{step}s", "input_series": series, "promql_expr_test": checks}],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "two-jobs.yaml"
+        path.write_text(yaml.safe_dump(document))
+        done = subprocess.run(
+            [promtool, "test", "rules", str(path)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    return output
+
+
+STACK_RULES = Path(__file__).resolve().parents[2] / "stack" / "pressure-rules.yaml"
+
+
+@pytest.mark.parametrize("jobs", TWO_JOBS.values(), ids=TWO_JOBS.keys())
+def test_the_built_in_rules_read_a_node_scraped_by_two_jobs_as_once(
+    jobs: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    # One job first: the expected values are the node's own.
+    promtool_check(DEFAULT_RULES, jobs[:1], step=15)
+    promtool_check(DEFAULT_RULES, jobs, step=15)
+
+
+@pytest.mark.parametrize("jobs", TWO_JOBS.values(), ids=TWO_JOBS.keys())
+def test_the_local_stacks_rules_read_a_node_scraped_by_two_jobs_as_once(
+    jobs: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    # Its CPU window is 10 s: the local Prometheus scrapes every second.
+    promtool_check(load_rules(STACK_RULES), jobs, step=1)
+
+
+def test_the_two_job_check_catches_a_rule_that_adds_the_jobs_up() -> None:
+    # The shape of defect 11: a sum by (instance, node) is right for one job and counts the
+    # node twice when two jobs with the same instance and node scrape it (800 MiB for 400).
+    summed = replace(
+        MEMORY_AVAILABLE,
+        expr="sum by (node, instance) "
+        "(node_memory_MemFree_bytes + node_memory_Inactive_file_bytes)",
+    )
+    promtool_check([summed], [WITH_NODE], step=15)
+    with pytest.raises(AssertionError, match=r"got: \{\} 8\.388608E\+08"):
+        promtool_check([summed], TWO_JOBS["two jobs with the same instance and node"], step=15)
