@@ -3,13 +3,20 @@
 One workload failing on a node says little: its image, its config or its code may be broken
 everywhere. Several **distinct** workloads failing on the same node within a short window say
 the node is the common cause. So a node turns suspect when at least ``suspect_workloads``
-distinct workloads (2 by default) failed there within ``suspect_window`` (10 minutes), counted
-from the events the pipeline already emits:
+distinct workloads (2 by default) failed there within ``suspect_window`` (10 minutes). A
+workload is a top-level one (a Deployment, a CronJob, not each rollout's ReplicaSet or each
+run's Job: ``shared.nodehealth.workload``), counted from the events the pipeline already emits:
 
 - ``io.kn-rescheduler.pod.failing`` (a pod judged failing in a way another node could fix, at
-  the restart threshold; early reports for the fast path are not evidence against a node),
+  the restart threshold),
 - ``io.kn-rescheduler.pod.rescheduled`` and ``.exhausted`` (the move that followed, or the
-  budget that ran out).
+  budget that ran out), when their ``kind`` says the full rules called the pod failing.
+
+Only the full rules' verdict is evidence. A fast-path report (``kind: early``: a pod's first
+failure) and the fast-path move that follows it on a node already suspect are not: counted,
+any one-off crash there would keep the node suspect, and suspicion would feed itself. A move
+reported without its ``kind`` (an older update-annotations) is not counted either: it may have
+been a fast-path one, and a threshold move's own ``pod.failing`` report counted already.
 
 A suspect node gets a label and a ``PreferNoSchedule`` taint (never ``NoSchedule`` or
 ``NoExecute``; blame never drains a node): soft signals, so a cluster with no other room still
@@ -43,6 +50,7 @@ from shared.constants import (
     opted_out,
 )
 from shared.nodehealth.record import NodeHealth, Seen, load
+from shared.nodehealth.workload import family, workload_id
 from shared.platform.config import Config
 from shared.platform.durations import format_duration
 from shared.platform.recorder import parse_time
@@ -51,8 +59,9 @@ from shared.platform.recorder import parse_time
 BLAME_EVENT_TYPES: Final = frozenset(
     {EVENT_POD_FAILING, EVENT_POD_RESCHEDULED, EVENT_POD_EXHAUSTED}
 )
-# Only failures another node could fix blame the node (not "unschedulable because of our
-# exclusions", not an early report for the fast path).
+# Only failures the full rules judged another node could fix blame the node (not
+# "unschedulable because of our exclusions", not an early report or move for the fast path):
+# the ``kind`` of a pod.failing report, and of the reply after its move.
 _NODE_FIXABLE: Final = "node-fixable"
 
 
@@ -93,9 +102,15 @@ def blame_from_event(event_type: str, data: object, event_time: str | None, now:
         raise ValueError("node must be a string")
     if not node:
         raise NotEvidence("the pod never reached a node")
+    kind = data.get("kind")
+    if event_type != EVENT_POD_FAILING and kind is None:
+        raise NotEvidence(
+            "a move reported without its kind may be a fast-path one; a threshold move's "
+            "pod.failing report counted already"
+        )
+    if kind != _NODE_FIXABLE:
+        raise NotEvidence(f"a {kind} report is no evidence against the node")
     if event_type == EVENT_POD_FAILING:
-        if data.get("kind") != _NODE_FIXABLE:
-            raise NotEvidence(f"a {data.get('kind')} report is no evidence against the node")
         workload = _workload_of_failing(data, str(namespace))
     else:
         workload = _workload_of_outcome(data, str(namespace))
@@ -124,18 +139,15 @@ def _workload_of_failing(data: Mapping[str, Any], namespace: str) -> str:
 
 
 def _workload_of_outcome(data: Mapping[str, Any], namespace: str) -> str:
-    workload = data.get("workload")
+    """The top-level workload a reply names; the holder for a reply from before it did."""
+    field = "topWorkload" if data.get("topWorkload") is not None else "workload"
+    workload = data.get(field)
     if not isinstance(workload, dict):
-        raise ValueError("event data needs the workload")
+        raise ValueError(f"event data needs the {field}")
     kind, name = workload.get("kind"), workload.get("name")
     if not (isinstance(kind, str) and kind and isinstance(name, str) and name):
-        raise ValueError("the workload needs a kind and a name")
+        raise ValueError(f"the {field} needs a kind and a name")
     return workload_id(kind, namespace, name)
-
-
-def workload_id(kind: str, namespace: str, name: str) -> str:
-    """How a workload is named in the record and in messages: ``ReplicaSet shop/web-7c9d``."""
-    return f"{kind} {namespace}/{name}"
 
 
 @dataclass(frozen=True)
@@ -201,7 +213,8 @@ class Assessment:
     verdict: Verdict
     # The record to write when the verdict is carried out (MARK: already marked suspect).
     record: NodeHealth
-    # The distinct workloads that failed here inside the window, with their latest reason.
+    # The distinct top-level workloads that failed here inside the window, each with its latest
+    # report's name and reason.
     workloads: tuple[tuple[str, str], ...]
     why: str
 
@@ -217,10 +230,11 @@ def assess(node: NodeFacts, blame: Blame | None, now: datetime, cfg: Config) -> 
     if blame is not None and blame.at > now - window:
         record = record.with_failure(blame.seen())
     record = record.pruned(now, window)
+    # One entry per top-level workload, named as its newest report names it.
     latest: dict[str, Seen] = {}
     for seen in record.recent(now, window):
-        latest[seen.workload] = seen
-    workloads = tuple(sorted((w, s.reason) for w, s in latest.items()))
+        latest[family(seen.workload)] = seen
+    workloads = tuple(sorted((s.workload, s.reason) for s in latest.values()))
     names = tuple(w for w, _ in workloads)
     count = f"{len(names)} distinct workload{'s' if len(names) != 1 else ''}"
     span = format_duration(window)

@@ -9,7 +9,8 @@ So detect-failures, which has no API access, reports a pod's *first* node-fixabl
 an early report (``kind: early``) when the full rules do not call it failing yet, and
 update-annotations acts on an early report only when the pod's node carries the suspect label
 (one Node GET): anywhere else it waits for the full rules, as before. assess-nodes never counts
-an early report as evidence against a node.
+an early report as evidence against a node, nor the move that follows it (the reply after the
+move says ``kind: early``): otherwise a one-off crash on a suspect node would keep it suspect.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from shared.nodehealth.workload import family
 from shared.platform.recorder import format_time, parse_time
 
 RECORD_VERSION: Final = 1
@@ -41,7 +42,10 @@ class Seen:
     """One failure seen on the node: a pod of a workload, its reason, when it was reported."""
 
     at: datetime
-    workload: str  # "Kind namespace/name" of the pod's controller (or the bare pod)
+    # "Kind namespace/name" as the report named it: the top-level workload (a reply's
+    # topWorkload), or the pod's controller (a pod.failing report, an older reply), or the bare
+    # pod; counted by its family (shared.nodehealth.workload).
+    workload: str
     pod: str  # the failing pod's uid
     reason: str
 
@@ -70,8 +74,10 @@ class NodeHealth:
         return tuple(seen for seen in self.failures if seen.at > now - window)
 
     def workloads(self, now: datetime, window: timedelta) -> tuple[str, ...]:
-        """The distinct workloads that failed here inside the window, sorted."""
-        return tuple(sorted({seen.workload for seen in self.recent(now, window)}))
+        """The distinct top-level workloads that failed here inside the window, each named as
+        its newest report names it, sorted (``shared.nodehealth.workload.family``)."""
+        newest = {family(seen.workload): seen.workload for seen in self.recent(now, window)}
+        return tuple(sorted(newest.values()))
 
     def last_failure(self) -> datetime | None:
         return max((seen.at for seen in self.failures), default=None)

@@ -950,6 +950,10 @@ class Rescheduler:
             return None
         holder = resolution.holder
         assert holder is not None
+        # What assess-nodes counts a node's distinct failing workloads by: the holder's own
+        # controller as its ownerReference names it (a ReplicaSet's Deployment, a Job's
+        # CronJob: each rollout or run makes a new holder), else the holder.
+        top = holder.controller or holder.ref
         return events.Reply(
             type=kind,
             subject=failing.subject,
@@ -959,8 +963,12 @@ class Rescheduler:
                 "uid": failing.uid,
                 "node": failing.failure.node,
                 "reason": failing.failure.reason,
+                # The report's kind: "early" for a fast-path move (the pod's first failure, on
+                # a suspect node), which assess-nodes must not count against the node.
+                "kind": str(failing.failure.kind),
                 "action": str(action),
                 "workload": {"kind": holder.ref.kind, "name": holder.ref.name},
+                "topWorkload": {"kind": top.kind, "name": top.name},
                 "moves": decided.moves,
                 "budget": decided.budget,
                 "excludedNodes": list(decided.excluded_nodes),

@@ -21,6 +21,7 @@ import pytest
 from shared.constants import (
     AVOID_PRESSURE_KEY,
     EVENT_NODE_SUSPECTED,
+    EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
@@ -29,6 +30,8 @@ from shared.constants import (
     SUSPECT_LABEL,
 )
 from shared.platform.kube import Kube
+from shared.rescheduling.classify import Failure, FailureKind
+from shared.rescheduling.failing import FailingPod
 from stack.stack import Stack
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 from tests.e2e.test_pipeline import workload as workload_body
@@ -36,17 +39,24 @@ from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 
 pytestmark = pytest.mark.e2e
 
+# The annotation `kubectl rollout restart` sets on a Deployment's pod template
+# (kubectl/pkg/polymorphichelpers/objectrestarter.go).
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+
 
 def rescheduled(node: str, workload: str, pod: str, at: datetime) -> dict[str, Any]:
-    """What update-annotations replies after moving ``pod`` of ReplicaSet ``workload``."""
+    """What update-annotations replies after moving ``pod`` of ReplicaSet ``workload``, a
+    ReplicaSet nobody controls (its own top-level workload), at the restart threshold."""
     return {
         "namespace": "shop",
         "name": pod,
         "uid": f"uid-{pod}",
         "node": node,
         "reason": "CrashLoopBackOff",
+        "kind": "node-fixable",
         "action": "move",
         "workload": {"kind": "ReplicaSet", "name": workload},
+        "topWorkload": {"kind": "ReplicaSet", "name": workload},
         "moves": 1,
         "budget": 6,
         "excludedNodes": [node],
@@ -218,6 +228,74 @@ def test_a_node_with_the_opt_out_label_is_never_marked(
         api.merge_patch("Node", None, bad, {"metadata": {"labels": {NODE_OPT_OUT_LABEL: None}}})
 
 
+# -- distinct workloads are top-level workloads ---------------------------------------------------
+
+
+def restart_rollout(api: Kube, namespace: str, name: str) -> None:
+    """What `kubectl rollout restart` does: a template annotation, so a new ReplicaSet."""
+    stamp = datetime.now(UTC).isoformat()
+    patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
+    api.merge_patch("Deployment", namespace, name, patch)
+
+
+def replicasets(api: Kube, namespace: str) -> list[dict[str, Any]]:
+    return list(api.list_all("ReplicaSet", namespace))
+
+
+def failing_report(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """detect-failures' report of ``pod`` (as the API server returned it) crash-looping on
+    ``node`` at the restart threshold: its real ownerReferences."""
+    failure = Failure(FailureKind.NODE_FIXABLE, "CrashLoopBackOff", "back-off 40s", node)
+    return FailingPod.from_pod(pod, failure).to_data()  # type: ignore[arg-type]
+
+
+def post_failing(client: Any, data: dict[str, Any]) -> Any:
+    headers, body = cloudevent(EVENT_POD_FAILING, data, source="/kn-rescheduler/detect-failures")
+    return client.post("/", headers=headers, data=body)
+
+
+def test_pods_of_one_deployment_across_a_rollout_restart_are_one_workload(
+    cluster: Any, api: Kube, namespace: str, assess: Callable[..., Any]
+) -> None:
+    # The ReplicaSets and pods are the real controllers': <deployment>-<pod-template-hash>.
+    bad = cluster.nodes[1]
+    template = pod_template({"app": "web"}, bad)
+    api.create("Deployment", namespace, workload_body("Deployment", "web", template, replicas=1))
+    first = wait_for("the first rollout's pod", lambda: pods_of(api, namespace), timeout=30)[0]
+    restart_rollout(api, namespace, "web")
+    wait_for("a second ReplicaSet", lambda: len(replicasets(api, namespace)) == 2, timeout=30)
+    second = wait_for(
+        "the second rollout's pod",
+        lambda: [p for p in pods_of(api, namespace) if owner_of(p) != owner_of(first)],
+        timeout=30,
+    )[0]
+    client = assess()
+    for pod in (first, second):
+        assert post_failing(client, failing_report(pod, bad)).status_code == 202
+    node = node_of(api, bad)
+    assert len(record(node)["failures"]) == 2, "both pods' failures are on record"
+    assert not suspect(node) and our_taints(node) == []
+
+    # Another Deployment failing there is a second workload: the rule still holds.
+    other = pod_template({"app": "api"}, bad)
+    api.create("Deployment", namespace, workload_body("Deployment", "api", other, replicas=1))
+    api_pod = wait_for(
+        "the api pod",
+        lambda: [p for p in pods_of(api, namespace) if p["metadata"]["name"].startswith("api-")],
+        timeout=30,
+    )[0]
+    assert post_failing(client, failing_report(api_pod, bad)).status_code == 200
+    assert suspect(node_of(api, bad))
+
+
+def pods_of(api: Kube, namespace: str) -> list[dict[str, Any]]:
+    return [p for p in api.list_all("Pod", namespace) if not p["metadata"].get("deletionTimestamp")]
+
+
+def owner_of(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["ownerReferences"][0]["name"])
+
+
 # -- the real scheduler --------------------------------------------------------------------------
 
 
@@ -324,6 +402,47 @@ def test_the_pipeline_marks_a_node_two_workloads_fail_on_and_moves_at_first_fail
         and e["data"]["node"] == bad
     ]
     assert reports and set(reports) == {"early"}
+
+
+def test_the_pipeline_marks_no_node_for_one_deployment_failing_everywhere_across_a_rollout(
+    cluster: Any, api: Kube, namespace: str, stack: Stack, faults: Callable[..., None]
+) -> None:
+    # The issue's measurement: one Deployment crash-looping on every node, then `kubectl
+    # rollout restart`. Each rollout's ReplicaSet fails on the same nodes; one workload.
+    faults("crashloop", *cluster.nodes)
+    template = pod_template({"app": "web"}, cluster.nodes[0])
+    api.create("Deployment", namespace, workload_body("Deployment", "web", template, replicas=2))
+    wait_for("the first rollout's failures", lambda: failed_on(stack, namespace), timeout=60)
+    restart_rollout(api, namespace, "web")
+
+    def both_rollouts_failed_on_one_node() -> set[str]:
+        by_node = failed_on(stack, namespace)
+        return {node for node, sets in by_node.items() if len(sets) >= 2}
+
+    shared_nodes = wait_for(
+        "pods of both rollouts failing on one node", both_rollouts_failed_on_one_node, timeout=120
+    )
+    assert stack.wait_idle(30), "assess-nodes has every report"
+    for node in shared_nodes:
+        assert len(record(node_of(api, node))["failures"]) >= 2
+    assert [n for n in cluster.nodes if suspect(node_of(api, n))] == []
+    assert not [e for e in stack.archived() if e["type"] == EVENT_NODE_SUSPECTED]
+
+
+def failed_on(stack: Stack, namespace: str) -> dict[str, set[str]]:
+    """The ReplicaSets whose pods detect-failures reported failing, by node (threshold only)."""
+    found: dict[str, set[str]] = {}
+    for e in stack.archived():
+        data = e.get("data") or {}
+        if (
+            e["type"] == EVENT_POD_FAILING
+            and data.get("namespace") == namespace
+            and data.get("kind") == "node-fixable"
+            and data.get("node")
+        ):
+            owners = data.get("ownerReferences") or [{}]
+            found.setdefault(data["node"], set()).add(str(owners[0].get("name")))
+    return found
 
 
 def first_move(stack: Stack) -> dict[str, Any] | None:

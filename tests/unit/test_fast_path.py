@@ -19,6 +19,7 @@ from shared.platform.config import Config
 from shared.platform.events import Event
 from shared.rescheduling.detect import detect
 from tests.unit import nodes, pods
+from tests.unit.test_node_blame import reply_after_move
 
 CFG = Config()
 
@@ -95,3 +96,15 @@ def test_a_node_is_suspect_when_it_carries_the_label_assess_nodes_sets(
     labels: dict[str, str], suspect: bool
 ) -> None:
     assert is_suspect(nodes.node(labels=labels)) is suspect
+
+
+@pytest.mark.parametrize(
+    ("restarts", "kind"), [(1, "early"), (3, "node-fixable")], ids=["fast-path", "threshold"]
+)
+def test_the_reply_after_a_move_says_whether_it_was_a_fast_path_move(
+    restarts: int, kind: str
+) -> None:
+    # assess-nodes reads it: a fast-path move is no evidence against the node (test_node_blame).
+    pod = pods.pod(containers=[pods.crash_looping(restarts=restarts)])
+    _, data = reply_after_move(pod)
+    assert data["kind"] == kind

@@ -15,6 +15,7 @@ from shared.constants import (
     EVENT_POD_RESCHEDULED,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
+    REASON_RESCHEDULED,
     SUSPECT_LABEL,
 )
 from shared.nodehealth.blame import (
@@ -31,10 +32,19 @@ from shared.nodehealth.blame import (
     within_cap,
 )
 from shared.nodehealth.record import MAX_FAILURES, NodeHealth, RecordError, Seen, load
+from shared.nodehealth.workload import family
+from shared.platform import kube
 from shared.platform.config import Config
 from shared.platform.events import Event
+from shared.rescheduling.bodies import replacement_name
 from shared.rescheduling.detect import detect
+from shared.rescheduling.failing import FailingPod
+from shared.rescheduling.owners import Resolution, holder_of
+from shared.rescheduling.reschedule import Rescheduler
+from shared.rescheduling.state import Action, Plan
 from tests.unit import nodes, pods
+from tests.unit import test_jobs as jobs_builder
+from tests.unit.test_owners import replicaset
 
 NOW = datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC)
 CFG = Config()
@@ -48,9 +58,16 @@ def failing_data(node: str = "node-1", restarts: int = 4) -> dict[str, Any]:
     return dict(reply.data)
 
 
-def outcome_data(kind: str = "ReplicaSet", name: str = "web-7c9d", node: str = "node-1") -> Any:
-    """What update-annotations replies after a move (io.kn-rescheduler.pod.rescheduled)."""
-    return {
+def outcome_data(
+    kind: str = "ReplicaSet",
+    name: str = "web-7c9d",
+    node: str = "node-1",
+    report: str | None = None,
+) -> Any:
+    """What update-annotations replies after a move (io.kn-rescheduler.pod.rescheduled);
+    ``report``: the kind of the failure report it acted on (None: a reply from before it said,
+    shaped as update-annotations wrote it then)."""
+    data = {
         "namespace": "shop",
         "name": f"{name}-x2k9p",
         "uid": f"uid-{name}-x2k9p",
@@ -64,6 +81,9 @@ def outcome_data(kind: str = "ReplicaSet", name: str = "web-7c9d", node: str = "
         "exclusionsCleared": False,
         "message": "moved",
     }
+    if report is not None:
+        data["kind"] = report
+    return data
 
 
 def blame(workload: str, minutes_ago: float = 1, node: str = "node-1", pod: str = "") -> Blame:
@@ -88,12 +108,13 @@ def test_a_failing_report_blames_the_node_of_the_pods_controller() -> None:
 
 @pytest.mark.parametrize("event_type", [EVENT_POD_RESCHEDULED, EVENT_POD_EXHAUSTED])
 def test_a_move_or_an_exhausted_budget_blames_the_node_of_the_workload(event_type: str) -> None:
-    found = blame_from_event(event_type, outcome_data(), None, NOW)
+    found = blame_from_event(event_type, outcome_data(report="node-fixable"), None, NOW)
     assert (found.node, found.workload, found.at) == ("node-1", "ReplicaSet shop/web-7c9d", NOW)
 
 
 def test_a_report_from_the_future_counts_as_now() -> None:
-    found = blame_from_event(EVENT_POD_RESCHEDULED, outcome_data(), "2027-01-01T00:00:00Z", NOW)
+    data = outcome_data(report="node-fixable")
+    found = blame_from_event(EVENT_POD_RESCHEDULED, data, "2027-01-01T00:00:00Z", NOW)
     assert found.at == NOW
 
 
@@ -104,13 +125,24 @@ def test_a_report_from_the_future_counts_as_now() -> None:
         (EVENT_POD_FAILING, {"kind": "early"}),
         (EVENT_POD_FAILING, {"kind": "exclusions-unschedulable", "node": None}),
         (EVENT_POD_RESCHEDULED, {"node": None}),
+        (EVENT_POD_RESCHEDULED, {"kind": "early"}),
+        (EVENT_POD_EXHAUSTED, {"kind": "early"}),
     ],
-    ids=["not-a-report", "early-report", "unschedulable", "no-node"],
+    ids=[
+        "not-a-report",
+        "early-report",
+        "unschedulable",
+        "no-node",
+        "fast-path-move",
+        "fast-path-exhausted",
+    ],
 )
 def test_reports_that_say_nothing_against_a_node_are_not_evidence(
     event_type: str, change: dict[str, Any]
 ) -> None:
-    data = failing_data() if event_type == EVENT_POD_FAILING else outcome_data()
+    data = (
+        failing_data() if event_type == EVENT_POD_FAILING else outcome_data(report="node-fixable")
+    )
     data.update(change)
     with pytest.raises(NotEvidence):
         blame_from_event(event_type, data, None, NOW)
@@ -121,8 +153,9 @@ def test_reports_that_say_nothing_against_a_node_are_not_evidence(
     [
         [],
         {"namespace": "shop"},
-        {**outcome_data(), "workload": "web"},
-        {**outcome_data(), "node": 3},
+        {**outcome_data(report="node-fixable"), "workload": "web"},
+        {**outcome_data(report="node-fixable"), "topWorkload": {"kind": "Deployment"}},
+        {**outcome_data(report="node-fixable"), "node": 3},
     ],
 )
 def test_a_malformed_report_is_refused(data: Any) -> None:
@@ -340,3 +373,240 @@ def test_a_seen_failure_orders_by_time_first() -> None:
     early = Seen(NOW - timedelta(minutes=1), "Z", "p", "r")
     late = Seen(NOW, "A", "p", "r")
     assert sorted([late, early]) == [early, late]
+
+
+# -- which moves are evidence (the fast path) ---------------------------------------------------
+
+
+class NoApi(kube.Kube):
+    """Building a reply reads nothing: any call would be a test failure."""
+
+    def __init__(self) -> None:
+        pass
+
+
+def move_plan(node: str) -> Plan:
+    return Plan(
+        Action.MOVE,
+        None,
+        "node-failure",
+        REASON_RESCHEDULED,
+        f"moved off node {node}",
+        delete_pod=True,
+        moves=1,
+        budget=3,
+        excluded_nodes=(node,),
+    )
+
+
+def reply_after_move(
+    pod: Any, holder_kind: str = "ReplicaSet", holder: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The type and data update-annotations replies after moving ``pod``: detect-failures'
+    report of it, read as update-annotations reads it, and the holder as the API returns it."""
+    report = detect(
+        Event("1", "s", "dev.knative.apiserver.resource.update", {}, pod), CFG, pods.NOW
+    )
+    assert report is not None
+    failing = FailingPod.from_data(report.data)
+    held = holder_of(holder_kind, holder if holder is not None else replicaset())
+    resolution = Resolution(holder_kind, held, "3", held.ref, chain=(held.ref,))
+    node = failing.failure.node or ""
+    reply = Rescheduler(NoApi(), CFG)._reply(failing, Action.MOVE, move_plan(node), resolution)
+    assert reply is not None
+    return reply.type, dict(reply.data)
+
+
+@pytest.mark.parametrize(
+    ("restarts", "evidence"),
+    [
+        # The fast path: the pod's first crash, on a node already suspect, moved at once.
+        (1, False),
+        # The restart threshold (3 in a row): the full rules called it failing.
+        (3, True),
+    ],
+    ids=["fast-path-move", "threshold-move"],
+)
+def test_a_move_is_evidence_only_when_the_full_rules_called_the_pod_failing(
+    restarts: int, evidence: bool
+) -> None:
+    pod = pods.pod(containers=[pods.crash_looping(restarts=restarts)])
+    event_type, data = reply_after_move(pod)
+    assert event_type == EVENT_POD_RESCHEDULED
+    if evidence:
+        assert blame_from_event(event_type, data, None, NOW).node == "node-b"
+    else:
+        with pytest.raises(NotEvidence, match="early"):
+            blame_from_event(event_type, data, None, NOW)
+
+
+def test_a_move_reported_without_its_kind_is_not_counted_again() -> None:
+    # An update-annotations older than the kind in its replies: the move may have been a
+    # fast-path one, and a threshold move's own pod.failing report has counted it already.
+    old = outcome_data()
+    assert "kind" not in old
+    with pytest.raises(NotEvidence):
+        blame_from_event(EVENT_POD_RESCHEDULED, old, None, NOW)
+
+
+# -- distinct workloads are top-level workloads ----------------------------------------------
+
+
+def cronjob_run(cronjob: str = "nightly", minutes: int = 29_383_920) -> dict[str, Any]:
+    """A Job as the CronJob controller makes it: ``<cronjob>-<scheduled time in minutes>``,
+    controlled by the CronJob (pkg/controller/cronjob/utils.go getJobFromTemplate2)."""
+    run = jobs_builder.job()
+    run["metadata"]["name"] = f"{cronjob}-{minutes}"
+    run["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "name": cronjob,
+            "uid": pods.uid(f"CronJob/{cronjob}"),
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return dict(run)
+
+
+@pytest.mark.parametrize(
+    ("holder_kind", "holder", "top"),
+    [
+        ("ReplicaSet", replicaset("web-7d9c8b6f4", deployment="web"), ("Deployment", "web")),
+        ("Job", cronjob_run("nightly"), ("CronJob", "nightly")),
+        # A ReplicaSet nobody controls is its own top-level workload.
+        (
+            "ReplicaSet",
+            replicaset("web-7d9c8b6f4", deployment=None),
+            ("ReplicaSet", "web-7d9c8b6f4"),
+        ),
+    ],
+    ids=["deployment", "cronjob", "bare-replicaset"],
+)
+def test_the_reply_after_a_move_names_the_holder_and_its_top_level_workload(
+    holder_kind: str, holder: dict[str, Any], top: tuple[str, str]
+) -> None:
+    pod = pods.pod(containers=[pods.crash_looping(restarts=3)])
+    _, data = reply_after_move(pod, holder_kind, holder)
+    assert data["workload"] == {"kind": holder_kind, "name": holder["metadata"]["name"]}
+    assert data["topWorkload"] == {"kind": top[0], "name": top[1]}
+    assert data["kind"] == "node-fixable"
+    assert blame_from_event(EVENT_POD_RESCHEDULED, data, None, NOW).workload == (
+        f"{top[0]} shop/{top[1]}"
+    )
+
+
+def failing_of(owner: tuple[str, str] | None, name: str, restarts: int = 4) -> dict[str, Any]:
+    """detect-failures' report of a crash-looping pod of ``owner`` on node-1."""
+    pod = pods.pod(
+        name, owner=owner, containers=[pods.crash_looping(restarts=restarts)], node="node-1"
+    )
+    reply = detect(Event("1", "s", "dev.knative.apiserver.resource.update", {}, pod), CFG)
+    assert reply is not None
+    return dict(reply.data)
+
+
+def moved_of(kind: str, name: str, top: tuple[str, str] | None, pod: str) -> dict[str, Any]:
+    """update-annotations' reply after moving ``pod`` off node-1 (``top``: None for a reply
+    from a version that did not say it)."""
+    data = {**outcome_data(kind, name, report="node-fixable"), "name": pod, "uid": f"uid-{pod}"}
+    if top is not None:
+        data["topWorkload"] = {"kind": top[0], "name": top[1]}
+    return data
+
+
+# Reports of pods of one Deployment across a `kubectl rollout restart` (a new ReplicaSet,
+# named <deployment>-<pod-template-hash> by pkg/controller/deployment/sync.go), of one CronJob
+# across two runs (a new Job each, <cronjob>-<minutes>), and of two Deployments.
+ROLLOUT = [
+    (EVENT_POD_FAILING, failing_of(("ReplicaSet", "web-7d9c8b6f4"), "web-7d9c8b6f4-x2x9z")),
+    (EVENT_POD_FAILING, failing_of(("ReplicaSet", "web-5c8f9d7b6"), "web-5c8f9d7b6-q8w2n")),
+]
+ROLLOUT_MOVES = [
+    (EVENT_POD_RESCHEDULED, moved_of("ReplicaSet", "web-7d9c8b6f4", ("Deployment", "web"), "a")),
+    (EVENT_POD_RESCHEDULED, moved_of("ReplicaSet", "web-5c8f9d7b6", ("Deployment", "web"), "b")),
+]
+MIXED = [
+    (EVENT_POD_FAILING, failing_of(("ReplicaSet", "web-7d9c8b6f4"), "web-7d9c8b6f4-x2x9z")),
+    (EVENT_POD_RESCHEDULED, moved_of("ReplicaSet", "web-5c8f9d7b6", ("Deployment", "web"), "b")),
+    # A reply from before topWorkload: its ReplicaSet's name still says its Deployment.
+    (EVENT_POD_RESCHEDULED, moved_of("ReplicaSet", "web-9f6d4b8c7", None, "c")),
+]
+CRONJOB_RUNS = [
+    (EVENT_POD_FAILING, failing_of(("Job", "nightly-29383920"), "nightly-29383920-k2v7d")),
+    (EVENT_POD_FAILING, failing_of(("Job", "nightly-29383980"), "nightly-29383980-m4x8p")),
+    (EVENT_POD_RESCHEDULED, moved_of("Job", "nightly-29384040", ("CronJob", "nightly"), "d")),
+]
+# A bare pod and its replacement (update-annotations names it after the pod it replaces).
+BARE_POD_MOVES = [
+    (EVENT_POD_FAILING, failing_of(None, "solo")),
+    (
+        EVENT_POD_FAILING,
+        failing_of(None, replacement_name({"metadata": {"name": "solo", "uid": pods.uid("solo")}})),
+    ),
+]
+TWO_DEPLOYMENTS = [
+    (EVENT_POD_FAILING, failing_of(("ReplicaSet", "web-7d9c8b6f4"), "web-7d9c8b6f4-x2x9z")),
+    (EVENT_POD_FAILING, failing_of(("ReplicaSet", "api-6b9f8d5c4"), "api-6b9f8d5c4-r7t2w")),
+]
+
+
+@pytest.mark.parametrize(
+    ("reports", "verdict", "count"),
+    [
+        (ROLLOUT, Verdict.HEALTHY, 1),
+        (ROLLOUT_MOVES, Verdict.HEALTHY, 1),
+        (MIXED, Verdict.HEALTHY, 1),
+        (CRONJOB_RUNS, Verdict.HEALTHY, 1),
+        (BARE_POD_MOVES, Verdict.HEALTHY, 1),
+        (TWO_DEPLOYMENTS, Verdict.MARK, 2),
+    ],
+    ids=[
+        "rollout",
+        "rollout-moves",
+        "old-and-new-replies",
+        "cronjob-runs",
+        "bare-pod-moves",
+        "two-deployments",
+    ],
+)
+def test_a_workloads_successive_controllers_are_one_distinct_workload(
+    reports: list[tuple[str, dict[str, Any]]], verdict: Verdict, count: int
+) -> None:
+    record = NodeHealth()
+    for minutes_ago, (event_type, data) in enumerate(reversed(reports), start=1):
+        at = (NOW - timedelta(minutes=minutes_ago)).isoformat().replace("+00:00", "Z")
+        found = blame_from_event(event_type, data, at, NOW)
+        assert found.node == "node-1"
+        done = assess(facts(record), found, NOW, CFG)
+        record = done.record
+    assert done.verdict is verdict
+    assert len(done.workloads) == count
+    assert len(record.workloads(NOW, CFG.suspect_window)) == count
+
+
+@pytest.mark.parametrize(
+    ("workload", "top"),
+    [
+        ("Deployment shop/web", "shop/web"),
+        # The Deployment controller's <deployment>-<pod-template-hash>, also of a Deployment
+        # whose own name ends like a hash: only the last suffix goes.
+        ("ReplicaSet shop/web-7d9c8b6f4", "shop/web"),
+        ("ReplicaSet shop/web-v2-5c8f9d7b6", "shop/web-v2"),
+        ("Deployment shop/web-v2", "shop/web-v2"),
+        # A vowel, a 0, 1 or 3 is never in a pod-template-hash: a ReplicaSet's own name.
+        ("ReplicaSet shop/web-api", "shop/web-api"),
+        ("ReplicaSet shop/web-7d9c8b6f1", "shop/web-7d9c8b6f1"),
+        # The CronJob controller's <cronjob>-<minutes>; a Job of its own keeps its name.
+        ("CronJob shop/nightly", "shop/nightly"),
+        ("Job shop/nightly-29383920", "shop/nightly"),
+        ("Job shop/migrate", "shop/migrate"),
+        # Only a ReplicaSet's, a Job's or a bare pod's suffix is a controller's doing.
+        ("StatefulSet shop/db-2", "shop/db-2"),
+        ("Pod shop/solo-a65df", "shop/solo"),
+        ("not a workload id", "not a workload id"),
+    ],
+)
+def test_a_workload_is_counted_by_its_top_level_workload(workload: str, top: str) -> None:
+    assert family(workload) == top
