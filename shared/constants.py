@@ -60,6 +60,9 @@ EVENT_SOURCE_PREFIX: Final = "/kn-rescheduler/"
 REASON_RESCHEDULED: Final = "Rescheduled"
 REASON_EXCLUSIONS_CLEARED: Final = "ExclusionsCleared"
 REASON_RETRIES_EXHAUSTED: Final = "RetriesExhausted"
+# The workload fails the same way on every node it tried and no pod of it is healthy anywhere:
+# moves stop (nothing charged) until one is, or its template changes.
+REASON_MOVES_STOPPED: Final = "MovesStopped"
 REASON_INVALID_POLICY: Final = "InvalidPolicy"
 # The move was decided but a PodDisruptionBudget refuses the eviction for now; retried later.
 REASON_MOVE_DEFERRED: Final = "MoveDeferred"

@@ -79,6 +79,7 @@ from shared.rescheduling.classify import (
     controller_of,
     unschedulable_due_to_exclusions,
 )
+from shared.rescheduling.everywhere import ALONE, Witnesses, witnesses_of
 from shared.rescheduling.failing import FailingPod
 from shared.rescheduling.owners import BARE, JOB, Holder, Ref, Resolution, holder_of, resolve
 from shared.rescheduling.policy import (
@@ -585,7 +586,9 @@ class Rescheduler:
         where other pods of the same controller are failing now (`_failing_elsewhere`): one
         LIST of pods per move, made once the first plan says "move" (a re-plan after a
         conflict reuses it); none for an event that moves nothing (a duplicate, an exhausted
-        budget), a StatefulSet's pod or a bare pod.
+        budget), a StatefulSet's pod or a bare pod. The same list says whether the workload
+        fails the same way everywhere (``shared.rescheduling.everywhere``): then the move is
+        stopped instead, charged nothing. A bare pod is alone by definition, no list needed.
         """
         holder = resolution.holder
         assert holder is not None
@@ -597,6 +600,8 @@ class Rescheduler:
         also_failing: tuple[str, ...] | None = None
         # The workload's pods as that list found them, while still fresh (this attempt).
         listed: list[Any] | None = None
+        # The other pods of the controller, judged; None until listed (never stopped then).
+        witnesses: Witnesses | None = ALONE if bare else None
         while True:
             attempt += 1
             reset = parse_reset_after(
@@ -628,7 +633,7 @@ class Rescheduler:
                 handled_limit=self.cfg.handled_uids_max,
                 statefulset=holder.statefulset,
             )
-            decided = decide(also_failing=also_failing or ())
+            decided = decide(also_failing=also_failing or (), witnesses=witnesses)
             if (
                 decided.action is Action.MOVE
                 and also_failing is None
@@ -636,9 +641,12 @@ class Rescheduler:
                 and not bare
             ):
                 # Listed only now that a move is decided: nothing else needs it.
-                also_failing, listed = self._failing_elsewhere(live, policy.reset_after, trace)
-                if also_failing:
-                    decided = decide(also_failing=also_failing)
+                wanted = holder.replicas if holder.ref.kind == OwnerKind.REPLICA_SET else None
+                also_failing, listed, witnesses = self._failing_elsewhere(
+                    live, policy.reset_after, trace, replicas=wanted
+                )
+                if also_failing or witnesses is not None:
+                    decided = decide(also_failing=also_failing, witnesses=witnesses)
             trace.plan = decided
             if decided.new_state is None:
                 trace.note(f"plan: {decided.action} ({decided.reason}): {decided.message}")
@@ -685,33 +693,36 @@ class Rescheduler:
             )
             metrics.DECISIONS.labels(action=str(decided.action)).inc()
             if decided.event_reason and not decided.delete_pod:
-                # RetriesExhausted: nothing to remove, so nothing to wait for. A move's Event
-                # waits until the pod is really gone.
+                # RetriesExhausted, MovesStopped: nothing to remove, so nothing to wait for. A
+                # move's Event waits until the pod is really gone. Said once: the state records
+                # it, and a redelivery or a concurrent delivery plans "already recorded".
                 self._event(
                     holder.ref,
                     decided.event_reason,
                     decided.message,
-                    warning=decided.action is Action.EXHAUSTED,
+                    warning=decided.action in (Action.EXHAUSTED, Action.STOPPED),
                 )
             return decided
 
     def _failing_elsewhere(
-        self, live: Pod, reset_after: timedelta, trace: Trace
-    ) -> tuple[tuple[str, ...], list[Any] | None]:
+        self, live: Pod, reset_after: timedelta, trace: Trace, *, replicas: int | None
+    ) -> tuple[tuple[str, ...], list[Any] | None, Witnesses | None]:
         """The nodes where other pods of the failing pod's controller are failing now, for a
         reason another node could fix (shared.rescheduling.siblings): one LIST of the pod's
         namespace by its labels (a page per 500 pods). Also the pods listed (None when not
-        listed), which a Job's move reuses to count its pending failures.
+        listed), which a Job's move reuses to count its pending failures, and those pods
+        judged as witnesses (shared.rescheduling.everywhere; ``replicas`` is how many the
+        controller wants, None when not fixed).
 
-        Best effort: a failed LIST is logged and the move records its own node only. A node
-        left out costs at most one more move of a replacement that lands there, never a
-        record.
+        Best effort: a failed LIST is logged and the move records its own node only, and is
+        never stopped (no witness was looked at). A node left out costs at most one more move
+        of a replacement that lands there, never a record.
         """
         meta = live.get("metadata", {})
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         selector = sibling_selector(live)
         if selector is None:
-            return (), None
+            return (), None, None
         try:
             candidates: list[Any] = list(self.api.list_all("Pod", ns, label_selector=selector))
         except kube.KubeError as exc:
@@ -722,13 +733,15 @@ class Rescheduler:
                 exc,
             )
             trace.note(f"pod {ns}/{name}: the other pods of its workload could not be listed")
-            return (), None
-        found = failing_siblings(live, candidates, self.cfg, self.clock(), reset_after=reset_after)
+            return (), None, None
+        now = self.clock()
+        found = failing_siblings(live, candidates, self.cfg, now, reset_after=reset_after)
+        others = witnesses_of(live, candidates, self.cfg, now, replicas=replicas)
         if found:
             said = ", ".join(f"{s.name} on {s.node} ({s.reason})" for s in found[:10])
             more = f" and {len(found) - 10} more" if len(found) > 10 else ""
             trace.note(f"pod {ns}/{name}: other pods of its workload failing now: {said}{more}")
-        return nodes_of(found), candidates
+        return nodes_of(found), candidates, others
 
     def _reread(self, holder: Holder) -> Holder:
         obj = self.api.get(holder.ref.kind, holder.ref.namespace, holder.ref.name)

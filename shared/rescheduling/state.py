@@ -25,6 +25,8 @@ know is refused, since acting on it could undo a newer release's bookkeeping)::
     {"version": 2, "holderUid": "<uid of the object it was written for>", "moves": 3,
      "excludedNodes": ["node-a"], "handled": ["<pod uid>", ...],
      "exhaustedRecorded": false, "updatedAt": "2026-03-14T09:26:53Z",
+     "failedOn": {"node-a": "CrashLoopBackOff"},
+     "stopped": {"reason": "CrashLoopBackOff", "nodes": ["node-a", "node-b"], "at": "..."},
      "pods": {"db-0": {"moves": 2, "excludedNodes": ["node-c"], "updatedAt": "..."}}}
 
 Per-pod entries (StatefulSets only) leave out an empty `excludedNodes` and a false
@@ -38,6 +40,17 @@ the second faulty node is recorded is drawn to it (a preferred affinity, or an e
 scoring best) and fails again: one move wasted per race. A StatefulSet's exclusions are its
 pods' own (web-0 failing somewhere says nothing about where web-1 may run: its own volume, its
 own identity), so nothing is added there; a bare pod has no siblings.
+
+What a move remembers of its failure. A move of a workload-wide budget also records, in
+`failedOn`, the reason that moved the pod off its node (it ages out like the exclusions, each
+scope keeps its `MAX_EXCLUDED_NODES` most recent; clearing exclusions that made a pod
+unschedulable keeps it, since where the workload failed is still true; a reset drops it; a
+sibling's node, excluded free of charge, records nothing). That is the evidence
+`shared.rescheduling.everywhere` weighs to stop moving a workload that fails the same way on
+every node; when it stops, `stopped` records it (so its Warning is said once), and the next
+move clears it. Both are optional within version 2 and left out when
+empty; like `holderUid`, a release that predates them refuses a state that carries them
+rather than drop what it does not understand.
 
 Whose state. Annotations get copied: `kubectl rollout undo` copies a ReplicaSet's annotations
 onto its Deployment, and the Deployment controller copies a Deployment's annotations onto the
@@ -92,12 +105,14 @@ from typing import Any, Final
 
 from shared.constants import (
     REASON_EXCLUSIONS_CLEARED,
+    REASON_MOVES_STOPPED,
     REASON_RESCHEDULED,
     REASON_RETRIES_EXHAUSTED,
 )
 from shared.platform.durations import format_duration
 from shared.platform.kubetypes import Pod
 from shared.rescheduling.classify import Failure, FailureKind
+from shared.rescheduling.everywhere import Stopped, Witnesses, judge
 from shared.rescheduling.policy import (
     BudgetScope,
     OwnerKind,
@@ -128,6 +143,8 @@ _DNS1123_SUBDOMAIN: Final = re.compile(
 _STATEFUL_POD: Final = re.compile(r"(.*)-([0-9]+)")
 _MAX_INT32: Final = 2**31 - 1
 _LONG_AGO: Final = datetime.min.replace(tzinfo=UTC)
+# The longest failure reason kept in `failedOn` and `stopped` (the kubelet's are short words).
+MAX_REASON_LENGTH: Final = 128
 
 
 def is_valid_node_name(name: object) -> bool:
@@ -176,10 +193,19 @@ class WorkloadState:
     # The uid of the object the state was written for; empty when unknown (written before the
     # field existed). See "Whose state" in the module docstring.
     holder_uid: str = ""
+    # The failure reason of each excluded node a move was charged for (workload scope only).
+    failed_on: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False, compare=True
+    )
+    # Moves stopped because the workload fails the same way everywhere (shared.rescheduling.
+    # everywhere); None while moves are allowed.
+    stopped: Stopped | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.per_pod, MappingProxyType):
             object.__setattr__(self, "per_pod", _freeze(self.per_pod))
+        if not isinstance(self.failed_on, MappingProxyType):
+            object.__setattr__(self, "failed_on", MappingProxyType(dict(self.failed_on)))
 
     def entry(self, pod_name: str) -> PodEntry:
         return self.per_pod.get(pod_name, PodEntry())
@@ -284,6 +310,8 @@ def _load(annotation_value: str | None, skipped: list[str] | None) -> WorkloadSt
         exhausted_recorded=_flag(data, "exhaustedRecorded"),
         updated_at=updated_at,
         holder_uid=holder_uid,
+        failed_on=_failed_on(data, skipped),
+        stopped=_stopped(data, skipped),
     )
 
 
@@ -305,6 +333,16 @@ def dump_state(state: WorkloadState) -> str:
         data["updatedAt"] = format_kube_time(state.updated_at)
     if state.holder_uid:
         data["holderUid"] = state.holder_uid
+    if state.failed_on:
+        data["failedOn"] = dict(state.failed_on)
+    if state.stopped is not None:
+        stopped: dict[str, Any] = {
+            "reason": state.stopped.reason,
+            "nodes": list(state.stopped.nodes),
+        }
+        if state.stopped.at is not None:
+            stopped["at"] = format_kube_time(state.stopped.at)
+        data["stopped"] = stopped
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -322,8 +360,10 @@ def _entry_data(entry: PodEntry) -> dict[str, Any]:
 _TOP_KEYS_V1: Final = frozenset(
     {"version", "moves", "excludedNodes", "pods", "handled", "exhaustedRecorded", "updatedAt"}
 )
-# holderUid is optional within version 2: states written before it are the holder's own.
-_TOP_KEYS: Final = _TOP_KEYS_V1 | {"holderUid"}
+# holderUid, failedOn and stopped are optional within version 2: states written before them
+# are the holder's own, with nothing recorded about failures.
+_TOP_KEYS: Final = _TOP_KEYS_V1 | {"holderUid", "failedOn", "stopped"}
+_STOPPED_KEYS: Final = frozenset({"reason", "nodes", "at"})
 _POD_KEYS_V1: Final = frozenset({"moves", "excludedNodes", "exhaustedRecorded"})
 _POD_KEYS: Final = _POD_KEYS_V1 | {"updatedAt"}
 
@@ -371,6 +411,37 @@ def _quoted(names: list[str], limit: int = 5, width: int = 64) -> str:
     shown = [repr(name if len(name) <= width else name[:width] + "...") for name in names[:limit]]
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(shown) + more
+
+
+def _reason(value: object, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_REASON_LENGTH:
+        raise StateError(
+            f"{what} must be a failure reason of 1 to {MAX_REASON_LENGTH} characters, "
+            f"got {_quoted([str(value)])}"
+        )
+    return value
+
+
+def _failed_on(data: dict[str, Any], skipped: list[str] | None) -> Mapping[str, str]:
+    raw = data.get("failedOn", {})
+    if not isinstance(raw, dict):
+        raise StateError("state field failedOn must be an object")
+    nodes = _nodes({"failedOn": list(raw)}, "failedOn", skipped)
+    return {node: _reason(raw[node], f"state field failedOn of node {node}") for node in nodes}
+
+
+def _stopped(data: dict[str, Any], skipped: list[str] | None) -> Stopped | None:
+    raw = data.get("stopped")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise StateError("state field stopped must be an object")
+    _only_keys(raw, _STOPPED_KEYS, "state field stopped")
+    return Stopped(
+        reason=_reason(raw.get("reason"), "state field stopped.reason"),
+        nodes=_nodes(raw, "nodes", skipped),
+        at=_time(raw, "at", "state field stopped.at"),
+    )
 
 
 def _flag(data: dict[str, Any], key: str) -> bool:
@@ -496,7 +567,13 @@ def prune(
     if len(excluded) > MAX_EXCLUDED_NODES:
         notes.append(f"kept the {MAX_EXCLUDED_NODES} most recent of {len(excluded)} excluded nodes")
         excluded = excluded[-MAX_EXCLUDED_NODES:]
-    pruned = replace(state, excluded_nodes=excluded, per_pod=entries)
+    # Failure reasons age out like the exclusions, but clearing exclusions that made a pod
+    # unschedulable keeps them: where the workload failed is still true.
+    failed_on = dict(state.failed_on)
+    if failed_on and state.updated_at is not None and now - state.updated_at > reset_after:
+        notes.append(f"dropped the failures recorded more than {format_duration(reset_after)} ago")
+        failed_on = {}
+    pruned = replace(state, excluded_nodes=excluded, per_pod=entries, failed_on=failed_on)
     if pruned == state:
         return Pruned(state)
     return Pruned(pruned, tuple(notes))
@@ -579,6 +656,9 @@ class Action(StrEnum):
     CLEAR_AND_MOVE = "clear-and-move"
     # The budget is spent: record that once, leave the pod where it is.
     EXHAUSTED = "exhausted"
+    # The workload fails the same way everywhere (shared.rescheduling.everywhere): record the
+    # stop once, charge nothing, leave the pod where it is.
+    STOPPED = "stopped"
     NOTHING = "nothing"
 
 
@@ -623,6 +703,7 @@ def plan(
     handled_limit: int = DEFAULT_HANDLED_LIMIT,
     statefulset: StatefulSetRange | None = None,
     also_failing: Iterable[str] = (),
+    witnesses: Witnesses | None = None,
 ) -> Plan:
     """Decide what to do about one failing pod, given the workload's state and policy.
 
@@ -633,6 +714,11 @@ def plan(
     `also_failing` are the nodes where other pods of the same controller are failing now for
     a reason another node could fix: a move of a workload-wide budget excludes them too,
     uncharged (see "What a move records" in the module docstring); otherwise they are ignored.
+    `witnesses` are the other pods of the controller as they are now
+    (`shared.rescheduling.everywhere.witnesses_of`): with them, a move of a workload-wide
+    budget that cannot help (the same failure on enough distinct nodes, no pod healthy
+    anywhere) is stopped instead (`Action.STOPPED`, or nothing when the stop is recorded
+    already). None means they were not looked at, and then a move is never stopped.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -696,8 +782,17 @@ def plan(
         )
 
     def with_scope(
-        new_moves: int, new_excluded: tuple[str, ...], exhausted: bool, remember: bool
+        new_moves: int,
+        new_excluded: tuple[str, ...],
+        exhausted: bool,
+        remember: bool,
+        *,
+        failed: str | None = None,
+        stopped: Stopped | None = None,
     ) -> WorkloadState:
+        """The state to write. ``failed`` is the failure reason of a move off the failing pod's
+        node (workload scope), ``stopped`` a stop to record; a move (``failed``) clears an
+        earlier stop."""
         handled = current.handled
         if remember and failure.pod_uid:
             handled = (*handled, failure.pod_uid)[-max(handled_limit, 1) :]
@@ -715,6 +810,14 @@ def plan(
                 updated_at=now,
                 holder_uid=uid,
             )
+        failed_on = dict(current.failed_on)
+        if failed is not None and failure.node:
+            if not new_excluded:
+                failed_on = {}  # a reset: the container ran fine, its history says nothing
+            else:
+                failed_on.pop(failure.node, None)  # most recent last, like excluded nodes
+                failed_on[failure.node] = failed[:MAX_REASON_LENGTH]
+                failed_on = dict(list(failed_on.items())[-MAX_EXCLUDED_NODES:])
         return replace(
             current,
             moves=new_moves,
@@ -723,6 +826,8 @@ def plan(
             handled=handled,
             updated_at=now,
             holder_uid=uid,
+            failed_on=failed_on,
+            stopped=stopped if stopped is not None else (None if failed else current.stopped),
         )
 
     def decided(result: Plan) -> Plan:
@@ -800,6 +905,41 @@ def plan(
     ran_for = failure.ran_for
     # Unknown means "do not reset": keeping the node excluded is the conservative reading.
     reset = ran_for is not None and ran_for > policy.reset_after
+    resumed = ""
+    if witnesses is not None and not per_pod and not reset:
+        # A container that ran past reset-after is not failing everywhere: it ran fine here.
+        kind = failure.reason[:MAX_REASON_LENGTH]
+        verdict = judge(current.failed_on, current.stopped, failure.node, kind, witnesses)
+        if verdict.stop and current.stopped is not None and current.stopped.reason == kind:
+            return nothing(
+                "stopped-already-recorded",
+                f"{pod} failed on {failure.node} ({failure.reason}); {verdict.why}, leaving "
+                "it in place",
+            )
+        if verdict.stop:
+            return decided(
+                Plan(
+                    Action.STOPPED,
+                    with_scope(
+                        moves,
+                        excluded,
+                        current.exhausted_recorded,
+                        remember=False,
+                        stopped=Stopped(kind, verdict.nodes, now),
+                    ),
+                    "fails-everywhere",
+                    REASON_MOVES_STOPPED,
+                    f"{pod} failed on {failure.node} ({failure.reason}), but moving it cannot "
+                    f"help: {verdict.why}. The application (or the whole cluster) is broken, "
+                    f"not the node. Moves stop here with {moves} of {budget} used and resume "
+                    "when a pod of the workload is healthy or its template changes",
+                    moves=moves,
+                    budget=budget,
+                    excluded_nodes=excluded,
+                )
+            )
+        if current.stopped is not None:
+            resumed = f"moves resumed ({verdict.why}); "
     siblings: tuple[str, ...] = ()
     if ran_for is not None and reset:
         # No sibling's node is recorded either: a reset hands placement back to the default
@@ -832,11 +972,17 @@ def plan(
     return decided(
         Plan(
             Action.MOVE,
-            with_scope(new_moves, new_excluded, exhausted=False, remember=True),
+            with_scope(
+                new_moves,
+                new_excluded,
+                exhausted=False,
+                remember=True,
+                failed=None if per_pod else failure.reason,
+            ),
             "ran-past-reset-after" if reset else "node-failure",
             REASON_RESCHEDULED,
             f"moved {pod} off node {failure.node} after {failure.reason} "
-            f"(move {new_moves} of {budget}); {detail}",
+            f"(move {new_moves} of {budget}); {resumed}{detail}",
             delete_pod=True,
             moves=new_moves,
             budget=budget,

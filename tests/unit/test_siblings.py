@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, cast
 
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from shared.platform.config import Config
 from shared.platform.kubetypes import Pod
 from shared.rescheduling.classify import classify
+from shared.rescheduling.everywhere import ALONE, Health, health_of, witnesses_of
 from shared.rescheduling.siblings import (
     JOB_COMPLETION_INDEX_LABEL,
     FailingSibling,
@@ -206,3 +207,100 @@ def test_a_pod_without_labels_has_no_selector() -> None:
 def test_a_failing_sibling_says_where_and_why() -> None:
     (found,) = failing_siblings(MOVING, [sibling()], Config(), NOW, reset_after=RESET_AFTER)
     assert found == FailingSibling("web-7d9c8b6f4-k8m2p", "node-b", "CrashLoopBackOff")
+
+
+# -- the other pods as witnesses: is the workload healthy anywhere? (shared.rescheduling.everywhere)
+
+
+def ready_since(p: Pod, since: datetime) -> Pod:
+    """``p`` with its Ready condition last turned True at ``since``: the kubelet's status
+    manager moves lastTransitionTime only when a condition's status changes
+    (updateLastTransitionTime in pkg/kubelet/status/status_manager.go), so a container that
+    crashed and came back shows the moment it came back."""
+    out = copy.deepcopy(p)
+    status = cast(dict[str, Any], out["status"])
+    for condition in status["conditions"]:
+        if condition["type"] in ("Ready", "ContainersReady"):
+            condition["lastTransitionTime"] = pods.ts(since)
+    return out
+
+
+def back_between_crashes(name: str, node: str, *, up_for: timedelta) -> Pod:
+    """A crash-looping container without a readiness probe, running again for ``up_for``
+    after its fourth crash: Ready, as the kubelet reports any running container without one."""
+    started = NOW - up_for
+    container = pods.running(
+        restarts=4, started=started, last=pods.last_terminated(finished=started), ready=True
+    )
+    return ready_since(pods.pod(name, node=node, containers=[container]), started)
+
+
+class Standing(NamedTuple):
+    pod: Pod
+    health: Health
+
+
+HEALTH = {
+    "crash-looping now": Standing(sibling(), Health.FAILED),
+    "back for 5 seconds between two crashes (Ready, no probe)": Standing(
+        back_between_crashes("web-7d9c8b6f4-k8m2p", "node-b", up_for=timedelta(seconds=5)),
+        Health.FAILED,
+    ),
+    "back and Ready for longer than crashloop_recent_run": Standing(
+        back_between_crashes("web-7d9c8b6f4-k8m2p", "node-b", up_for=timedelta(minutes=11)),
+        Health.HEALTHY,
+    ),
+    "Ready and never restarted": Standing(pods.pod("web-7d9c8b6f4-k8m2p"), Health.HEALTHY),
+    "running, not Ready yet, never restarted": Standing(
+        pods.pod("web-7d9c8b6f4-k8m2p", containers=[pods.running(ready=False)]),
+        Health.UNPROVEN,
+    ),
+    "bound, containers being created": Standing(
+        pods.pending_on_node(timedelta(seconds=3), name="web-7d9c8b6f4-k8m2p"), Health.UNPROVEN
+    ),
+    "not bound yet": Standing(
+        pods.pod("web-7d9c8b6f4-k8m2p", node=None, phase="Pending", conditions=[]),
+        Health.UNPROVEN,
+    ),
+    "a Job's pod that completed": Standing(
+        pods.pod(
+            "train-6xk2p",
+            owner=("Job", "train"),
+            phase="Succeeded",
+            containers=[pods.terminated("Completed", 0)],
+        ),
+        Health.HEALTHY,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HEALTH.values(), ids=HEALTH.keys())
+def test_how_another_pod_of_the_workload_stands(case: Standing) -> None:
+    health, why = health_of(case.pod, Config(), NOW)
+    assert health is case.health, why
+
+
+def test_the_witnesses_are_the_other_live_pods_of_the_same_controller() -> None:
+    other_rs = pods.pod("web-5f6b7c8d9-aaaaa", owner=("ReplicaSet", "web-5f6b7c8d9"))
+    candidates = [
+        MOVING,
+        sibling("web-7d9c8b6f4-k8m2p"),
+        sibling("web-7d9c8b6f4-going", deleting=True),
+        sibling("web-7d9c8b6f4-ended", phase="Failed", reason="Evicted"),
+        other_rs,
+    ]
+    found = witnesses_of(MOVING, candidates, Config(), NOW, replicas=2)
+    assert [(w.name, w.health) for w in found.pods] == [("web-7d9c8b6f4-k8m2p", Health.FAILED)]
+    assert found.missing == 0
+
+
+def test_a_replacement_not_created_yet_counts_as_missing() -> None:
+    found = witnesses_of(MOVING, [MOVING, sibling()], Config(), NOW, replicas=3)
+    assert found.missing == 1
+    # A Job wants no fixed number of pods: nothing is missing.
+    assert witnesses_of(MOVING, [MOVING], Config(), NOW, replicas=None).missing == 0
+
+
+def test_a_bare_pod_is_alone() -> None:
+    bare = pods.pod("solo", owner=None, node="node-a", containers=[pods.crash_looping()])
+    assert witnesses_of(bare, [bare, sibling()], Config(), NOW, replicas=None) == ALONE

@@ -10,9 +10,11 @@ from typing import NamedTuple
 
 import pytest
 
+from shared.constants import REASON_MOVES_STOPPED
 from shared.platform.config import Config
 from shared.platform.kubetypes import Pod
 from shared.rescheduling.classify import Failure, FailureKind, classify
+from shared.rescheduling.everywhere import ALONE, Health, Stopped, Witness, Witnesses
 from shared.rescheduling.policy import OwnerKind, Policy
 from shared.rescheduling.state import (
     MAX_EXCLUDED_NODES,
@@ -1252,3 +1254,235 @@ def test_recording_sibling_nodes_twice_equals_recording_them_once() -> None:
     assert other.moves == 2
     assert other.excluded_nodes == ("node-a", "node-b")
     assert other.also_excluded == ()
+
+
+# -- a workload that fails the same way everywhere (shared.rescheduling.everywhere) ---------------
+
+TWO = Policy(3, RS, replicas=2)
+CRASHING = Witness("web-7d9c8b6f4-b7k2m", "node-c", Health.FAILED, "failing on node-c")
+READY = Witness("web-7d9c8b6f4-b7k2m", "node-c", Health.HEALTHY, "Ready on node node-c")
+STARTING = Witness("web-7d9c8b6f4-b7k2m", "node-c", Health.UNPROVEN, "not failed yet")
+MOVED_OFF_A = WorkloadState(
+    moves=1,
+    excluded_nodes=("node-a",),
+    failed_on={"node-a": "CrashLoopBackOff"},
+    updated_at=NOW,
+)
+
+
+class Everywhere(NamedTuple):
+    state: WorkloadState
+    failure: FailureFacts
+    policy: Policy
+    witnesses: Witnesses | None
+    action: Action
+
+
+EVERYWHERE = {
+    "a second node failing the same way, the other pod failing too: stop": Everywhere(
+        MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((CRASHING,)), Action.STOPPED
+    ),
+    "another pod Ready elsewhere: a node fixed it, move": Everywhere(
+        MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((READY,)), Action.MOVE
+    ),
+    "another pod not failed yet: it may be on a good node, move": Everywhere(
+        MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((STARTING,)), Action.MOVE
+    ),
+    "a replacement not created yet: move": Everywhere(
+        MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((CRASHING,), missing=1), Action.MOVE
+    ),
+    "a different failure on the second node: move": Everywhere(
+        MOVED_OFF_A,
+        failed(node="node-b", reason="OOMKilled"),
+        TWO,
+        Witnesses((CRASHING,)),
+        Action.MOVE,
+    ),
+    "the same node again: one node, move": Everywhere(
+        MOVED_OFF_A, failed(node="node-a"), TWO, Witnesses((CRASHING,)), Action.MOVE
+    ),
+    "no move recorded yet, however many pods fail: move": Everywhere(
+        WorkloadState(), failed(node="node-b"), TWO, Witnesses((CRASHING,)), Action.MOVE
+    ),
+    "the other pods not looked at: never stop": Everywhere(
+        MOVED_OFF_A, failed(node="node-b"), TWO, None, Action.MOVE
+    ),
+    "a lone pod on its second node: two bad nodes in a row happen, move": Everywhere(
+        MOVED_OFF_A, failed(node="node-b"), THREE, ALONE, Action.MOVE
+    ),
+    "a lone pod on its third node: stop": Everywhere(
+        replace(
+            MOVED_OFF_A,
+            moves=2,
+            excluded_nodes=("node-a", "node-c"),
+            failed_on={"node-a": "CrashLoopBackOff", "node-c": "CrashLoopBackOff"},
+        ),
+        failed(node="node-b"),
+        THREE,
+        ALONE,
+        Action.STOPPED,
+    ),
+    "a container that ran past reset-after: it ran fine here, move": Everywhere(
+        MOVED_OFF_A,
+        failed(node="node-b", ran_for=timedelta(hours=2)),
+        TWO,
+        Witnesses((CRASHING,)),
+        Action.MOVE,
+    ),
+    "the budget spent first: exhausted, as before": Everywhere(
+        replace(MOVED_OFF_A, moves=6),
+        failed(node="node-b"),
+        TWO,
+        Witnesses((CRASHING,)),
+        Action.EXHAUSTED,
+    ),
+    "a StatefulSet pod (budget per pod): not judged here, move": Everywhere(
+        WorkloadState(
+            moves=1,
+            per_pod={"db-0": PodEntry(1, ("node-a",), updated_at=NOW)},
+            failed_on={},
+            updated_at=NOW,
+        ),
+        failed(node="node-b", name="db-0", kind=STS),
+        Policy(3, STS),
+        Witnesses((CRASHING,)),
+        Action.MOVE,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EVERYWHERE.values(), ids=EVERYWHERE.keys())
+def test_moving_stops_only_when_it_cannot_help(case: Everywhere) -> None:
+    result = plan(case.state, case.failure, case.policy, NOW, witnesses=case.witnesses)
+    assert result.action is case.action, result.message
+
+
+def test_a_stop_charges_nothing_removes_nothing_and_records_itself_for_one_warning() -> None:
+    result = plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,)))
+    assert (result.action, result.event_reason) == (Action.STOPPED, REASON_MOVES_STOPPED)
+    assert not result.delete_pod
+    assert (result.moves, result.budget) == (1, 6)
+    assert result.new_state is not None
+    assert result.new_state.moves == 1
+    assert result.new_state.excluded_nodes == ("node-a",)
+    assert "uid-1" not in result.new_state.handled  # a later resume may still move it
+    assert result.new_state.stopped == Stopped("CrashLoopBackOff", ("node-a", "node-b"), NOW)
+    assert "CrashLoopBackOff on 2 nodes (node-a, node-b)" in result.message
+    assert "1 of 6 used" in result.message
+
+
+def test_a_recorded_stop_is_not_recorded_or_said_again() -> None:
+    stopped = apply(
+        MOVED_OFF_A,
+        plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,))),
+    )
+    # The redelivery, the other pod's failure, the sweep's resend: nothing to write or say.
+    for failure in (failed(node="node-b"), failed("uid-2", node="node-c")):
+        again = plan(stopped, failure, TWO, NOW, witnesses=Witnesses((CRASHING,)))
+        assert (again.action, again.reason) == (Action.NOTHING, "stopped-already-recorded")
+        assert again.new_state is None and again.event_reason is None
+        assert not again.delete_pod
+
+
+def test_a_stop_holds_while_pods_only_start_and_lifts_when_one_is_healthy() -> None:
+    stopped = apply(
+        MOVED_OFF_A,
+        plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,))),
+    )
+    # A pod that has not failed yet proves nothing: the stop holds.
+    held = plan(stopped, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((STARTING,)))
+    assert held.action is Action.NOTHING
+    # A healthy pod: moves resume, and the move clears the stop.
+    resumed = plan(stopped, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((READY,)))
+    assert resumed.action is Action.MOVE
+    assert "moves resumed (pod web-7d9c8b6f4-b7k2m is Ready on node node-c)" in resumed.message
+    assert resumed.new_state is not None and resumed.new_state.stopped is None
+    assert resumed.moves == 2
+
+
+def test_a_stop_outlives_the_pruning_of_the_failures_that_led_to_it() -> None:
+    stopped = apply(
+        MOVED_OFF_A,
+        plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,))),
+    )
+    later = NOW + THREE.reset_after + timedelta(minutes=1)
+    held = plan(stopped, failed(node="node-b"), TWO, later, witnesses=Witnesses((CRASHING,)))
+    assert held.action is Action.NOTHING, held.message
+
+
+def test_a_move_records_the_failure_of_its_own_node_only() -> None:
+    result = plan(
+        MOVED_OFF_A,
+        failed(node="node-b", reason="OOMKilled"),
+        TWO,
+        NOW,
+        also_failing=("node-c",),
+        witnesses=Witnesses((STARTING,)),
+    )
+    assert result.new_state is not None
+    assert result.new_state.excluded_nodes == ("node-a", "node-c", "node-b")
+    assert dict(result.new_state.failed_on) == {
+        "node-a": "CrashLoopBackOff",
+        "node-b": "OOMKilled",
+    }
+
+
+def test_failure_reasons_age_out_and_are_trimmed_with_their_nodes() -> None:
+    old = replace(MOVED_OFF_A, updated_at=NOW - THREE.reset_after - timedelta(minutes=1))
+    result = plan(old, failed(node="node-b"), TWO, NOW)
+    assert result.new_state is not None
+    assert dict(result.new_state.failed_on) == {"node-b": "CrashLoopBackOff"}
+
+
+def test_failures_and_a_stop_round_trip_through_the_annotation() -> None:
+    state = replace(MOVED_OFF_A, stopped=Stopped("OOMKilled", ("node-a", "node-b"), NOW))
+    text = dump_state(state)
+    assert json.loads(text)["failedOn"] == {"node-a": "CrashLoopBackOff"}
+    assert json.loads(text)["stopped"] == {
+        "reason": "OOMKilled",
+        "nodes": ["node-a", "node-b"],
+        "at": "2026-03-14T09:26:53Z",
+    }
+    assert load_state(text) == state
+    # Nothing recorded, nothing written: a state without them reads as before.
+    assert "failedOn" not in dump_state(WorkloadState(moves=1))
+    assert "stopped" not in dump_state(WorkloadState(moves=1))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"version": 2, "failedOn": ["node-a"]}',
+        '{"version": 2, "failedOn": {"node-a": ""}}',
+        '{"version": 2, "failedOn": {"node-a": 7}}',
+        '{"version": 2, "failedOn": {"Node_A": "CrashLoopBackOff"}}',
+        '{"version": 2, "failedOn": {"node-a": "' + "x" * 129 + '"}}',
+        '{"version": 2, "stopped": true}',
+        '{"version": 2, "stopped": {"nodes": ["node-a"]}}',
+        '{"version": 2, "stopped": {"reason": "Oops", "nodes": ["node-a"], "why": "x"}}',
+        '{"version": 2, "stopped": {"reason": "Oops", "nodes": ["node-a"], "at": "soon"}}',
+        '{"version": 1, "failedOn": {"node-a": "CrashLoopBackOff"}}',
+    ],
+)
+def test_a_damaged_failure_record_or_stop_is_an_error(text: str) -> None:
+    with pytest.raises(StateError):
+        load_state(text)
+
+
+def test_a_lenient_read_skips_an_invalid_node_among_the_failures() -> None:
+    text = '{"version": 2, "failedOn": {"Node_A": "x", "node-b": "CrashLoopBackOff"}}'
+    lenient = load_state_lenient(text)
+    assert dict(lenient.state.failed_on) == {"node-b": "CrashLoopBackOff"}
+    assert lenient.skipped_nodes == ("Node_A",)
+
+
+def test_clearing_exclusions_that_made_a_pod_unschedulable_keeps_where_it_failed() -> None:
+    result = plan(MOVED_OFF_A, failed("uid-9", unschedulable=True), TWO, NOW)
+    assert result.action is Action.CLEAR_AND_MOVE
+    assert result.new_state is not None and result.new_state.excluded_nodes == ()
+    assert dict(result.new_state.failed_on) == {"node-a": "CrashLoopBackOff"}
+
+
+def test_a_reset_move_forgets_where_the_workload_failed() -> None:
+    result = plan(MOVED_OFF_A, failed(node="node-b", ran_for=timedelta(hours=2)), TWO, NOW)
+    assert result.new_state is not None and dict(result.new_state.failed_on) == {}
