@@ -17,7 +17,12 @@ It scrapes the endpoints of :mod:`localcluster.nodeexporter` with a generated co
   the host network). ``label-nodes`` matches a value to its Node by ``node``, and falls back to
   ``instance`` -> the Node's InternalIP. A target label ``instance`` is kept as is: Prometheus
   defaults it to the scraped address only when it is unset (scrape/target.go);
-- a TSDB under the cluster's work directory (``prometheus/data``), kept an hour.
+- a TSDB under the cluster's work directory (``prometheus/data``), kept an hour;
+- with ``second_job=True`` (default off), a second job, ``kube-prometheus-node-exporter``,
+  scraping the same endpoints with the same target labels, as a production cluster that runs
+  both a Helm chart's scrape configuration and kube-prometheus does: every node-exporter series
+  then exists twice, differing only in ``job``. Queries that add series per ``instance`` and
+  ``node`` count each node twice there; annotate-usage's must not.
 
 The process runs like the control plane's (:mod:`localcluster.procs`): its own process group,
 killed by the kernel if the harness dies, logged to ``logs/prometheus.log``, on a free
@@ -44,6 +49,8 @@ from localcluster.procs import Proc
 # Names the prometheus binary to run instead of the one on PATH.
 ENV_PROMETHEUS: Final = "KN_RESCHEDULER_PROMETHEUS"
 JOB: Final = "node-exporter"
+# The second job of a production-like configuration (``second_job=True``).
+SECOND_JOB: Final = "kube-prometheus-node-exporter"
 SCRAPE_INTERVAL: Final = "1s"
 RETENTION: Final = "1h"
 # The port of a real node-exporter, for the ``instance`` label.
@@ -84,16 +91,19 @@ def target_groups(nodes: Sequence[SimNode], exporter_address: str) -> list[dict[
     return groups
 
 
-def config(targets_file: Path) -> dict[str, Any]:
-    """The Prometheus configuration: one node-exporter job fed by ``targets_file``."""
+def config(targets_file: Path, *, second_job: bool = False) -> dict[str, Any]:
+    """The Prometheus configuration: the node-exporter job fed by ``targets_file`` and, with
+    ``second_job``, a second job scraping the same targets with the same labels."""
+    jobs = [JOB, SECOND_JOB] if second_job else [JOB]
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL},
         "scrape_configs": [
             {
-                "job_name": JOB,
+                "job_name": job,
                 # The file is watched; the refresh is the fallback if a change notice is lost.
                 "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
             }
+            for job in jobs
         ],
     }
 
@@ -112,9 +122,19 @@ class LocalPrometheus:
     """Prometheus for one cluster: files under ``directory``, log in ``log_dir``."""
 
     def __init__(
-        self, directory: Path, log_dir: Path, port: int, binary: str, exporter: NodeExporter
+        self,
+        directory: Path,
+        log_dir: Path,
+        port: int,
+        binary: str,
+        exporter: NodeExporter,
+        *,
+        second_job: bool = False,
     ) -> None:
+        """``second_job``: also scrape every endpoint as SECOND_JOB (see the module docstring);
+        ``targets_up`` and ``wait_scraped`` then need both jobs up."""
         self.directory = directory
+        self.second_job = second_job
         self.exporter = exporter
         self.log_path = log_dir / f"{PROCESS_NAME}.log"
         self.port = port
@@ -132,7 +152,9 @@ class LocalPrometheus:
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(parents=True)
         self.write_targets([])
-        self.config_file.write_text(yaml.safe_dump(config(self.targets_file), sort_keys=False))
+        self.config_file.write_text(
+            yaml.safe_dump(config(self.targets_file, second_job=self.second_job), sort_keys=False)
+        )
         self.log_path.unlink(missing_ok=True)
 
     def write_targets(self, nodes: Sequence[SimNode]) -> None:
@@ -181,12 +203,17 @@ class LocalPrometheus:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def targets_up(self) -> dict[str, str]:
-        """``node`` label -> health ("up", "down", "unknown") of every active target."""
+        """``node`` label -> health ("up", "down", "unknown") of every active target; with two
+        jobs, "up" only when both scrapes of the node are."""
         body = self._get("/api/v1/targets?state=active")
         if body is None:
             return {}
         targets = body.json().get("data", {}).get("activeTargets", [])
-        return {str(t["labels"].get("node", "")): str(t.get("health", "")) for t in targets}
+        health: dict[str, str] = {}
+        for t in targets:
+            node, state = str(t["labels"].get("node", "")), str(t.get("health", ""))
+            health[node] = state if health.get(node, "up") == "up" else health[node]
+        return health
 
     def wait_scraped(self, nodes: Sequence[str], deadline: float) -> None:
         """Waits until every one of ``nodes`` has been scraped successfully once."""

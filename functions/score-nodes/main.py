@@ -8,7 +8,8 @@ configuration we ship marks the extender ``ignorable``, so an answer that is not
 answer) only means the scheduler places the pod without us.
 
 - 200 with the result for every request we can read, whatever its nodes hold (a node whose
-  usage cannot be read passes, with a neutral score);
+  usage cannot be read passes, with a neutral score; when every node is hot, a pod that did
+  not name the load-aware scheduler gets them all, ranked by score, and a warning is logged);
 - 400 with ``{"error": ...}`` and a log line for a body that is not ExtenderArgs;
 - ``GET /healthz`` for probes, ``GET /metrics`` for Prometheus.
 
@@ -84,11 +85,15 @@ def _answer(verb: str, body: bytes) -> flask.Response:
             NODE_DECISIONS.labels(verb=verb, reason=verdict.reason).inc()
         response = _json(filter_response(args, result))
         failed = result.failed
+        every_node_hot = any(v.reason == extender.EVERY_NODE_HOT for v in result.verdicts)
         log.log(
-            logging.INFO if failed else logging.DEBUG,
-            "filter: %d of %d nodes pass",
+            logging.WARNING if every_node_hot else logging.INFO if failed else logging.DEBUG,
+            "filter: %d of %d nodes pass%s",
             len(args.names) - len(failed),
             len(args.names),
+            " (every node over its usage limits: all passed, ranked by score)"
+            if every_node_hot
+            else "",
             extra={
                 "verb": verb,
                 "pod": _pod_ref(args.pod),

@@ -25,6 +25,7 @@ from typing import Any, Final, cast
 
 from prometheus_client import Counter, Gauge
 
+from shared.constants import opted_out
 from shared.loadaware.annotate import Measured, NodeDecision, decide_node
 from shared.loadaware.sources import Source, SourceDown
 from shared.loadaware.usage import Estimate, allocatable, estimate
@@ -47,7 +48,10 @@ SOURCE_UP: Final = Gauge(
     "knr_usage_source_up", "1 when the last evaluation got usage from its source, else 0."
 )
 # The seed's metric names: each node's usage as the last evaluation measured it (percent of
-# allocatable), so dashboards built for it keep working.
+# allocatable), so dashboards built for it keep working. A node's series is removed when the
+# node is gone or opted out: otherwise /metrics grows with every node a cluster ever had (an
+# autoscaled cluster replaces its nodes daily), and a dashboard shows the last value of a node
+# that no longer exists.
 CPU_PERCENT: Final = Gauge(
     "node_cpu_usage_percent", "Node CPU usage, percent of allocatable.", ["node"]
 )
@@ -121,6 +125,8 @@ class Annotator:
         self.clock = clock
         self.status = Status(source.name)
         self._lock = threading.Lock()
+        # The nodes this process exports a usage gauge for.
+        self._gauged: set[str] = set()
 
     def evaluate(self) -> Evaluation:
         with self._lock:
@@ -161,7 +167,8 @@ class Annotator:
                 )
             )
         written = self._write(decisions)
-        self._record(now, decisions, measured, outage)
+        listed = {_name(n) for n in nodes if not opted_out((n.get("metadata") or {}).get("labels"))}
+        self._record(now, decisions, measured, outage, listed)
         return Evaluation(now, tuple(decisions), outage, written)
 
     def _recent_pods(self, now: datetime) -> dict[str, list[Pod]]:
@@ -215,12 +222,16 @@ class Annotator:
         decisions: Iterable[NodeDecision],
         measured: dict[str, Measured],
         outage: str,
+        listed: set[str],
     ) -> None:
+        """``listed``: the Nodes of this evaluation that are not opted out; gauges of any other
+        node go."""
         status = self.status
         status.last_evaluation = now
         status.source_up = not outage
         status.measured = len(measured)
         buckets: dict[str, int] = {}
+        gauged: set[str] = set()
         for decision in decisions:
             if decision.bucket:
                 buckets[decision.bucket] = buckets.get(decision.bucket, 0) + 1
@@ -228,6 +239,15 @@ class Annotator:
             if record is not None:
                 CPU_PERCENT.labels(node=decision.node).set(record.cpu.now)
                 MEMORY_PERCENT.labels(node=decision.node).set(record.memory.now)
+                gauged.add(decision.node)
+            elif decision.node in self._gauged and decision.node in listed:
+                # Listed but not measured this time (the source is down or lags): the last
+                # value stays, as the record on the Node does.
+                gauged.add(decision.node)
+        for gone in self._gauged - gauged:
+            CPU_PERCENT.remove(gone)
+            MEMORY_PERCENT.remove(gone)
+        self._gauged = gauged
         status.buckets = buckets
         SOURCE_UP.set(0 if outage else 1)
         if outage:

@@ -19,10 +19,29 @@ the weights' sum, plus ``load_balance_bonus`` when both are under ``low_load_thr
 onto the extender's range 0..10 (extender/v1 MaxExtenderPriority; the scheduler multiplies it
 by the extender's weight and by MaxNodeScore / MaxExtenderPriority).
 
+Pods that must run whatever the load (``exemption``): a DaemonSet's pod or a static pod
+(pinned to its node), a system-critical pod (priority class ``system-cluster-critical`` or
+``system-node-critical``, or a priority of 2000000000 and more: what the kubelet calls critical,
+pkg/kubelet/types IsCriticalPod), a pod in an excluded namespace (kube-system and the project's
+own by default) and an opted-out pod pass every node, hot or in maintenance.
+
+Every node hot. The scheduler calls the extender with the nodes its own filters left; when we
+fail them all, the pod stays Pending: the answer is a valid 200 (``ignorable`` applies only to
+errors), our failures are unresolvable (no preemption), and the Cluster Autoscaler simulates
+scheduling without extenders (kubernetes/autoscaler#506, #5708), so it sees the pod fit and adds
+no node. For a pod of the load-aware scheduler (``kn-rescheduler-load-aware``) that is the
+point: it asked to wait for a node under the limits. For a pod of any other scheduler (the
+default scheduler with the extender, where every pod of the cluster pays) it would be an
+outage, so when no node passes and some failed on usage alone, those pass, ranked by the score
+(the coolest first): the extender prefers, it does not block. Nodes in maintenance stay failed
+(an operator's choice, like a cordon).
+
 Usage we cannot trust (no record, a record older than ``usage_stale_after``, a record or an
 allocatable we cannot read) neither fails a node nor pushes pods away from it: the scheduler's
 own plugins decide there, as without the extender. Such a node scores the mean of the nodes
-that were scored: a low score would drain pods off every node whose annotator lags or that
+that were scored and can take pods (schedulable and Ready: a cordoned or NotReady node is
+drained, its low usage says nothing about where pods go, and pods that tolerate it would lift
+the mean with it): a low score would drain pods off every node whose annotator lags or that
 just joined, a high one would herd them onto exactly the nodes nobody measured.
 
 What the extender sees, and what it cannot (herding). Usage is measured: it lags the pods
@@ -45,11 +64,17 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, cast
 
-from shared.constants import MAINTENANCE_LABEL, MAINTENANCE_VALUE, USAGE_ANNOTATION
+from shared.constants import (
+    LOAD_AWARE_SCHEDULER_NAME,
+    MAINTENANCE_LABEL,
+    MAINTENANCE_VALUE,
+    USAGE_ANNOTATION,
+    opted_out,
+)
 from shared.loadaware.usage import (
     Resources,
     UsageError,
@@ -61,6 +86,7 @@ from shared.loadaware.usage import (
 from shared.platform import quantity
 from shared.platform.config import Config
 from shared.platform.kubetypes import Node, Pod
+from shared.rescheduling.classify import MIRROR_POD_ANNOTATION
 
 # k8s.io/kube-scheduler/extender/v1: MinExtenderPriority, MaxExtenderPriority.
 MIN_PRIORITY: Final = 0
@@ -80,6 +106,14 @@ CPU_PREDICTED_OVER: Final = "cpu-predicted-over-limit"
 MEMORY_PREDICTED_OVER: Final = "memory-predicted-over-limit"
 SCORED: Final = "scored"
 DAEMON_POD: Final = "daemonset-pod"
+STATIC_POD: Final = "static-pod"
+CRITICAL_POD: Final = "system-critical-pod"
+EXCLUDED_NAMESPACE: Final = "excluded-namespace"
+OPTED_OUT_POD: Final = "opted-out-pod"
+# Every node failed on usage for a pod of a scheduler whose pods all pay: passed, ranked by score.
+EVERY_NODE_HOT: Final = "every-node-hot"
+# The failures that only say "hot": the ones that pass when every node fails.
+USAGE_REASONS: Final = frozenset({CPU_OVER, MEMORY_OVER, CPU_PREDICTED_OVER, MEMORY_PREDICTED_OVER})
 # A node whose usage cannot be trusted passes and scores neutral (the reasons above, for it).
 UNKNOWN_REASONS: Final = frozenset(
     {NO_USAGE, STALE_USAGE, UNREADABLE_USAGE, UNREADABLE_ALLOCATABLE}
@@ -119,6 +153,24 @@ def node_name(node: Node) -> str:
 
 def in_maintenance(node: Node) -> bool:
     return _metadata_map(node, "labels").get(MAINTENANCE_LABEL) == MAINTENANCE_VALUE
+
+
+def takes_pods(node: Node) -> bool:
+    """Schedulable (not cordoned) and Ready: a node that is not is being drained or is
+    unreachable, and its usage says nothing about the nodes pods go to."""
+    spec = node.get("spec")
+    if isinstance(spec, dict) and spec.get("unschedulable") is True:
+        return False
+    status = node.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for condition in conditions if isinstance(conditions, list) else ():
+        if isinstance(condition, dict) and condition.get("type") == "Ready":
+            # The kubelet posts True; the node lifecycle controller writes Unknown when the
+            # kubelet stops posting, and the kubelet False when it is not ready.
+            return condition.get("status") == "True"
+    # No Ready condition yet: a node that just registered; the scheduler's own taint
+    # (node.kubernetes.io/not-ready) keeps pods off it, and so out of this request.
+    return False
 
 
 # The scheduler sends every candidate Node twice per pod (filter, prioritize), and the same
@@ -211,19 +263,82 @@ def is_daemon_pod(pod: Pod) -> bool:
     )
 
 
+# k8s.io/api/scheduling/v1: the two built-in priority classes, and SystemCriticalPriority
+# (2 * HighestUserDefinablePriority), from which the kubelet calls a pod critical.
+_CRITICAL_CLASSES: Final = frozenset({"system-cluster-critical", "system-node-critical"})
+SYSTEM_CRITICAL_PRIORITY: Final = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class Exemption:
+    """Why a pod passes every node whatever its load: a reason (a label) and the text."""
+
+    reason: str
+    message: str
+
+
+def exemption(pod: Pod, cfg: Config) -> Exemption | None:
+    """Why ``pod`` must not be kept off any node by its load, or None.
+
+    System-critical pods (kube-proxy, CoreDNS, a CNI's agents) keep a cluster working; pods of
+    a DaemonSet or a static pod belong to one node; an excluded namespace and the opt-out
+    label are the project's own "leave it alone", as for every other function.
+    """
+    # A TypedDict from the API server, but only ever checked here (a hand-made object may not
+    # be one): read as plain maps.
+    metadata: object = pod.get("metadata")
+    meta: dict[str, Any] = cast(dict[str, Any], metadata) if isinstance(metadata, dict) else {}
+    raw_spec: object = pod.get("spec")
+    spec: dict[str, Any] = cast(dict[str, Any], raw_spec) if isinstance(raw_spec, dict) else {}
+    if is_daemon_pod(pod):
+        return Exemption(DAEMON_POD, "a DaemonSet's pod")
+    annotations = meta.get("annotations")
+    owners = meta.get("ownerReferences")
+    if (isinstance(annotations, dict) and MIRROR_POD_ANNOTATION in annotations) or any(
+        isinstance(o, dict) and o.get("kind") == "Node" and o.get("controller") is True
+        for o in (owners if isinstance(owners, list) else ())
+    ):
+        return Exemption(STATIC_POD, "a static pod")
+    priority = spec.get("priority")
+    if spec.get("priorityClassName") in _CRITICAL_CLASSES or (
+        isinstance(priority, int) and priority >= SYSTEM_CRITICAL_PRIORITY
+    ):
+        return Exemption(CRITICAL_POD, "a system-critical pod")
+    namespace = meta.get("namespace")
+    if isinstance(namespace, str) and cfg.is_excluded_namespace(namespace):
+        return Exemption(EXCLUDED_NAMESPACE, f"a pod of the excluded namespace {namespace}")
+    labels = meta.get("labels")
+    if opted_out(labels if isinstance(labels, dict) else None):
+        return Exemption(OPTED_OUT_POD, "an opted-out pod")
+    return None
+
+
+def waits_for_a_cool_node(pod: Pod) -> bool:
+    """Whether the pod asked for load-aware placement by naming the load-aware scheduler: it
+    waits while every node is hot. Any other scheduler's pods pay for the extender without
+    asking, and never wait for it."""
+    spec = pod.get("spec")
+    return isinstance(spec, dict) and spec.get("schedulerName") == LOAD_AWARE_SCHEDULER_NAME
+
+
 def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> FilterResult:
     """Which of ``nodes`` the pod may go to, one verdict per node, in the given order.
 
-    A DaemonSet's pod passes everywhere: its controller pins it to one node (a required node
-    affinity on that node's name), so failing that node would leave the node without its
-    daemon (its network plugin, log shipper, node-exporter) for as long as it stays hot, which
-    is when it is needed most. Maintenance does not keep daemons off either, as cordoning
-    does not.
+    An exempt pod (``exemption``) passes everywhere. A DaemonSet's pod, for one: its
+    controller pins it to one node (a required node affinity on that node's name), so failing
+    that node would leave the node without its daemon (its network plugin, log shipper,
+    node-exporter) for as long as it stays hot, which is when it is needed most. Maintenance
+    does not keep exempt pods off either, as cordoning does not keep off daemons.
+
+    When no node passes and some failed on usage alone, a pod that did not ask to wait
+    (``waits_for_a_cool_node``) gets those nodes back, each with the reason EVERY_NODE_HOT:
+    the score ranks them and the pod goes to the coolest (see the module docstring).
     """
-    if is_daemon_pod(pod):
+    exempt = exemption(pod, cfg)
+    if exempt is not None:
         return FilterResult(
             verdicts=tuple(
-                FilterVerdict(node_name(n), True, DAEMON_POD, "a DaemonSet's pod") for n in nodes
+                FilterVerdict(node_name(n), True, exempt.reason, exempt.message) for n in nodes
             ),
             pod_requests=Resources(),
         )
@@ -233,10 +348,15 @@ def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) ->
         # The API server validated the pod's quantities on create, so this is a hand-made
         # object; without its requests the prediction adds nothing rather than failing nodes.
         requests = Resources()
-    return FilterResult(
-        verdicts=tuple(_filter_one(node, requests, cfg, now) for node in nodes),
-        pod_requests=requests,
-    )
+    verdicts = tuple(_filter_one(node, requests, cfg, now) for node in nodes)
+    if not waits_for_a_cool_node(pod) and not any(v.passed for v in verdicts):
+        verdicts = tuple(
+            replace(v, passed=True, reason=EVERY_NODE_HOT, message=f"{v.message}, as every node is")
+            if v.reason in USAGE_REASONS
+            else v
+            for v in verdicts
+        )
+    return FilterResult(verdicts=verdicts, pod_requests=requests)
 
 
 def _filter_one(node: Node, requests: Resources, cfg: Config, now: datetime) -> FilterVerdict:
@@ -309,6 +429,8 @@ def prioritize(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> P
     """
     del pod
     known: list[tuple[str, int, float]] = []
+    # The scores the neutral one is the mean of: nodes that take pods (``takes_pods``).
+    counted: list[int] = []
     unknown: dict[str, str] = {}
     order: list[str] = []
     for node in nodes:
@@ -320,9 +442,11 @@ def prioritize(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> P
             continue
         raw = raw_score(load.cpu, load.memory, cfg)
         known.append((name, _scaled(raw, cfg), raw))
+        if takes_pods(node):
+            counted.append(known[-1][1])
     neutral = (
-        math.floor(sum(score for _, score, _ in known) / len(known) + 0.5)
-        if known
+        math.floor(sum(counted) / len(counted) + 0.5)
+        if counted
         else (MIN_PRIORITY + MAX_PRIORITY) // 2
     )
     by_name = {name: NodeScore(name, score, SCORED, raw) for name, score, raw in known}

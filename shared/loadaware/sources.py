@@ -9,7 +9,8 @@ annotator turns them into percent of the node's allocatable. They differ in what
   in use, as the CPU is not available to pods then either. Memory in use is MemTotal minus
   MemAvailable (what the kernel could give without swapping; the working set the kubelet
   evicts on is close to it). Series are matched to Nodes as label-nodes matches them
-  (shared.platform.prometheus.node_values).
+  (shared.platform.prometheus.node_values). A node-exporter scraped by two jobs is one
+  machine: its copies are never added (``_per_node``).
 - The Metrics API (metrics-server, what ``kubectl top nodes`` reads) keeps no history: the
   current usage only (metrics-server's window, 10-30 s), the average and maximum stay unknown.
   Its memory is the node's working set.
@@ -37,9 +38,23 @@ log = logging.getLogger(__name__)
 
 _CPU_IN_USE: Final = '1 - rate(node_cpu_seconds_total{mode="idle"}[%s])'
 _MEMORY_IN_USE: Final = "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes"
-# Summed per scrape target (instance) and, where present, node label, so that the per-CPU
-# series of one node-exporter become one value per node.
-_BY: Final = "by (instance, node)"
+
+
+def _per_node(expr: str, *, over_cpus: bool) -> str:
+    """``expr`` as one value per node.
+
+    First summed over the node's CPUs (``without (cpu, mode)``), which keeps every other label
+    and so keeps apart the series of one node-exporter scraped twice: by two jobs (a Helm
+    chart's ``kubernetes-service-endpoints`` and kube-prometheus's ``node-exporter``, each with
+    the same ``instance`` and ``node``), or by one job across a node-exporter pod's restart
+    (a new ``pod`` label while the old series is still inside the rate window). Then the
+    largest of those per ``instance`` and ``node``: they measure the same machine, so adding
+    them (a plain ``sum by (instance, node)``) would count it twice. Copies with a different
+    ``instance`` are matched to the same Node afterwards, and their largest taken too
+    (``PrometheusSource.sample``).
+    """
+    inner = f"sum without (cpu, mode) ({expr})" if over_cpus else expr
+    return f"max by (instance, node) ({inner})"
 
 
 def queries(rate_window: timedelta) -> dict[str, str]:
@@ -53,17 +68,19 @@ def queries(rate_window: timedelta) -> dict[str, str]:
     now = f"{seconds}s"
     step = f"{max(1, seconds // 4)}s"
     return {
-        "cpu": f"sum {_BY} ({_CPU_IN_USE % now})",
-        "cpu_avg5m": f"sum {_BY} ({_CPU_IN_USE % '5m'})",
-        "cpu_max1h": f"max_over_time((sum {_BY} ({_CPU_IN_USE % now}))[1h:{step}])",
-        "memory": f"sum {_BY} ({_MEMORY_IN_USE})",
-        "memory_avg5m": (
-            f"sum {_BY} (avg_over_time(node_memory_MemTotal_bytes[5m]) - "
-            "avg_over_time(node_memory_MemAvailable_bytes[5m]))"
+        "cpu": _per_node(_CPU_IN_USE % now, over_cpus=True),
+        "cpu_avg5m": _per_node(_CPU_IN_USE % "5m", over_cpus=True),
+        "cpu_max1h": f"max_over_time(({_per_node(_CPU_IN_USE % now, over_cpus=True)})[1h:{step}])",
+        "memory": _per_node(_MEMORY_IN_USE, over_cpus=False),
+        "memory_avg5m": _per_node(
+            "avg_over_time(node_memory_MemTotal_bytes[5m]) - "
+            "avg_over_time(node_memory_MemAvailable_bytes[5m])",
+            over_cpus=False,
         ),
-        "memory_max1h": (
-            f"sum {_BY} (max_over_time(node_memory_MemTotal_bytes[1h]) - "
-            "min_over_time(node_memory_MemAvailable_bytes[1h]))"
+        "memory_max1h": _per_node(
+            "max_over_time(node_memory_MemTotal_bytes[1h]) - "
+            "min_over_time(node_memory_MemAvailable_bytes[1h])",
+            over_cpus=False,
         ),
     }
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,12 @@ import requests
 from localcluster import Cluster
 from localcluster.__main__ import cluster_processes
 from localcluster.procs import cmdline, pid_alive
+from localcluster.prometheus import LocalPrometheus, find_binary
 from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
+from shared.loadaware.annotate import Measured
+from shared.loadaware.sources import PrometheusSource
+from shared.platform.prometheus import Prometheus
+from stack.functions import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -329,3 +335,67 @@ def test_prometheus_dies_with_a_sigkilled_harness(tmp_path: Path) -> None:
         harness.wait()
 
     wait_for("prometheus to die with the harness", lambda: not pid_alive(pid), timeout=10)
+
+
+def test_a_second_scrape_job_of_the_same_node_exporter_doubles_nothing_annotate_usage_reads(
+    cluster: Cluster, usage_reset: None, tmp_path: Path
+) -> None:
+    """A production-like Prometheus (``second_job=True``): every node-exporter scraped by two
+    jobs with the same ``instance`` and ``node``. annotate-usage's queries measure each node
+    once; a ``sum by (instance, node)`` (what they were) measures it twice."""
+    exporter = cluster.node_exporter
+    assert exporter is not None
+    (tmp_path / "logs").mkdir()
+    twice = LocalPrometheus(
+        tmp_path / "prometheus",
+        tmp_path / "logs",
+        free_port(),
+        find_binary(),
+        exporter,
+        second_job=True,
+    )
+    twice.prepare()
+    twice.write_targets(exporter.nodes())
+    deadline = time.monotonic() + 60
+    twice.start(deadline)
+    try:
+        twice.wait_scraped(cluster.nodes, deadline)
+        scrapes = per_node(twice.url, "count by (node) (up == 1)")
+        assert scrapes == {n: 2 for n in cluster.nodes}, scrapes
+
+        busy = cluster.nodes[0]
+        cluster.set_node_usage(busy, cpu=0.6, memory=0.45)
+        node = cluster.rest.get(f"/api/v1/nodes/{busy}")
+        cpus = int(node["status"]["capacity"]["cpu"])
+        memory = int(node["status"]["capacity"]["memory"].removesuffix("Ki")) * 1024
+        ips = {
+            n["metadata"]["name"]: [
+                a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP"
+            ]
+            for n in cluster.rest.get("/api/v1/nodes")["items"]
+        }
+        source = PrometheusSource(Prometheus(twice.url), timedelta(seconds=10))
+
+        quiet = cluster.nodes[1]
+
+        def settled() -> dict[str, Measured] | None:
+            # A series younger than the rate window reads too busy (rate() divides by the
+            # whole window): this Prometheus is seconds old, so wait for both to settle.
+            got = source.sample(ips)
+            cores = {n: got[n].cpu_cores / cpus for n in (busy, quiet) if n in got}
+            fine = len(cores) == 2 and abs(cores[busy] - 0.6) < 0.03
+            return got if fine and abs(cores[quiet] - QUIET_CPU) < 0.03 else None
+
+        measured = wait_for(f"{busy} to read 60 % CPU through both jobs", settled, timeout=40)
+        assert measured[busy].memory_bytes == pytest.approx(0.45 * memory, rel=0.01)
+        assert measured[quiet].memory_bytes == pytest.approx(QUIET_MEMORY * memory, rel=0.01)
+        # The expression annotate-usage used before: every node twice (the issue's 14.4 GiB
+        # for 7.2).
+        added = per_node(
+            twice.url,
+            "sum by (instance, node) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)",
+        )
+        assert added[busy] == pytest.approx(2 * measured[busy].memory_bytes, rel=0.01)
+    finally:
+        twice.stop()
+        twice.remove_data()

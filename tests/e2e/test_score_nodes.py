@@ -163,6 +163,8 @@ def create_pod(
     scheduler: str | None = None,
     node_selector: dict[str, str] | None = None,
     cpu: str = "100m",
+    namespace: str | None = None,
+    priority_class: str | None = None,
 ) -> None:
     spec: dict[str, Any] = {
         "containers": [
@@ -178,20 +180,33 @@ def create_pod(
         spec["schedulerName"] = scheduler
     if node_selector:
         spec["nodeSelector"] = node_selector
+    if priority_class:
+        spec["priorityClassName"] = priority_class
     setup.cluster.rest.post(
-        f"/api/v1/namespaces/{setup.namespace}/pods",
+        f"/api/v1/namespaces/{namespace or setup.namespace}/pods",
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
     )
 
 
-def node_of(setup: Setup, name: str) -> str | None:
-    pod = setup.cluster.rest.get(f"/api/v1/namespaces/{setup.namespace}/pods/{name}")
+def node_of(setup: Setup, name: str, namespace: str | None = None) -> str | None:
+    pod = setup.cluster.rest.get(f"/api/v1/namespaces/{namespace or setup.namespace}/pods/{name}")
     node = pod["spec"].get("nodeName")
     return str(node) if node else None
 
 
-def bound(setup: Setup, name: str, timeout: float = 30.0) -> str:
-    return str(wait_for(f"pod {name} to be bound", lambda: node_of(setup, name), timeout))
+def bound(setup: Setup, name: str, timeout: float = 30.0, namespace: str | None = None) -> str:
+    return str(
+        wait_for(f"pod {name} to be bound", lambda: node_of(setup, name, namespace), timeout)
+    )
+
+
+def with_load_aware_scheduler(setup: Setup) -> None:
+    """Starts the second scheduler, kn-rescheduler-load-aware, calling score-nodes (once)."""
+    if not any(p.name == LOAD_AWARE_SCHEDULER_NAME for p in setup.cluster.procs):
+        setup.cluster.start_scheduler(
+            LOAD_AWARE_SCHEDULER_NAME,
+            extender_config(setup.server.url.rstrip("/"), LOAD_AWARE_SCHEDULER_NAME),
+        )
 
 
 def scheduler_events(setup: Setup, pod: str, reason: str) -> list[dict[str, Any]]:
@@ -231,12 +246,13 @@ def test_a_node_in_maintenance_gets_no_pod_even_when_it_is_the_coolest(setup: Se
     assert "node-1" not in placed.values(), placed
 
 
-def test_when_every_node_is_over_the_threshold_failed_scheduling_names_our_reason(
+def test_when_every_node_is_hot_a_load_aware_pod_waits_and_failed_scheduling_names_our_reason(
     setup: Setup,
 ) -> None:
+    with_load_aware_scheduler(setup)
     for node in setup.cluster.nodes:
         set_usage(setup.cluster, node, 90.0)
-    create_pod(setup, "nowhere")
+    create_pod(setup, "nowhere", scheduler=LOAD_AWARE_SCHEDULER_NAME)
     events = wait_for(
         "a FailedScheduling event", lambda: scheduler_events(setup, "nowhere", "FailedScheduling")
     )
@@ -248,6 +264,52 @@ def test_when_every_node_is_over_the_threshold_failed_scheduling_names_our_reaso
     # Once a node cools down, the pod waiting for one is placed there.
     set_usage(setup.cluster, "node-3", 30.0)
     assert bound(setup, "nowhere", timeout=60.0) == "node-3"
+
+
+def test_when_every_node_is_hot_the_default_scheduler_still_places_pods_on_the_coolest(
+    setup: Setup,
+) -> None:
+    """The default scheduler with the extender: every pod of the cluster is filtered, and none
+    can wait for a cool node (nothing ends the wait: no preemption, no autoscaler). The hot
+    nodes pass and the score ranks them; nothing in maintenance is used."""
+    for node, cpu in zip(setup.cluster.nodes, (97.0, 91.0, 85.0, 93.0), strict=True):
+        set_usage(setup.cluster, node, cpu, memory=60.0)
+    setup.cluster.rest.patch(
+        "/api/v1/nodes/node-1", {"metadata": {"labels": {MAINTENANCE_LABEL: "true"}}}
+    )
+    names = [f"hot-{i}" for i in range(4)]
+    started = time.monotonic()
+    for name in names:
+        create_pod(setup, name)
+    placed = {name: bound(setup, name) for name in names}
+    seconds = time.monotonic() - started
+    # 85 % CPU and 60 % memory score 3 of 10, 93 and 97 % score 2: the coolest wins each time
+    # (the score does not move within one sample).
+    assert set(placed.values()) == {"node-2"}, placed
+    assert seconds < 30, seconds
+    for name in names:
+        assert not scheduler_events(setup, name, "FailedScheduling"), name
+
+
+def test_system_critical_and_kube_system_pods_run_even_for_the_load_aware_scheduler(
+    setup: Setup,
+) -> None:
+    with_load_aware_scheduler(setup)
+    for node in setup.cluster.nodes:
+        set_usage(setup.cluster, node, 97.0, memory=97.0)
+    create_pod(
+        setup,
+        "critical",
+        scheduler=LOAD_AWARE_SCHEDULER_NAME,
+        priority_class="system-cluster-critical",
+    )
+    assert bound(setup, "critical") in setup.cluster.nodes
+    system = f"system-{uuid.uuid4().hex[:6]}"
+    create_pod(setup, system, scheduler=LOAD_AWARE_SCHEDULER_NAME, namespace="kube-system")
+    try:
+        assert bound(setup, system, namespace="kube-system") in setup.cluster.nodes
+    finally:
+        setup.cluster.rest.delete(f"/api/v1/namespaces/kube-system/pods/{system}")
 
 
 @pytest.mark.parametrize("coolest", ["node-2", "node-3"])
@@ -285,7 +347,15 @@ def test_a_burst_follows_the_score_until_the_estimate_of_its_pods_counts(setup: 
     set_usage(setup.cluster, "node-2", 5.0, memory=5.0, guess=guess, at=sampled)
     create_pod(setup, "after-burst")
     assert bound(setup, "after-burst") != "node-2"
-    create_pod(setup, "after-burst-pinned", node_selector={"kubernetes.io/hostname": "node-2"})
+    # A pod of the load-aware scheduler waits rather than go there (one of the default
+    # scheduler's would go: the only node it may use is hot, so it ranks first).
+    with_load_aware_scheduler(setup)
+    create_pod(
+        setup,
+        "after-burst-pinned",
+        scheduler=LOAD_AWARE_SCHEDULER_NAME,
+        node_selector={"kubernetes.io/hostname": "node-2"},
+    )
     failed = wait_for(
         "a FailedScheduling event",
         lambda: scheduler_events(setup, "after-burst-pinned", "FailedScheduling"),
@@ -339,11 +409,7 @@ def test_a_daemonsets_pod_still_lands_on_a_hot_node(setup: Setup) -> None:
 def test_a_pod_for_the_load_aware_profile_is_placed_by_the_second_scheduler_with_the_extender(
     setup: Setup,
 ) -> None:
-    if not any(p.name == LOAD_AWARE_SCHEDULER_NAME for p in setup.cluster.procs):
-        setup.cluster.start_scheduler(
-            LOAD_AWARE_SCHEDULER_NAME,
-            extender_config(setup.server.url.rstrip("/"), LOAD_AWARE_SCHEDULER_NAME),
-        )
+    with_load_aware_scheduler(setup)
     set_usage(setup.cluster, "node-0", 95.0)
     set_usage(setup.cluster, "node-1", 5.0, memory=5.0)
     before = setup.calls("filter")
@@ -402,8 +468,9 @@ def test_an_extender_that_is_down_never_blocks_scheduling(setup: Setup) -> None:
         assert time.monotonic() - started < 30
     finally:
         setup.server.start()
-    # And back up, it filters again.
-    create_pod(setup, "extender-up")
+    # And back up, it filters again (a pod of the load-aware scheduler waits for a cool node).
+    with_load_aware_scheduler(setup)
+    create_pod(setup, "extender-up", scheduler=LOAD_AWARE_SCHEDULER_NAME)
     wait_for(
         "a FailedScheduling event",
         lambda: scheduler_events(setup, "extender-up", "FailedScheduling"),

@@ -19,7 +19,7 @@ import flask.testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.constants import MAINTENANCE_LABEL, USAGE_ANNOTATION
+from shared.constants import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
 from shared.loadaware.usage import Reading, UsageRecord
 from shared.platform.config import ConfigError
 from tests.handlers.conftest import ClientFactory
@@ -286,3 +286,35 @@ def test_the_thresholds_come_from_the_environment(function_client: ClientFactory
     )
     answer = post(client, "filter", args(node_0=usage(85), node_1=usage(95))).get_json()
     assert answer["FailedAndUnresolvableNodes"] == {"node-1": "node CPU usage over 90 percent"}
+
+
+def test_when_every_node_is_hot_the_default_schedulers_pod_gets_them_all_with_a_warning(
+    client: flask.testing.FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The captured pod is the default scheduler's (schedulerName default-scheduler, as the API
+    server defaults it): no FailedScheduling for it, the score ranks the hot nodes."""
+    body = args(node_0=usage(92), node_1=usage(81, 10))
+    assert body["Pod"]["spec"]["schedulerName"] == "default-scheduler"
+    with caplog.at_level("INFO", logger="score-nodes"):
+        answer = post(client, "filter", body).get_json()
+    assert answer["NodeNames"] == ["node-1", "node-0"]
+    assert answer["FailedAndUnresolvableNodes"] == {}
+    assert [r.levelname for r in caplog.records if "every node over" in r.getMessage()] == [
+        "WARNING"
+    ]
+    scores = post(client, "prioritize", body).get_json()
+    assert scores == [{"Host": "node-1", "Score": 5}, {"Host": "node-0", "Score": 4}]
+
+
+def test_a_kube_system_pod_passes_hot_nodes_for_the_load_aware_scheduler_too(
+    client: flask.testing.FlaskClient,
+) -> None:
+    body = args(node_0=usage(92), node_1=usage(85))
+    body["Pod"]["spec"]["schedulerName"] = LOAD_AWARE_SCHEDULER_NAME
+    assert post(client, "filter", body).get_json()["FailedAndUnresolvableNodes"] == {
+        "node-0": "node CPU usage over 80 percent",
+        "node-1": "node CPU usage over 80 percent",
+    }
+    body["Pod"]["metadata"]["namespace"] = "kube-system"
+    answer = post(client, "filter", body).get_json()
+    assert (answer["NodeNames"], answer["FailedAndUnresolvableNodes"]) == (["node-1", "node-0"], {})

@@ -9,6 +9,7 @@ placing (pending, not bound yet), shaped as the API server returns it.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -16,13 +17,18 @@ from typing import Any, cast
 
 import pytest
 
-from shared.constants import MAINTENANCE_LABEL, USAGE_ANNOTATION
+from shared.constants import (
+    LOAD_AWARE_SCHEDULER_NAME,
+    MAINTENANCE_LABEL,
+    OPT_OUT_LABEL,
+    USAGE_ANNOTATION,
+)
 from shared.loadaware import extender
 from shared.loadaware.usage import Estimate, Reading, UsageRecord
 from shared.platform.config import Config
 from shared.platform.kubetypes import Node, Pod
 from tests.unit.nodes import node
-from tests.unit.pods import pod
+from tests.unit.pods import mirror, pod
 
 NOW = datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC)
 CFG = Config()
@@ -187,7 +193,8 @@ MEMORY_PREDICTED = "node memory usage with the pod would exceed 95 percent"
     ],
 )
 def test_filter(n: Node, p: Pod, passed: bool, reason: str, message: str) -> None:
-    (verdict,) = extender.filter_nodes(p, [n], CFG, NOW).verdicts
+    # Beside a cool node: when every node is hot, the hot ones pass (tested below).
+    verdict, _ = extender.filter_nodes(p, [n, a_node("cool", usage(10, 10))], CFG, NOW).verdicts
     assert (verdict.passed, verdict.reason, verdict.message) == (passed, reason, message)
 
 
@@ -272,7 +279,9 @@ def test_the_pods_requests_are_counted_as_the_scheduler_counts_them() -> None:
         {"name": "warm", "image": "busybox", "resources": {"requests": {"cpu": "3"}}}
     ]
     p["spec"]["overhead"] = {"cpu": "100m"}
-    result = extender.filter_nodes(cast(Pod, p), [a_node(annotation=usage(20))], CFG, NOW)
+    result = extender.filter_nodes(
+        cast(Pod, p), [a_node(annotation=usage(20)), a_node("cool", usage(5))], CFG, NOW
+    )
     # 3 CPUs of init container plus 100m overhead: 77.5 % of 4 CPUs on top of 20.
     assert result.pod_requests.cpu_millis == 3100
     assert result.failed == {"node-1": CPU_PREDICTED}
@@ -414,6 +423,203 @@ def test_a_daemonsets_pod_passes_a_hot_node_and_one_in_maintenance() -> None:
 
 def test_only_a_controlling_daemonset_exempts_a_pod() -> None:
     result = extender.filter_nodes(
-        daemon_pod(controller=False), [a_node("node-0", usage(97))], CFG, NOW
+        daemon_pod(controller=False),
+        [a_node("node-0", usage(97)), a_node("cool", usage(5))],
+        CFG,
+        NOW,
     )
     assert result.failed == {"node-0": CPU_OVER}
+
+
+# -- pods that must run, and every node hot (issue "Do no harm on a production cluster") ----------
+
+
+def every_node_hot() -> list[Node]:
+    """Four nodes over the 80 % CPU threshold, one of them also in maintenance."""
+    return [
+        a_node("node-0", usage(97, 60)),
+        a_node("node-1", usage(85, 40)),
+        a_node("node-2", usage(91, 90)),
+        a_node("node-3", usage(20), labels={MAINTENANCE_LABEL: "true"}),
+    ]
+
+
+def critical(p: Pod, *, priority_class: str | None, priority: int) -> Pod:
+    """``p`` as the Priority admission plugin leaves it: spec.priority resolved from the class
+    (system-cluster-critical and system-node-critical are 2000000000 and 2000001000)."""
+    out = cast(dict[str, Any], p)
+    if priority_class is not None:
+        out["spec"]["priorityClassName"] = priority_class
+    out["spec"]["priority"] = priority
+    return cast(Pod, out)
+
+
+def in_namespace(p: Pod, namespace: str) -> Pod:
+    cast(dict[str, Any], p)["metadata"]["namespace"] = namespace
+    return p
+
+
+def opted_out(p: Pod) -> Pod:
+    """``p`` with the opt-out label, which opts out whatever its value."""
+    cast(dict[str, Any], p)["metadata"]["labels"][OPT_OUT_LABEL] = ""
+    return p
+
+
+def for_the_load_aware_scheduler(p: Pod) -> Pod:
+    """A copy of ``p`` that names the load-aware scheduler."""
+    out = cast(dict[str, Any], copy.deepcopy(p))
+    out["spec"]["schedulerName"] = LOAD_AWARE_SCHEDULER_NAME
+    return cast(Pod, out)
+
+
+@pytest.mark.parametrize(
+    ("p", "reason"),
+    [
+        pytest.param(
+            critical(pending(), priority_class="system-cluster-critical", priority=2000000000),
+            extender.CRITICAL_POD,
+            id="system-cluster-critical",
+        ),
+        pytest.param(
+            critical(pending(), priority_class="system-node-critical", priority=2000001000),
+            extender.CRITICAL_POD,
+            id="system-node-critical",
+        ),
+        pytest.param(
+            critical(pending(), priority_class=None, priority=2000000000),
+            extender.CRITICAL_POD,
+            id="a priority of 2000000000 without the class name",
+        ),
+        pytest.param(
+            in_namespace(pending(), "kube-system"), extender.EXCLUDED_NAMESPACE, id="kube-system"
+        ),
+        pytest.param(
+            in_namespace(pending(), "kn-rescheduler"),
+            extender.EXCLUDED_NAMESPACE,
+            id="the project's own namespace",
+        ),
+        pytest.param(mirror(), extender.STATIC_POD, id="a static pod's mirror"),
+        pytest.param(
+            opted_out(pending()),
+            extender.OPTED_OUT_POD,
+            id="opted out",
+        ),
+    ],
+)
+def test_a_pod_that_must_run_passes_every_node_hot_or_in_maintenance_in_either_mode(
+    p: Pod, reason: str
+) -> None:
+    for pod_ in (p, for_the_load_aware_scheduler(p)):
+        result = extender.filter_nodes(pod_, every_node_hot(), CFG, NOW)
+        assert result.failed == {}
+        assert {v.reason for v in result.verdicts} == {reason}
+
+
+def test_a_priority_just_under_system_critical_is_an_ordinary_pod() -> None:
+    p = for_the_load_aware_scheduler(critical(pending(), priority_class=None, priority=1999999999))
+    assert set(extender.filter_nodes(p, every_node_hot(), CFG, NOW).failed) == {
+        "node-0",
+        "node-1",
+        "node-2",
+        "node-3",
+    }
+
+
+def test_the_excluded_namespaces_come_from_the_configuration() -> None:
+    cfg = replace(CFG, excluded_namespaces=frozenset({"batch"}))
+    assert (
+        extender.filter_nodes(in_namespace(pending(), "batch"), every_node_hot(), cfg, NOW).failed
+        == {}
+    )
+    # kube-system is excluded only because the default list says so.
+    assert extender.filter_nodes(
+        in_namespace(pending(), "kube-system"), every_node_hot(), cfg, NOW
+    ).passed == ("node-0", "node-1", "node-2")
+
+
+def test_when_every_node_is_hot_a_default_scheduler_pod_gets_the_hot_nodes_ranked_by_score() -> (
+    None
+):
+    """The default scheduler with the extender: every pod of the cluster is filtered. Failing
+    every node would keep the pod Pending with nothing to end it (a 200 is no error to skip,
+    the failures are unresolvable, the Cluster Autoscaler does not run extenders), so the hot
+    nodes pass and the score sends the pod to the coolest; maintenance still keeps it off."""
+    nodes = every_node_hot()
+    p = pending()
+    assert p["spec"]["schedulerName"] == "default-scheduler"
+    result = extender.filter_nodes(p, nodes, CFG, NOW)
+    assert result.passed == ("node-0", "node-1", "node-2")
+    assert result.failed == {"node-3": "node in maintenance"}
+    assert {v.reason for v in result.verdicts if v.passed} == {extender.EVERY_NODE_HOT}
+    scores = {s.node: s.score for s in extender.prioritize(p, nodes, CFG, NOW).scores}
+    # (100 - cpu) / 2 + (100 - memory) / 2, * 10 / 110: 85/40 -> 3, 97/60 -> 2, 91/90 -> 1.
+    assert {n: scores[n] for n in result.passed} == {"node-0": 2, "node-1": 3, "node-2": 1}
+    assert max(result.passed, key=scores.__getitem__) == "node-1"
+
+
+def test_the_predicted_usage_counts_as_hot_too() -> None:
+    nodes = [a_node("node-0", usage(79)), a_node("node-1", usage(75))]
+    result = extender.filter_nodes(pending(cpu="1"), nodes, CFG, NOW)  # +25 % of 4 CPUs
+    assert result.passed == ("node-0", "node-1")
+    assert {v.reason for v in result.verdicts} == {extender.EVERY_NODE_HOT}
+
+
+def test_one_node_under_the_limits_keeps_the_filter_as_it_was() -> None:
+    nodes = [*every_node_hot(), a_node("node-4", usage(50))]
+    result = extender.filter_nodes(pending(), nodes, CFG, NOW)
+    assert result.passed == ("node-4",)
+    assert set(result.failed) == {"node-0", "node-1", "node-2", "node-3"}
+
+
+def test_every_node_in_maintenance_keeps_an_ordinary_pod_off_them() -> None:
+    nodes = [a_node(f"node-{i}", usage(10), labels={MAINTENANCE_LABEL: "true"}) for i in range(2)]
+    assert extender.filter_nodes(pending(), nodes, CFG, NOW).passed == ()
+
+
+def test_a_pod_of_the_load_aware_scheduler_waits_while_every_node_is_hot() -> None:
+    """The seed's semantics for a pod that asked for load-aware placement."""
+    result = extender.filter_nodes(
+        for_the_load_aware_scheduler(pending()), every_node_hot(), CFG, NOW
+    )
+    assert result.passed == ()
+    assert result.failed == {
+        "node-0": CPU_OVER,
+        "node-1": CPU_OVER,
+        "node-2": CPU_OVER,
+        "node-3": "node in maintenance",
+    }
+
+
+# -- cordoned and NotReady nodes (the neutral score) ----------------------------------------------
+
+
+def not_ready(n: Node) -> Node:
+    """``n`` as the node lifecycle controller leaves it when the kubelet stops posting status
+    (pkg/controller/nodelifecycle: Ready Unknown, "Kubelet stopped posting node status.")."""
+    ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
+    ready.update(
+        status="Unknown", reason="NodeStatusUnknown", message="Kubelet stopped posting node status."
+    )
+    return n
+
+
+def cordoned(name: str, annotation: str) -> Node:
+    n = node(name, annotations={USAGE_ANNOTATION: annotation}, unschedulable=True)
+    return cast(Node, n)
+
+
+def test_a_cordoned_or_not_ready_node_does_not_move_the_score_of_nodes_without_usage() -> None:
+    """A drained node is nearly idle: counted, it would lift the mean every unmeasured node
+    gets, and pull pods onto nodes nobody measured exactly while capacity is short."""
+    nodes = [
+        a_node("busy", usage(90, 90)),  # 1
+        a_node("half", usage(50, 50)),  # 5
+        cordoned("drained", usage(0, 0)),  # 10
+        not_ready(a_node("gone", usage(0, 0))),  # 10
+        a_node("new"),
+    ]
+    scores = {s.node: s.score for s in extender.prioritize(pending(), nodes, CFG, NOW).scores}
+    # (1 + 5) / 2 = 3; with the drained and the NotReady node it would be (1+5+10+10)/4 = 6.5.
+    assert scores["new"] == 3
+    # They keep their own score: a pod that tolerates them is still ranked by their load.
+    assert (scores["drained"], scores["gone"]) == (10, 10)

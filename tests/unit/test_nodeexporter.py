@@ -23,7 +23,7 @@ from localcluster.nodeexporter import (
     sim_node,
     usage_fraction,
 )
-from localcluster.prometheus import argv, config, target_groups
+from localcluster.prometheus import SECOND_JOB, argv, config, target_groups
 from localcluster.rest import Rest
 from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
@@ -376,6 +376,15 @@ def test_prometheus_scrapes_one_job_every_second_from_the_targets_file() -> None
     (job,) = cfg["scrape_configs"]
     assert job["job_name"] == "node-exporter"
     assert job["file_sd_configs"][0]["files"] == ["/w/prometheus/targets.json"]
+
+
+def test_a_second_job_scrapes_the_same_targets_file_under_another_job_name() -> None:
+    cfg = config(Path("/w/prometheus/targets.json"), second_job=True)
+
+    first, second = cfg["scrape_configs"]
+    assert (first["job_name"], second["job_name"]) == ("node-exporter", SECOND_JOB)
+    # The same targets with the same labels: each series twice, differing only in `job`.
+    assert first["file_sd_configs"] == second["file_sd_configs"]
 
 
 def test_prometheus_listens_on_loopback_only_with_its_data_in_the_work_directory() -> None:
