@@ -7,14 +7,20 @@ with its reason, the node usage that justified it and the cooler node the pod fi
 reasons for what was not done.
 
 Hot. A node is hot when its measured usage (the record's current value, percent of allocatable)
-is over ``cpu_threshold`` / ``memory_threshold``, or above the mean of the nodes with fresh
-records by more than ``rebalance_gap`` points: for each resource the bound is the lower of the
-two. It is acted on only after ``rebalance_hot_samples`` hot evaluations in a row (Koordinator's
-LowNodeLoad anomaly count: a spike of one sample moves nothing). The count lives on the Node
-(``kn-rescheduler.io/hot-streak``); a cool evaluation, or a record that is missing, unreadable
-or stale, starts it again from zero, and so does acting on the node: the usage record lags the
-evictions by a sample or more, and acting on the same old numbers again would drain the node
-far below the bound (then its pods would come back: ping-pong).
+is over ``cpu_threshold`` / ``memory_threshold``, or above the mean of the nodes pods may land
+on (fresh record; not in maintenance, opted out, cordoned or NotReady: the drained nodes of an
+upgrade would otherwise lower the mean and make healthy nodes "hot" when capacity is short) by
+more than ``rebalance_gap`` points: for each resource the bound is the lower of the two. It is
+acted on only after ``rebalance_hot_samples`` hot samples in a row (Koordinator's LowNodeLoad
+anomaly count: a spike of one sample moves nothing). A sample is a record with a new
+``sampledAt``: a record stays fresh for ``usage_stale_after`` and every evaluation reads it, so
+counting evaluations would turn one spike into a streak. The count lives on the Node
+(``kn-rescheduler.io/hot-streak``) with the sample it last counted; a cool evaluation, or a
+record that is missing, unreadable or stale, starts it again from zero, and so does acting on
+the node, the sample acted on remembered: the usage record lags the evictions by a sample or
+more, and acting on the same old numbers again would drain the node far below the bound (then
+its pods would come back: ping-pong). A NotReady node is never acted on: its pods are the node
+lifecycle controller's.
 
 Maintenance. A node labelled ``kn-rescheduler.io/maintenance=true`` is drained gradually: every
 eligible pod is a candidate, no streak and no usage record needed, within the same limits.
@@ -31,14 +37,19 @@ pods are taken in the order that lowers the over-threshold resources most and on
 bring the node to its bound: when one pod suffices, the smallest that does; else the largest.
 A pod whose requests do not touch the resource that is over does not help and stays.
 
-Fit. A pod is evicted only when a cooler node would take it: no maintenance, a fresh record,
+Fit. A pod is evicted only when a cooler node would take it: no maintenance, not cordoned,
+Ready (stricter than the scheduler: a node being drained or whose kubelet is away takes
+nothing, whatever the pod tolerates), a fresh record,
 its usage plus the estimate of just-bound pods plus the pod's requests within the hot bound,
 the requests of its pods plus this one within allocatable, the pod's nodeSelector and required
 node affinity (In, NotIn, Exists, DoesNotExist, Gt, Lt; matchFields on metadata.name), its
-tolerations of the node's NoSchedule and NoExecute taints, and a cordoned node only for a pod
-that tolerates ``node.kubernetes.io/unschedulable``: the scheduler's own filters
-(k8s.io/component-helpers nodeaffinity, v1helper.TolerationsTolerateTaint, the
-NodeUnschedulable plugin). What is already planned for a target counts for the next pod. Inter-
+tolerations of the node's NoSchedule and NoExecute taints (the scheduler's own filters:
+k8s.io/component-helpers nodeaffinity, v1helper.TolerationsTolerateTaint), and its volumes as
+the VolumeBinding and VolumeZone filters judge bound claims: each bound PersistentVolume's
+required node affinity against the node's labels, its zone and region labels against the
+node's. A local PV names one node, so its pod never moves (evicted, it could only come back to
+its disk and be evicted again); a pod with a hostPath volume, or a claim not read or not bound,
+stays too. What is already planned for a target counts for the next pod. Inter-
 pod affinity and topology spread are not checked: they can only make the scheduler keep the pod
 Pending, never put it back on a node it does not fit on.
 
@@ -82,7 +93,8 @@ from shared.platform.recorder import format_time, parse_time
 from shared.rescheduling.classify import controller_of, skip_reason
 from shared.rescheduling.jobs import JobFacts, Outcome, judge_removal
 
-STREAK_VERSION: Final = 1
+# 2: the streak counts samples (the record's sampledAt it last counted), not evaluations.
+STREAK_VERSION: Final = 2
 # The taint the node lifecycle controller puts on a cordoned node; a pod that tolerates it may
 # be placed there (the NodeUnschedulable plugin).
 UNSCHEDULABLE_TAINT: Final = "node.kubernetes.io/unschedulable"
@@ -102,21 +114,32 @@ MEMORY_ABOVE_MEAN: Final = "memory-above-mean"
 
 @dataclass(frozen=True)
 class Streak:
-    """How many evaluations in a row found the node hot, and since when."""
+    """How many samples in a row found the node hot, since when, and the sample last counted.
+
+    ``sample`` is the ``sampledAt`` of the usage record last counted: a record is read by every
+    evaluation while it stays fresh (``usage_stale_after``), and annotate-usage rewrites it
+    only when a value moved or before it would go stale, so the count advances only on a
+    record sampled after this one. After acting, the count is 0 and ``sample`` holds the
+    record acted on, which then counts for nothing.
+    """
 
     hot: int = 0
     since: datetime | None = None
+    sample: datetime | None = None
 
     def to_json(self) -> str:
         out: dict[str, Any] = {"v": STREAK_VERSION, "hot": self.hot}
         if self.since is not None:
             out["since"] = format_time(self.since)
+        if self.sample is not None:
+            out["sample"] = format_time(self.sample)
         return json.dumps(out, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Streak:
         """The streak an annotation holds; an unreadable one counts as none (it is ours, and
-        only ever a count: starting again from zero costs a few evaluations, nothing more)."""
+        only ever a count: starting again from zero costs a few samples, nothing more). So
+        does a version 1 streak, which counted evaluations rather than samples."""
         try:
             data = json.loads(text)
             hot = data["hot"]
@@ -124,9 +147,22 @@ class Streak:
                 return cls()
             raw = data.get("since")
             since = parse_time(raw) if isinstance(raw, str) else None
+            raw = data.get("sample")
+            sample = parse_time(raw) if isinstance(raw, str) else None
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls()
-        return cls(hot, since)
+        return cls(hot, since, sample)
+
+    def counted(self, record: UsageRecord, now: datetime) -> Streak:
+        """The streak after a hot evaluation of ``record``: one more when the record was
+        sampled after the one last counted, else unchanged."""
+        if self.sample is not None and record.sampled_at <= self.sample:
+            return self
+        return Streak(self.hot + 1, self.since or now, record.sampled_at)
+
+    def acted_on(self) -> Streak | None:
+        """The streak once the node was acted on: no count, the sample remembered."""
+        return None if self.sample is None else Streak(0, None, self.sample)
 
 
 def read_streak(node: Node) -> Streak | None:
@@ -157,6 +193,9 @@ class NodeState:
     # Evictions may be chosen on this node (maintenance, or hot long enough).
     acting: bool
     reason: str = ""
+    # Cordoned (spec.unschedulable), and whether its Ready condition is True.
+    cordoned: bool = False
+    ready: bool = True
 
     @property
     def cpu(self) -> float:
@@ -183,6 +222,20 @@ def _labels(node: Node) -> Mapping[str, str]:
 
 def _name(obj: Node | Pod) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _cordoned(node: Node) -> bool:
+    return bool((node.get("spec") or {}).get("unschedulable"))
+
+
+def _ready(node: Node) -> bool:
+    """Whether the node's Ready condition is True. The kubelet posts it; when the kubelet stops
+    posting, the node lifecycle controller sets it to Unknown. A node without one (just
+    registered) is not ready either."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return False
 
 
 def _fresh_usage(node: Node, cfg: Config, now: datetime) -> tuple[UsageRecord | None, str]:
@@ -255,14 +308,18 @@ def assess(
             why_not[name] = why
         else:
             fresh[name] = record
-    # The mean of the nodes that stay: a node in maintenance or opted out is no part of the
-    # cluster rebalancing evens out.
+    # The mean of the nodes pods may land on: a node in maintenance or opted out is no part of
+    # the cluster rebalancing evens out, and a cordoned or NotReady node takes no pod. During
+    # a node upgrade the drained nodes read near zero: counted, they would lower the mean and
+    # make the healthy nodes "hot" exactly when capacity is short.
     members = [
         fresh[_name(n)]
         for n in nodes
         if _name(n) in fresh
         and _labels(n).get(MAINTENANCE_LABEL) != MAINTENANCE_VALUE
         and not opted_out(_labels(n))
+        and not _cordoned(n)
+        and _ready(n)
     ]
     bounds = bounds_for(members, cfg)
     states = []
@@ -271,20 +328,31 @@ def assess(
         labels = _labels(node)
         maintenance = labels.get(MAINTENANCE_LABEL) == MAINTENANCE_VALUE
         node_opted_out = opted_out(labels)
+        ready = _ready(node)
         previous = read_streak(node)
         record = fresh.get(name)
         hot_why = _why_hot(record, bounds, cfg) if record is not None else None
-        if node_opted_out:
+        if node_opted_out or not ready:
             hot_why = None
-        if hot_why is None:
+        if hot_why is None or record is None:
             streak = Streak()
-            why = "opted out" if node_opted_out else why_not.get(name) or "under the bounds"
+            if node_opted_out:
+                why = "opted out"
+            elif not ready:
+                # Its kubelet may not even see an eviction through; the node lifecycle
+                # controller evicts by its NoExecute taints when the node stays away.
+                why = "NotReady: its pods are the node lifecycle controller's"
+            else:
+                why = why_not.get(name) or "under the bounds"
         else:
-            before = previous or Streak()
-            streak = Streak(before.hot + 1, before.since or now)
-            why = f"{hot_why[1]}; hot for {streak.hot} evaluation(s)"
-        acting = not node_opted_out and (
-            maintenance or (hot_why is not None and streak.hot >= cfg.rebalance_hot_samples)
+            streak = (previous or Streak()).counted(record, now)
+            why = f"{hot_why[1]}; hot for {streak.hot} sample(s)"
+            if streak == previous:
+                why += f" (sample of {format_time(record.sampled_at)} already counted)"
+        acting = (
+            not node_opted_out
+            and ready
+            and (maintenance or (hot_why is not None and streak.hot >= cfg.rebalance_hot_samples))
         )
         reason = MAINTENANCE if maintenance else hot_why[0] if hot_why else ""
         states.append(
@@ -300,6 +368,8 @@ def assess(
                 previous,
                 acting,
                 reason,
+                cordoned=_cordoned(node),
+                ready=ready,
             )
         )
     return tuple(states), bounds
@@ -327,6 +397,27 @@ class Workload:
     @property
     def key(self) -> str:
         return workload_key(self.kind, self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A PersistentVolumeClaim a pod mounts and the PersistentVolume bound to it, as the
+    handler read them (None: not read, or no volume bound)."""
+
+    namespace: str
+    name: str
+    pvc: Mapping[str, Any] | None = field(default=None, compare=False)
+    pv: Mapping[str, Any] | None = field(default=None, compare=False)
+    # Why the claim or its volume could not be read; "" when they were.
+    unread: str = ""
+
+    @property
+    def key(self) -> str:
+        return claim_key(self.namespace, self.name)
+
+
+def claim_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
 
 
 def workload_key(kind: str, namespace: str, name: str) -> str:
@@ -447,6 +538,101 @@ def placement_refusal(pod: Pod, node: Node) -> str | None:
     return None
 
 
+# -- volumes ----------------------------------------------------------------------------------
+
+# The labels the scheduler's VolumeZone filter compares between a PV and a node, and the GA
+# label a beta one stands for on the node's side (pkg/scheduler/framework/plugins/volumezone).
+_ZONE_LABELS: Final = (
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+)
+_GA_LABEL: Final = {
+    "failure-domain.beta.kubernetes.io/zone": "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region": "topology.kubernetes.io/region",
+}
+# The annotation the PV controller puts on a claim once its binding is complete; the
+# scheduler's VolumeBinding plugin counts a claim as bound only with it.
+_BIND_COMPLETED: Final = "pv.kubernetes.io/bind-completed"
+
+
+def pinned_volumes(
+    pod: Pod, claims: Mapping[str, Claim]
+) -> tuple[tuple[Mapping[str, Any], ...], str]:
+    """The PersistentVolumes bound to the pod's claims, or why the pod must stay where it is.
+
+    A hostPath volume (inline, or a PV without node affinity) keeps its data on this node: the
+    replacement would start elsewhere with none. A claim not read, or not bound, cannot be
+    judged: the pod stays (when in doubt, do not act). Ephemeral volumes get a claim of their
+    own for the replacement and tie nothing.
+    """
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+    volumes: list[Mapping[str, Any]] = []
+    for volume in cast(Mapping[str, Any], pod.get("spec") or {}).get("volumes") or []:
+        name = volume.get("name", "")
+        if volume.get("hostPath") is not None:
+            return (), f"its hostPath volume {name} keeps its data on this node"
+        source = volume.get("persistentVolumeClaim")
+        if source is None:
+            continue
+        claim_name = str(source.get("claimName", ""))
+        claim = claims.get(claim_key(namespace, claim_name))
+        if claim is None:
+            return (), f"its claim {claim_name} was not read"
+        if claim.unread:
+            return (), f"its claim {claim_name} could not be read ({claim.unread})"
+        pvc = claim.pvc or {}
+        pvc_meta = pvc.get("metadata") or {}
+        volume_name = (pvc.get("spec") or {}).get("volumeName")
+        if (
+            not volume_name
+            or (pvc.get("status") or {}).get("phase") != "Bound"
+            or _BIND_COMPLETED not in (pvc_meta.get("annotations") or {})
+        ):
+            return (), f"its claim {claim_name} is not bound"
+        pv = claim.pv
+        if pv is None or (pv.get("metadata") or {}).get("name") != volume_name:
+            return (), f"the volume {volume_name} of its claim {claim_name} was not read"
+        pv_spec = pv.get("spec") or {}
+        if pv_spec.get("hostPath") is not None and not pv_spec.get("nodeAffinity"):
+            return (), f"its volume {volume_name} is a hostPath volume: its data is on this node"
+        volumes.append(pv)
+    return tuple(volumes), ""
+
+
+def volume_refusal(volumes: Iterable[Mapping[str, Any]], node: Node) -> str | None:
+    """Why the scheduler would not place a pod with these bound volumes on ``node``, or None.
+
+    VolumeBinding: a bound PV's required node affinity must match the node's labels (the
+    scheduler matches it against the labels alone, so a matchFields term names no node).
+    VolumeZone: each zone or region label on the PV must hold the node's value for it (a
+    "__"-joined set for a regional disk), unless the node has no zone or region label at all.
+    """
+    labels = _labels(node)
+    by_labels = cast(Node, {"metadata": {"labels": dict(labels)}})
+    for pv in volumes:
+        meta = pv.get("metadata") or {}
+        name = meta.get("name", "")
+        required = ((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required")
+        if required is not None:
+            terms = required.get("nodeSelectorTerms") or []
+            if not any(_term_matches(term, by_labels) for term in terms):
+                return f"volume {name}: node affinity"
+        if not any(key in labels for key in _ZONE_LABELS):
+            continue
+        for key, value in (meta.get("labels") or {}).items():
+            if key not in _ZONE_LABELS:
+                continue
+            have = labels.get(key)
+            if have is None:
+                have = labels.get(_GA_LABEL.get(key, key))
+            zones = {zone.strip() for zone in str(value).split("__")}
+            if have is None or have not in zones:
+                return f"volume {name}: zone {value}"
+    return None
+
+
 # -- the plan -------------------------------------------------------------------------------
 
 
@@ -503,8 +689,10 @@ class Plan:
         acted = {e.node for e in self.evictions} if acted is None else set(acted)
         out: dict[str, Streak | None] = {}
         for state in self.nodes:
-            after: Streak | None = state.streak
-            if state.name in acted or state.streak.hot == 0:
+            after: Streak | None = state.streak if state.hot else None
+            if state.name in acted:
+                after = state.streak.acted_on()
+            if after is not None and after.hot == 0 and after.sample is None:
                 after = None
             if after != state.previous:
                 out[state.name] = after
@@ -528,6 +716,8 @@ class _Candidate:
     # Percent of the source node's allocatable (zero without one: maintenance, no record).
     cpu: float
     memory: float
+    # The PersistentVolumes bound to its claims: a target must satisfy them.
+    volumes: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
 
 
 def placed_by_load(pod: Pod) -> bool:
@@ -593,7 +783,13 @@ def _fits(
     state = target.state
     if state.usage is None or state.allocatable is None:
         return None, state.why
-    refusal = placement_refusal(cand.pod, target.node)
+    # Stricter than the scheduler: even a pod that tolerates the cordon does not go to a node
+    # being drained, nor to one whose kubelet is away.
+    if state.cordoned:
+        return None, "cordoned"
+    if not state.ready:
+        return None, "NotReady"
+    refusal = placement_refusal(cand.pod, target.node) or volume_refusal(cand.volumes, target.node)
     if refusal:
         return None, refusal
     total = target.requested + cand.requests
@@ -647,8 +843,11 @@ def choose(
     workloads: Mapping[str, Workload],
     cfg: Config,
     now: datetime,
+    *,
+    claims: Mapping[str, Claim] | None = None,
 ) -> Plan:
-    """The evictions of this evaluation; see the module docstring."""
+    """The evictions of this evaluation; see the module docstring. ``claims``: the claims
+    (and their volumes) of the pods on the nodes to act on, by ``claim_key``."""
     by_name = {_name(n): n for n in nodes}
     pods_on: dict[str, list[Pod]] = {}
     for pod in pods:
@@ -695,10 +894,14 @@ def choose(
             if workload is None or requests is None:
                 skipped.append(Skipped(subject, why))
                 continue
+            volumes, why = pinned_volumes(pod, claims or {})
+            if why:
+                skipped.append(Skipped(subject, why))
+                continue
             cpu, memory = (
                 percent_of(requests, state.allocatable) if state.allocatable else (0.0, 0.0)
             )
-            candidates.append(_Candidate(pod, workload, requests, cpu, memory))
+            candidates.append(_Candidate(pod, workload, requests, cpu, memory, volumes))
         order = _pick(candidates, need_cpu, need_memory, state.maintenance)
         if not state.maintenance:
             for cand in candidates:
@@ -787,10 +990,12 @@ def plan(
     workloads: Mapping[str, Workload],
     cfg: Config,
     now: datetime,
+    *,
+    claims: Mapping[str, Claim] | None = None,
 ) -> Plan:
     """``assess`` then ``choose``, for callers that have every workload at hand."""
     states, bounds = assess(nodes, cfg, now)
-    return choose(nodes, states, bounds, pods, workloads, cfg, now)
+    return choose(nodes, states, bounds, pods, workloads, cfg, now, claims=claims)
 
 
 def _subject(pod: Pod) -> str:

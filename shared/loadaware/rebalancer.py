@@ -3,7 +3,9 @@
 An evaluation lists the Nodes, lets the pure decision (shared.loadaware.rebalance) say which are
 hot and for how long, and only when a node is to be acted on (hot long enough, or in
 maintenance) lists the bound pods and reads the controllers of the pods on those nodes: one GET
-per distinct controller and one per namespace (its opt-in label), cached within the run. Then
+per distinct controller and one per namespace (its opt-in label), cached within the run, and,
+for the pods of workloads that opted in, one per PersistentVolumeClaim they mount and one per
+volume bound to it (a volume may tie a pod to its node: the fit check needs them). Then
 it evicts what the plan chose, with a uid precondition (a namesake created since the listing is
 not evicted), records a ``Rebalanced`` Event on the pod and on its workload with the node usage
 that justified it, and writes the hot streaks that changed (a JSON merge patch of our one
@@ -48,6 +50,7 @@ from shared.constants import (
     REBALANCE_VALUE,
 )
 from shared.loadaware.rebalance import (
+    Claim,
     Eviction,
     NodeState,
     Plan,
@@ -55,6 +58,7 @@ from shared.loadaware.rebalance import (
     Workload,
     assess,
     choose,
+    claim_key,
     workload_key,
     workload_of,
 )
@@ -88,7 +92,8 @@ HOT_NODES: Final = Gauge(
 )
 MEAN_USAGE: Final = Gauge(
     "knr_rebalance_cluster_mean_percent",
-    "Mean usage of the nodes with fresh records (percent of allocatable), by resource.",
+    "Mean usage of the schedulable, Ready nodes with fresh records (percent of allocatable), "
+    "by resource.",
     ["resource"],
 )
 SKIPPED: Final = Counter(
@@ -210,16 +215,17 @@ class Rebalancer:
         acting = [s for s in states if s.acting]
         pods: list[Pod] = []
         workloads: dict[str, Workload] = {}
+        claims: dict[str, Claim] = {}
         if acting:
             # Every bound pod: the targets' requested totals need them too.
             pods = [
                 cast(Pod, p) for p in self.kube.list_all("Pod", field_selector="spec.nodeName!=")
             ]
             names = {s.name for s in acting}
-            workloads = self._workloads(
-                p for p in pods if (p.get("spec") or {}).get("nodeName") in names
-            )
-        plan = choose(nodes, states, bounds, pods, workloads, self.config, now)
+            on_acting = [p for p in pods if (p.get("spec") or {}).get("nodeName") in names]
+            workloads = self._workloads(on_acting)
+            claims = self._claims(p for p in on_acting if _opted_in(p, workloads))
+        plan = choose(nodes, states, bounds, pods, workloads, self.config, now, claims=claims)
         outcomes = tuple(self._evict(e, dry) for e in plan.evictions)
         acted = {o.eviction.node for o in outcomes if o.result in (EVICTED, DRY_RUN)}
         self._write_streaks(plan, acted, dry)
@@ -279,6 +285,42 @@ class Rebalancer:
                 )
             found[key] = workload
         return found
+
+    def _claims(self, pods: Iterable[Pod]) -> dict[str, Claim]:
+        """The PersistentVolumeClaims ``pods`` mount and the volumes bound to them (one GET
+        each), for the fit check. A claim or volume that cannot be read is recorded as such,
+        and its pod stays where it is; RBAC refusing it too (an older manifest), so that the
+        other pods are still rebalanced."""
+        found: dict[str, Claim] = {}
+        for pod in pods:
+            namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+            for volume in cast(Mapping[str, Any], pod.get("spec") or {}).get("volumes") or []:
+                source = volume.get("persistentVolumeClaim")
+                if source is None:
+                    continue
+                name = str(source.get("claimName", ""))
+                key = claim_key(namespace, name)
+                if key not in found:
+                    found[key] = self._claim(namespace, name)
+        return found
+
+    def _claim(self, namespace: str, name: str) -> Claim:
+        try:
+            pvc = self.kube.request(
+                "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
+            )
+        except (kubeapi.NotFound, kubeapi.Forbidden) as err:
+            log.warning("claim %s/%s not read: %s", namespace, name, err)
+            return Claim(namespace, name, unread=str(err))
+        volume = (pvc.get("spec") or {}).get("volumeName")
+        if not volume:
+            return Claim(namespace, name, pvc=pvc)
+        try:
+            pv = self.kube.request("GET", f"/api/v1/persistentvolumes/{volume}")
+        except (kubeapi.NotFound, kubeapi.Forbidden) as err:
+            log.warning("volume %s of claim %s/%s not read: %s", volume, namespace, name, err)
+            return Claim(namespace, name, pvc=pvc, unread=str(err))
+        return Claim(namespace, name, pvc=pvc, pv=pv)
 
     def _namespace_opted_in(self, namespace: str) -> bool | None:
         """The namespace's opt-in label; None when it is being deleted (or gone)."""
@@ -411,6 +453,15 @@ class Rebalancer:
             ", ".join(f"{v} {k}" for k, v in sorted(run.items())) or "no eviction",
             extra={"hot": status.hot, "outcome": "ok", "dry_run": evaluation.dry_run},
         )
+
+
+def _opted_in(pod: Pod, workloads: Mapping[str, Workload]) -> bool:
+    """Whether the pod's workload was read and opted in: only then are its claims worth a GET."""
+    owner = workload_of(pod)
+    if owner is None:
+        return False
+    workload = workloads.get(workload_key(*owner[:3]))
+    return workload is not None and workload.opted_in
 
 
 def _workload(kind: str, obj: Mapping[str, Any], namespace_opted_in: bool) -> Workload:

@@ -15,7 +15,7 @@ chose the cooler node for its usage.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import flask.testing
@@ -45,10 +45,12 @@ POD_CPU = "1"
 POD_SHARE = 100 / 7.8
 
 
-def write_usage(cluster: Cluster, node: str, cpu: float, memory: float = 30.0) -> None:
-    """The usage record annotate-usage would write, sampled now."""
+def write_usage(
+    cluster: Cluster, node: str, cpu: float, memory: float = 30.0, *, at: datetime | None = None
+) -> None:
+    """The usage record annotate-usage would write, sampled ``at`` (now by default)."""
     record = UsageRecord(
-        sampled_at=datetime.now(UTC),
+        sampled_at=at or datetime.now(UTC),
         source="prometheus",
         cpu=Reading(now=cpu, avg5m=cpu, max1h=cpu),
         memory=Reading(now=memory, avg5m=memory, max1h=memory),
@@ -56,6 +58,14 @@ def write_usage(cluster: Cluster, node: str, cpu: float, memory: float = 30.0) -
     cluster.rest.patch(
         f"/api/v1/nodes/{node}", {"metadata": {"annotations": {USAGE_ANNOTATION: record.to_json()}}}
     )
+
+
+def samples(count: int) -> list[datetime]:
+    """``count`` sample times, a second apart and ending now: a record's sampledAt has
+    second precision, and a hot streak counts only a record sampled after the last it
+    counted, however many evaluations read it."""
+    now = datetime.now(UTC)
+    return [now - timedelta(seconds=count - 1 - i) for i in range(count)]
 
 
 def cordon(cluster: Cluster, node: str, **labels: str) -> None:
@@ -195,18 +205,23 @@ def test_a_node_hot_for_three_evaluations_sheds_pods_that_land_elsewhere_and_the
     before = settle(api, namespace, "web", 4, hot)
     cordon(cluster, hot)
     client = rebalance(KN_RESCHEDULER_REBALANCE_MAX_PER_WORKLOAD="2")
-    # Mean (90 + 3 x 30) / 4 = 45: the bound is 65 (the mean plus 20), 25 points to shed,
-    # two pods of 12.8 %.
-    write_usage(cluster, hot, 90.0)
+    # The cordoned node is no part of the mean: 30 %, so the bound is 50 (the mean plus 20),
+    # 40 points to shed; the limit per workload lets two pods of 12.8 % go.
+    first, second, third = samples(3)
     for node in others:
-        write_usage(cluster, node, 30.0)
+        write_usage(cluster, node, 30.0, at=first)
     counted = evictions(client)
 
-    for expected in (1, 2):
+    for expected, at in ((1, first), (2, second)):
+        write_usage(cluster, hot, 90.0, at=at)
+        assert ping(client).status_code == 202
+        assert f'"hot":{expected}' in (streak_on(cluster, hot) or "")
+        # The same sample read again counts for nothing.
         assert ping(client).status_code == 202
         assert f'"hot":{expected}' in (streak_on(cluster, hot) or "")
     assert running(api, namespace, "web") == before
 
+    write_usage(cluster, hot, 90.0, at=third)
     response = ping(client)
     attributes, data = reply_of(response)
     assert attributes["type"] == EVENT_POD_REBALANCED
@@ -218,8 +233,8 @@ def test_a_node_hot_for_three_evaluations_sheds_pods_that_land_elsewhere_and_the
     assert len(gone) == 2
     delta = since(counted, client)
     assert delta.get(("cpu-over-threshold", "evicted")) == 2
-    # Acting starts the node's count afresh.
-    assert streak_on(cluster, hot) is None
+    # Acting starts the node's count afresh, the sample acted on remembered.
+    assert '"hot":0' in (streak_on(cluster, hot) or "")
 
     # The ReplicaSet controller replaces them; the scheduler puts them on the other nodes.
     after = wait_for(
@@ -240,8 +255,11 @@ def test_a_node_hot_for_three_evaluations_sheds_pods_that_land_elsewhere_and_the
     assert len(on_rs) == 2
     assert all("CPU 90.0 %" in e["message"] for e in said)
 
-    # The next samples read the node under its bound: evaluations evict nothing any more,
-    # however many (no ping-pong).
+    # The cordon only steered the replacements; lifted, the node is back in the mean. The next
+    # samples read it under its bound: evaluations evict nothing any more, however many (no
+    # ping-pong). (Still cordoned, it would be judged against the mean of the others alone,
+    # 38.5 %: 64.4 % is above that by more than the gap.)
+    cluster.rest.patch(f"/api/v1/nodes/{hot}", {"spec": {"unschedulable": None}})
     write_usage(cluster, hot, 90.0 - 2 * POD_SHARE)
     for node in others:
         moved_in = sum(1 for n in after.values() if n == node)
@@ -250,7 +268,7 @@ def test_a_node_hot_for_three_evaluations_sheds_pods_that_land_elsewhere_and_the
     for _ in range(6):
         assert ping(client).status_code == 202
     assert evictions(client) == settled
-    assert streak_on(cluster, hot) is None
+    assert streak_on(cluster, hot) is None  # cool: the annotation goes
     assert running(api, namespace, "web") == after
 
 
@@ -264,11 +282,13 @@ def test_a_workload_not_opted_in_is_never_touched(
     legacy = settle(api, namespace, "legacy", 2, hot)
     cordon(cluster, hot)
     client = rebalance()
-    write_usage(cluster, hot, 95.0)
     for node in others:
         write_usage(cluster, node, 30.0)
 
-    replies = [ping(client) for _ in range(6)]
+    replies = []
+    for at in samples(6):
+        write_usage(cluster, hot, 95.0, at=at)
+        replies.append(ping(client))
 
     # The opted-in workload lost a pod (the positive control): the node was acted on.
     assert any(r.status_code == 200 for r in replies)
@@ -361,12 +381,15 @@ def test_a_dry_run_decides_and_evicts_nothing(
     before = settle(api, namespace, "web", 2, hot)
     cordon(cluster, hot)
     client = rebalance(KN_RESCHEDULER_DRY_RUN="true")
-    write_usage(cluster, hot, 95.0)
     for node in others:
         write_usage(cluster, node, 30.0)
     counted = evictions(client)
+    *three, fourth = samples(4)
 
-    responses = [ping(client) for _ in range(3)]
+    responses = []
+    for at in three:
+        write_usage(cluster, hot, 95.0, at=at)
+        responses.append(ping(client))
 
     assert [r.status_code for r in responses] == [202, 202, 200]
     _, data = reply_of(responses[-1])
@@ -378,6 +401,137 @@ def test_a_dry_run_decides_and_evicts_nothing(
     assert streak_on(cluster, hot) is None
     assert rebalanced_events(api, namespace) == []
     assert running(api, namespace, "web") == before
-    # The process remembered the streaks itself, and started afresh after "acting".
+    # The process remembered the streaks itself, and started afresh after "acting": the
+    # next sample is the first of a new count.
+    write_usage(cluster, hot, 95.0, at=fourth)
     assert ping(client).status_code == 202
     assert client.get("/status").get_json()["hot_streaks"] == {hot: 1}
+
+
+@pytest.fixture
+def local_volume(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """A StorageClass for static local volumes (no provisioner, bound when the first pod is
+    scheduled), as https://kubernetes.io/docs/concepts/storage/volumes/#local sets it up;
+    the PersistentVolumes the test creates are deleted with it."""
+    name = f"local-{namespace}"[:63]
+    cluster.rest.post(
+        "/apis/storage.k8s.io/v1/storageclasses",
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer",
+        },
+    )
+    try:
+        yield name
+    finally:
+        for pv in cluster.rest.get("/api/v1/persistentvolumes").get("items", []):
+            if pv["spec"].get("storageClassName") == name:
+                cluster.rest.delete(f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+        cluster.rest.delete(f"/apis/storage.k8s.io/v1/storageclasses/{name}")
+
+
+def test_a_statefulset_pod_on_a_local_volume_stays_on_its_hot_node(
+    cluster: Cluster, api: Kube, namespace: str, rebalance: ClientFactory, local_volume: str
+) -> None:
+    """The issue's reproduction: evicted, the pod could only come back to its disk's node, and
+    was evicted again and again. A Deployment's pod on the same node is the positive control:
+    the node is acted on, the pod on the local volume is not."""
+    hot, *others = cluster.nodes
+    # The local PV, as the docs show it: its path on the node, and a node affinity naming it.
+    cluster.rest.post(
+        "/api/v1/persistentvolumes",
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{local_volume}-0"[:63]},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "volumeMode": "Filesystem",
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": local_volume,
+                "local": {"path": "/mnt/disks/ssd1"},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": [hot],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        },
+    )
+    api.create(
+        "StatefulSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "db", "annotations": {REBALANCE_KEY: "true"}},
+            "spec": {
+                "replicas": 1,
+                "serviceName": "db",
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": {
+                    "metadata": {"labels": {"app": "db"}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "db",
+                                "image": "registry.example.com/shop/db:16.4",
+                                "resources": {"requests": {"cpu": POD_CPU, "memory": "256Mi"}},
+                                "volumeMounts": [{"name": "data", "mountPath": "/var/lib/db"}],
+                            }
+                        ],
+                        "terminationGracePeriodSeconds": 0,
+                    },
+                },
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {"name": "data"},
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "storageClassName": local_volume,
+                            "resources": {"requests": {"storage": "1Gi"}},
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    deployment(api, namespace, "web", hot, 2, {REBALANCE_KEY: "true"})
+    (db,) = settle(api, namespace, "db", 1, hot)
+    settle(api, namespace, "web", 2, hot)
+    # Not cordoned, placed by the stock scheduler, a single replica: the settings let such
+    # pods go, so that only the volume can keep db-0 where it is.
+    client = rebalance(
+        KN_RESCHEDULER_REBALANCE_ANY_PLACEMENT="true", KN_RESCHEDULER_REBALANCE_MIN_AVAILABLE="0"
+    )
+    for node in others:
+        write_usage(cluster, node, 30.0)
+    counted = evictions(client)
+
+    evicted: list[str] = []
+    for at in samples(6):
+        write_usage(cluster, hot, 95.0, at=at)
+        response = ping(client)
+        if response.status_code == 200:
+            _, data = reply_of(response)
+            evicted += [e["pod"] for e in data["evictions"]]
+
+    # Acted on at the third and sixth samples, a web pod each time (the limit per workload;
+    # the second time only if the first replacement is ready by then); never db-0.
+    assert evicted and all(name.startswith("web-") for name in evicted)
+    assert since(counted, client) == {("cpu-over-threshold", "evicted"): len(evicted)}
+    assert running(api, namespace, "db") == {db: hot}

@@ -129,6 +129,8 @@ ALLOWED = [
     Can("get", "statefulsets", namespace="shop", group="apps"),
     Can("get", "jobs", namespace="shop", group="batch"),
     Can("get", "namespaces"),
+    Can("get", "persistentvolumeclaims", namespace="shop"),
+    Can("get", "persistentvolumes"),
     Can("create", "events", namespace="shop"),
 ]
 DENIED = [
@@ -148,6 +150,11 @@ DENIED = [
     Can("list", "replicasets", namespace="shop", group="apps"),
     Can("patch", "namespaces"),
     Can("list", "namespaces"),
+    # Volumes are read one by one, never listed nor changed.
+    Can("list", "persistentvolumeclaims", namespace="shop"),
+    Can("list", "persistentvolumes"),
+    Can("patch", "persistentvolumes"),
+    Can("delete", "persistentvolumeclaims", namespace="shop"),
     # An Event is said once: no counting it again.
     Can("patch", "events", namespace="shop"),
     Can("get", "secrets", namespace=NAMESPACE),

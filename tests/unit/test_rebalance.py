@@ -30,6 +30,7 @@ from shared.loadaware.rebalance import (
     CPU_OVER_THRESHOLD,
     MAINTENANCE,
     MEMORY_OVER_THRESHOLD,
+    Claim,
     Plan,
     Streak,
     Workload,
@@ -81,8 +82,9 @@ def a_node(
     if cpu is not None:
         annotations[USAGE_ANNOTATION] = usage(cpu, memory, at=sampled, estimate=estimate)
     if streak is not None:
+        # Counted up to the sample before this one (annotate-usage samples every 30 s).
         annotations[HOT_STREAK_ANNOTATION] = Streak(
-            streak, NOW - timedelta(seconds=30 * streak)
+            streak, NOW - timedelta(seconds=30 * streak), sampled - timedelta(seconds=30)
         ).to_json()
     return cast(
         Node,
@@ -246,18 +248,21 @@ def test_acting_on_a_node_starts_its_streak_afresh_and_the_rest_keep_counting() 
     result = plan(nodes, pods, index(rs()), CFG, NOW)
     assert evicted(result) == [("web-7d9c8b6f4-aaaaa", "node-c")]
     streaks = result.streaks()
-    assert streaks["node-a"] is None
-    assert streaks["node-b"] == Streak(1, NOW)
+    # No count; the sample acted on is remembered, so that it never counts again.
+    assert streaks["node-a"] == Streak(0, None, NOW)
+    assert streaks["node-b"] == Streak(1, NOW, NOW)
     assert "node-c" not in streaks  # nothing to write: no streak before, none now
     # What the handler reads back next time.
     written = a_node("node-b", 88.0)
-    written["metadata"]["annotations"][HOT_STREAK_ANNOTATION] = Streak(1, NOW).to_json()
-    assert read_streak(written) == Streak(1, NOW)
+    written["metadata"]["annotations"][HOT_STREAK_ANNOTATION] = Streak(1, NOW, NOW).to_json()
+    assert read_streak(written) == Streak(1, NOW, NOW)
 
 
 def test_an_unreadable_streak_counts_as_none() -> None:
     assert Streak.from_json("{not json") == Streak()
-    assert Streak.from_json('{"v":1,"hot":-2}') == Streak()
+    assert Streak.from_json('{"v":2,"hot":-2}') == Streak()
+    # Version 1 counted evaluations, not samples: its count is not carried over.
+    assert Streak.from_json('{"v":1,"hot":2,"since":"2026-11-23T09:59:00Z"}') == Streak()
 
 
 # -- victims ---------------------------------------------------------------------------------
@@ -746,3 +751,399 @@ def test_a_pod_is_evicted_only_when_its_replacement_will_not_be_placed_by_reques
     assert bool(result.evictions) is moved
     if not moved:
         assert "placed by requests alone" in why_skipped(result, "web-7d9c8b6f4-q8w2k")
+
+
+# -- do no harm: a sample counts once ------------------------------------------------------------
+
+
+def carried(nodes: Sequence[Node], result: Plan) -> list[Node]:
+    """The Nodes as the next evaluation reads them: with the streaks the handler wrote."""
+    out = []
+    for item in nodes:
+        name = item["metadata"]["name"]
+        changes = result.streaks([e.node for e in result.evictions])
+        copy = cast(Node, {**item, "metadata": {**item["metadata"]}})
+        annotations = dict(copy["metadata"].get("annotations") or {})
+        if name in changes:
+            streak = changes[name]
+            if streak is None:
+                annotations.pop(HOT_STREAK_ANNOTATION, None)
+            else:
+                annotations[HOT_STREAK_ANNOTATION] = streak.to_json()
+        copy["metadata"]["annotations"] = annotations
+        out.append(copy)
+    return out
+
+
+def resampled(nodes: Sequence[Node], name: str, cpu: float, at: datetime) -> list[Node]:
+    """The Nodes after annotate-usage wrote a new record on ``name``, sampled ``at``."""
+    out = []
+    for item in nodes:
+        copy = cast(Node, {**item, "metadata": {**item["metadata"]}})
+        if item["metadata"]["name"] == name:
+            annotations = dict(copy["metadata"].get("annotations") or {})
+            annotations[USAGE_ANNOTATION] = usage(cpu, at=at)
+            copy["metadata"]["annotations"] = annotations
+        out.append(copy)
+    return out
+
+
+def test_one_hot_sample_read_again_and_again_never_makes_a_streak() -> None:
+    """The issue's spike: one record stays fresh for usage_stale_after (3 min), and a Ping
+    every 30 s reads it six times. It is one measurement: the streak counts it once."""
+    spike = NOW - timedelta(seconds=10)
+    nodes = [a_node("node-a", 95.0, sampled=spike), a_node("node-b", 20.0), a_node("node-c", 20.0)]
+    pods = [a_pod("web-7d9c8b6f4-aaaaa", "node-a", cpu="800m")]
+    for tick in range(6):
+        now = spike + timedelta(seconds=30 * tick)
+        result = plan(nodes, pods, index(rs()), CFG, now)
+        assert (result.nodes[0].hot, result.nodes[0].streak.hot) == (True, 1)
+        assert result.evictions == ()
+        nodes = carried(nodes, result)
+
+
+def test_the_streak_advances_on_each_new_sample_and_acts_on_the_third() -> None:
+    start = NOW - timedelta(minutes=2)
+    nodes = [a_node("node-a", 95.0, sampled=start), a_node("node-b", 20.0), a_node("node-c", 20.0)]
+    pods = [a_pod("web-7d9c8b6f4-aaaaa", "node-a", cpu="800m")]
+    seen = []
+    for tick in range(6):
+        now = start + timedelta(seconds=30 * tick)
+        if tick % 2 == 0:
+            # annotate-usage writes a new record every other evaluation (its tolerance).
+            nodes = resampled(nodes, "node-a", 95.0, now)
+        result = plan(nodes, pods, index(rs()), CFG, now)
+        seen.append((result.nodes[0].streak.hot, len(result.evictions)))
+        nodes = carried(nodes, result)
+    # Samples at ticks 0, 2 and 4: the third acts, and acting starts the count again.
+    assert seen == [(1, 0), (1, 0), (2, 0), (2, 0), (3, 1), (0, 0)]
+
+
+def test_the_sample_acted_on_is_never_counted_again() -> None:
+    """The record lags the evictions: the numbers that justified them count for nothing
+    after, only a sample taken since."""
+    nodes = [a_node("node-a", 95.0, **HOT), a_node("node-b", 20.0), a_node("node-c", 20.0)]
+    pods = [a_pod("web-7d9c8b6f4-aaaaa", "node-a", cpu="800m")]
+    acted = plan(nodes, pods, index(rs()), CFG, NOW)
+    assert len(acted.evictions) == 1
+    again = plan(carried(nodes, acted), pods, index(rs()), CFG, NOW + timedelta(seconds=30))
+    assert (again.nodes[0].streak.hot, again.nodes[0].acting) == (0, False)
+    later = plan(
+        resampled(carried(nodes, acted), "node-a", 95.0, NOW + timedelta(seconds=60)),
+        pods,
+        index(rs()),
+        CFG,
+        NOW + timedelta(seconds=60),
+    )
+    assert later.nodes[0].streak.hot == 1
+
+
+# -- do no harm: cordoned and NotReady nodes ------------------------------------------------------
+
+
+def not_ready(item: Node) -> Node:
+    """The node as the node lifecycle controller leaves it once its kubelet stopped posting
+    status (pkg/controller/nodelifecycle): Ready Unknown, and the unreachable taints."""
+    item["status"]["conditions"] = [
+        {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": "2026-11-23T09:55:40Z",
+            "lastTransitionTime": "2026-11-23T09:56:20Z",
+        }
+    ]
+    item["spec"]["taints"] = [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "effect": "NoExecute",
+            "timeAdded": "2026-11-23T09:56:25Z",
+        },
+    ]
+    return item
+
+
+def test_cordoned_and_not_ready_nodes_are_left_out_of_the_mean() -> None:
+    """A node upgrade: two drained nodes read near zero. Counted, they would lower the mean
+    to 33 % and make the healthy nodes at 60 and 55 % "hot" exactly when capacity is short."""
+    nodes = [
+        a_node("node-a", 60.0, **HOT),
+        a_node("node-b", 55.0, **HOT),
+        a_node("node-c", 50.0),
+        a_node("node-d", 0.0, unschedulable=True),
+        not_ready(a_node("node-e", 0.0)),
+    ]
+    pods = [a_pod("web-7d9c8b6f4-aaaaa", "node-a", cpu="800m")]
+    result = plan(nodes, pods, index(rs()), CFG, NOW)
+    assert result.bounds.mean_cpu == 55.0
+    assert not any(s.hot for s in result.nodes)
+    assert result.evictions == ()
+
+
+def test_a_not_ready_node_is_not_acted_on_its_pods_are_the_node_lifecycle_controllers() -> None:
+    nodes = [
+        not_ready(a_node("node-a", 95.0, labels={MAINTENANCE_LABEL: "true"}, **HOT)),
+        a_node("node-b", 20.0),
+        a_node("node-c", 20.0),
+    ]
+    pods = [a_pod("web-7d9c8b6f4-aaaaa", "node-a", cpu="800m")]
+    result = plan(nodes, pods, index(rs()), CFG, NOW)
+    assert (result.nodes[0].acting, result.nodes[0].streak.hot) == (False, 0)
+    assert "NotReady" in result.nodes[0].why
+    assert result.evictions == ()
+
+
+def test_no_eviction_when_only_cordoned_or_not_ready_nodes_would_take_the_pod() -> None:
+    # The pod tolerates every taint: the scheduler's filters would let it onto both.
+    anywhere = {"tolerations": [{"operator": "Exists"}]}
+    nodes = [
+        a_node("node-a", 90.0, **HOT),
+        a_node("node-b", 10.0, unschedulable=True),
+        not_ready(a_node("node-c", 10.0)),
+    ]
+    pods = [a_pod("web-7d9c8b6f4-aaaaa", "node-a", spec=anywhere)]
+    result = plan(nodes, pods, index(rs()), CFG, NOW)
+    assert result.evictions == ()
+    said = why_skipped(result, "web-7d9c8b6f4-aaaaa")
+    assert "node-b: cordoned" in said
+    assert "node-c: NotReady" in said
+
+
+# -- do no harm: volumes that tie a pod to its node ------------------------------------------------
+
+# Shaped as the API server returns them once the PV controller bound the claim of a
+# StatefulSet's volumeClaimTemplate "data" (pkg/controller/volume/persistentvolume: the
+# bind-completed and bound-by-controller annotations, the claimRef, phase Bound); the local PV
+# as https://kubernetes.io/docs/concepts/storage/volumes/#local shows it.
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def sts(workload: str = "db", *, desired: int = 3) -> Workload:
+    return Workload(
+        kind="StatefulSet",
+        namespace=NAMESPACE,
+        name=workload,
+        uid=uid(f"StatefulSet/{workload}"),
+        opted_in=True,
+        opt_in="kn-rescheduler.io/rebalance='true' on the StatefulSet",
+        desired=desired,
+        ready=desired,
+    )
+
+
+def sts_pod(name: str, on: str, *, claim: str | None = None, **options: Any) -> Pod:
+    made = a_pod(name, on, kind="StatefulSet", workload="db", labels={"app": "db"}, **options)
+    if claim is not None:
+        made["spec"]["volumes"].insert(
+            0, {"name": "data", "persistentVolumeClaim": {"claimName": claim}}
+        )
+        made["spec"]["containers"][0]["volumeMounts"] = [
+            {"name": "data", "mountPath": "/var/lib/db"}
+        ]
+    return made
+
+
+def persistent_volume(
+    name: str,
+    claim: str,
+    *,
+    local_on: str | None = None,
+    affinity: list[dict[str, Any]] | None = None,
+    labels: Mapping[str, str] | None = None,
+    source: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "capacity": {"storage": "100Gi"},
+        "volumeMode": "Filesystem",
+        "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": "local-storage",
+        "claimRef": {
+            "kind": "PersistentVolumeClaim",
+            "namespace": NAMESPACE,
+            "name": claim,
+            "uid": uid(f"PersistentVolumeClaim/{claim}"),
+            "apiVersion": "v1",
+            "resourceVersion": "51234",
+        },
+    }
+    if local_on is not None:
+        spec["local"] = {"path": "/mnt/disks/ssd1"}
+        affinity = [{"key": HOSTNAME, "operator": "In", "values": [local_on]}]
+    spec.update(source or {})
+    if affinity is not None:
+        spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": [{"matchExpressions": affinity}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": name,
+            "uid": uid(f"PersistentVolume/{name}"),
+            "resourceVersion": "51240",
+            "labels": dict(labels or {}),
+            "annotations": {"pv.kubernetes.io/bound-by-controller": "yes"},
+            "finalizers": ["kubernetes.io/pv-protection"],
+        },
+        "spec": spec,
+        "status": {"phase": "Bound", "lastPhaseTransitionTime": "2026-11-23T08:10:02Z"},
+    }
+
+
+def claim_of(
+    name: str, volume: dict[str, Any] | None, *, on: str = "node-a", unread: str = ""
+) -> Claim:
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": uid(f"PersistentVolumeClaim/{name}"),
+            "labels": {"app": "db"},
+            "annotations": {
+                "pv.kubernetes.io/bind-completed": "yes",
+                "pv.kubernetes.io/bound-by-controller": "yes",
+                "volume.kubernetes.io/selected-node": on,
+            },
+            "finalizers": ["kubernetes.io/pvc-protection"],
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "10Gi"}},
+            "storageClassName": "local-storage",
+            "volumeMode": "Filesystem",
+            "volumeName": volume["metadata"]["name"] if volume else "",
+        },
+        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"]}
+        if volume
+        else {"phase": "Pending"},
+    }
+    if volume:
+        pvc["status"]["capacity"] = {"storage": "100Gi"}
+    return Claim(NAMESPACE, name, pvc=pvc, pv=volume, unread=unread)
+
+
+def claims(*found: Claim) -> dict[str, Claim]:
+    return {c.key: c for c in found}
+
+
+def test_a_pod_on_a_local_volume_stays_since_no_other_node_has_its_disk() -> None:
+    """The issue's reproduction: evicted, the pod can only come back to its disk's node, and
+    was evicted again four times in six minutes."""
+    nodes = [a_node("node-a", 95.0, **HOT), a_node("node-b", 10.0), a_node("node-c", 10.0)]
+    pods = [sts_pod("db-0", "node-a", claim="data-db-0")]
+    local = persistent_volume("local-pv-node-a", "data-db-0", local_on="node-a")
+    result = plan(nodes, pods, index(sts()), CFG, NOW, claims=claims(claim_of("data-db-0", local)))
+    assert result.evictions == ()
+    said = why_skipped(result, "db-0")
+    assert "node-b: volume local-pv-node-a: node affinity" in said
+    assert "node-c: volume local-pv-node-a: node affinity" in said
+
+
+def test_a_pod_on_a_zonal_disk_moves_only_within_its_zone() -> None:
+    # A CSI disk's PV names its zone in its node affinity (the external-provisioner copies the
+    # driver's accessible topology there).
+    zonal = persistent_volume(
+        "pvc-3f1c2a",
+        "data-db-0",
+        affinity=[{"key": ZONE, "operator": "In", "values": ["europe-west1-c"]}],
+        source={"csi": {"driver": "pd.csi.storage.gke.io", "volumeHandle": "disk-1"}},
+    )
+    nodes = [
+        a_node("node-a", 95.0, labels={ZONE: "europe-west1-c"}, **HOT),
+        a_node("node-b", 10.0, labels={ZONE: "europe-west1-b"}),  # the coolest, other zone
+        a_node("node-c", 30.0, labels={ZONE: "europe-west1-c"}),
+    ]
+    pods = [sts_pod("db-0", "node-a", claim="data-db-0", cpu="800m")]
+    result = plan(nodes, pods, index(sts()), CFG, NOW, claims=claims(claim_of("data-db-0", zonal)))
+    assert evicted(result) == [("db-0", "node-c")]
+
+
+BETA_ZONE = "failure-domain.beta.kubernetes.io/zone"
+
+
+@pytest.mark.parametrize(
+    ("pv_labels", "target_labels", "fits"),
+    [
+        ({ZONE: "europe-west1-c"}, {ZONE: "europe-west1-c"}, True),
+        ({ZONE: "europe-west1-c"}, {ZONE: "europe-west1-b"}, False),
+        # A regional disk: the zones joined by "__" (k8s.io/cloud-provider LabelZonesToSet).
+        ({ZONE: "europe-west1-b__europe-west1-c"}, {ZONE: "europe-west1-b"}, True),
+        # An old PV's beta label against the node's GA label (VolumeZone's translateToGALabel).
+        ({BETA_ZONE: "europe-west1-c"}, {ZONE: "europe-west1-c"}, True),
+        ({BETA_ZONE: "europe-west1-c"}, {ZONE: "europe-west1-b"}, False),
+        # A node with no zone or region label at all takes it: a single-zone cluster.
+        ({ZONE: "europe-west1-c"}, {}, True),
+    ],
+    ids=[
+        "same zone",
+        "other zone",
+        "regional",
+        "beta PV label",
+        "beta PV label, other",
+        "no zones",
+    ],
+)
+def test_a_volume_labelled_with_its_zone_as_the_volume_zone_filter_reads_it(
+    pv_labels: dict[str, str], target_labels: dict[str, str], fits: bool
+) -> None:
+    labelled = persistent_volume("pv-legacy", "data-db-0", labels=pv_labels)
+    nodes = [a_node("node-a", 95.0, **HOT), a_node("node-b", 10.0, labels=target_labels)]
+    pods = [sts_pod("db-0", "node-a", claim="data-db-0", cpu="800m")]
+    found = claims(claim_of("data-db-0", labelled))
+    result = plan(nodes, pods, index(sts()), CFG, NOW, claims=found)
+    assert bool(result.evictions) is fits
+    if not fits:
+        assert "node-b: volume pv-legacy: zone" in why_skipped(result, "db-0")
+
+
+def test_a_volume_any_node_reaches_does_not_hold_the_pod() -> None:
+    shared = persistent_volume(
+        "pv-nfs", "data-db-0", source={"nfs": {"server": "10.0.0.5", "path": "/exports/db"}}
+    )
+    nodes = [a_node("node-a", 95.0, **HOT), a_node("node-b", 10.0)]
+    pods = [sts_pod("db-0", "node-a", claim="data-db-0", cpu="800m")]
+    found = claims(claim_of("data-db-0", shared))
+    assert evicted(plan(nodes, pods, index(sts()), CFG, NOW, claims=found)) == [("db-0", "node-b")]
+
+
+@pytest.mark.parametrize(
+    ("found", "why"),
+    [
+        ({}, "claim data-db-0 was not read"),
+        (claims(claim_of("data-db-0", None, unread="forbidden")), "forbidden"),
+        (claims(claim_of("data-db-0", None)), "claim data-db-0 is not bound"),
+        (
+            claims(
+                claim_of(
+                    "data-db-0",
+                    persistent_volume(
+                        "pv-host", "data-db-0", source={"hostPath": {"path": "/srv/db"}}
+                    ),
+                )
+            ),
+            "hostPath",
+        ),
+    ],
+    ids=["not read", "unreadable", "not bound", "hostPath volume without affinity"],
+)
+def test_a_pod_whose_volumes_cannot_be_judged_stays(found: dict[str, Claim], why: str) -> None:
+    nodes = [a_node("node-a", 95.0, labels={MAINTENANCE_LABEL: "true"}), a_node("node-b", 10.0)]
+    pods = [sts_pod("db-0", "node-a", claim="data-db-0")]
+    result = plan(nodes, pods, index(sts()), CFG, NOW, claims=found)
+    assert result.evictions == ()
+    assert why in why_skipped(result, "db-0")
+
+
+def test_a_pod_with_a_host_path_volume_stays_its_data_is_on_this_node() -> None:
+    nodes = [a_node("node-a", 95.0, labels={MAINTENANCE_LABEL: "true"}), a_node("node-b", 10.0)]
+    pod = a_pod("web-7d9c8b6f4-aaaaa", "node-a")
+    pod["spec"]["volumes"].append(
+        {"name": "cache", "hostPath": {"path": "/var/cache/web", "type": "DirectoryOrCreate"}}
+    )
+    result = plan(nodes, [pod], index(rs()), CFG, NOW)
+    assert result.evictions == ()
+    assert "hostPath volume cache" in why_skipped(result, "web-7d9c8b6f4-aaaaa")
