@@ -226,9 +226,10 @@ class Config:
 
     # --- rebalancing (rebalance-nodes) -----------------------------------------------------------
     # A node is hot when its measured CPU or memory usage is over cpu_threshold /
-    # memory_threshold, or over the mean of the nodes with fresh usage by more than rebalance_gap
-    # points (100: the mean rule is off); it is acted on only after this many hot evaluations in
-    # a row. A node in maintenance needs no streak.
+    # memory_threshold, or over the mean of the schedulable, Ready nodes with fresh usage by more
+    # than rebalance_gap points (100: the mean rule is off); it is acted on only after this many
+    # hot samples in a row (usage records with a new sample time, however often they are read).
+    # A node in maintenance needs no streak.
     rebalance_hot_samples: int = 3
     rebalance_gap: float = 20.0
     # At most this many evictions per evaluation, per node, per namespace and per workload.
