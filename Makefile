@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean fuzz chaos
+.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean fuzz chaos soak
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -75,6 +75,14 @@ bench-quick: venv cluster-bins adapter-bin
 # the short version (tests/e2e/test_chaos_quick.py).
 chaos: venv cluster-bins adapter-bin
 	$(PY) -m bench.chaos $(if $(SEED),--seed $(SEED))
+
+# Soak (do no harm on a production cluster): every function for ten minutes on a local cluster
+# with what real ones have (operator labels and taints, kube-system add-ons, local volumes,
+# CronJobs, nodes joining, drained and leaving) and faulty nodes; then the invariants
+# (docs/reliability.md, "Soak"). Writes bench/results/soak-<date>.json; exits 1 on any violation.
+# CI runs the short version (tests/e2e/test_soak_quick.py).
+soak: venv cluster-bins adapter-bin
+	$(PY) -m bench.soak
 
 # Images and per-function deploys to a Knative cluster (needs a container engine).
 include hack/deploy.mk
