@@ -8,7 +8,9 @@ each new pod:
    resourceVersion of that moment) and decides the pod's fate once: the node's
    ``sim.kn-rescheduler.io/fault`` label, or ``none``. A label set before the pod was bound is
    always seen, one changed afterwards never is, however late this controller gets to the pod.
-   The decision is stamped on the pod as the annotation of the same key;
+   A pod carrying the same label itself (from its template) takes that fate on every node: an
+   application broken wherever it runs, which no move can fix. The decision is stamped on the
+   pod as the annotation of the same key;
 2. writes the statuses a kubelet would write for that fate, step by step (``pods/status``
    strategic merge patches with a uid precondition, like the kubelet's status manager), and for
    crash loops keeps raising ``restartCount``: every ``restart_interval`` seconds on the
@@ -412,7 +414,10 @@ class _Shard:
         meta = pod["metadata"]
         node_name = pod["spec"]["nodeName"]
         node = self._node_at(node_name, tracked.bound_rv)
-        mode = node.get("metadata", {}).get("labels", {}).get(SIM_FAULT_LABEL, HEALTHY)
+        # The pod's own fault (an application broken everywhere) wins over its node's.
+        mode = (meta.get("labels") or {}).get(SIM_FAULT_LABEL) or (
+            node.get("metadata", {}).get("labels", {}).get(SIM_FAULT_LABEL, HEALTHY)
+        )
         if mode not in FAULT_MODES and mode != HEALTHY:
             self.k.log.warning(
                 "node %s: unknown fault mode %r, treated as healthy", node_name, mode

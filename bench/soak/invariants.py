@@ -37,6 +37,11 @@ The invariants:
     within ``suspect_window`` before. A workload is the top of a pod's owner chain: a
     Deployment (through its ReplicaSets), a CronJob (through its Jobs: every run is a new Job
     of the same workload), a StatefulSet, a Job, or a bare pod's lineage.
+``budget-kept-when-broken-everywhere``
+    A workload whose application is broken on every node (the local kubelet fails its pods
+    wherever they run: the fault label on the pod itself) cannot be helped by a move: it never
+    spends its whole budget (no ``RetriesExhausted`` about it, fewer moves than the budget
+    allows), and the ``MovesStopped`` Warning that says so is recorded at most once per holder.
 ``node-fixable-recovered``
     Every workload of the recovery namespaces (opted in, failing only because of a faulty node)
     ends with every replica Ready on a node without a fault: the chaos suite's
@@ -46,6 +51,7 @@ The invariants:
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -58,8 +64,10 @@ from shared.constants import (
     PREFIX,
     PRESSURE_LABEL_KEY,
     REASON_EXCLUSIONS_CLEARED,
+    REASON_MOVES_STOPPED,
     REASON_REBALANCED,
     REASON_RESCHEDULED,
+    REASON_RETRIES_EXHAUSTED,
     REBALANCE_KEY,
     REBALANCE_VALUE,
     SIM_FAULT_LABEL,
@@ -76,6 +84,7 @@ INVARIANTS: Final = (
     "system-critical-scheduled",
     "evicted-once-per-reason",
     "suspect-needs-two-workloads",
+    "budget-kept-when-broken-everywhere",
     "node-fixable-recovered",
 )
 # The reasons of our Events that say we removed a pod.
@@ -157,6 +166,9 @@ class Record:
     pending_grace: float = 60.0
     evict_window: float = 600.0
     suspect_window: float = 600.0
+    # Workloads broken on every node ("Deployment ns/name"), each with the moves its budget
+    # allows (scheduling-retries x replicas).
+    broken: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -536,6 +548,56 @@ def suspect_needs_two_workloads(record: Record) -> tuple[list[Violation], int]:
     return violations, checked
 
 
+def budget_kept_when_broken_everywhere(record: Record) -> tuple[list[Violation], int]:
+    idx = _Index(record)
+    violations: list[Violation] = []
+    for workload, budget in sorted(record.broken.items()):
+        pods = {
+            uid: f.last
+            for uid, f in record.pods.items()
+            if workload_of(f.last, record.owners) == workload
+        }
+        moved = sorted(
+            _describe(pod)
+            for uid, pod in pods.items()
+            if idx.removal_reason(uid, pod) == REASON_RESCHEDULED
+        )
+        holders = {str(o.get("uid")) for o in map(_controller, pods.values()) if o is not None}
+        said = Counter(
+            str(e.get("reason"))
+            for uid in holders
+            for e in idx.about.get(uid, [])
+            if e.get("reason") in (REASON_RETRIES_EXHAUSTED, REASON_MOVES_STOPPED)
+        )
+        counts = {
+            str((e.get("involvedObject") or {}).get("uid")): int(e.get("count") or 1)
+            for e in idx.events
+            if e.get("reason") == REASON_MOVES_STOPPED
+            and (e.get("involvedObject") or {}).get("uid") in holders
+        }
+        evidence = {"moves": moved, "budget": budget, "events": dict(said), "stopped": counts}
+        if said[REASON_RETRIES_EXHAUSTED] or len(moved) >= budget:
+            violations.append(
+                Violation(
+                    "budget-kept-when-broken-everywhere",
+                    workload,
+                    f"broken on every node, yet moved {len(moved)} time(s) of {budget}"
+                    + (" until RetriesExhausted" if said[REASON_RETRIES_EXHAUSTED] else ""),
+                    evidence,
+                )
+            )
+        elif any(n > 1 for n in counts.values()):
+            violations.append(
+                Violation(
+                    "budget-kept-when-broken-everywhere",
+                    workload,
+                    f"{REASON_MOVES_STOPPED} said more than once: {counts}",
+                    evidence,
+                )
+            )
+    return violations, len(record.broken)
+
+
 def node_fixable_recovered(record: Record) -> tuple[list[Violation], int]:
     objects = [
         o
@@ -565,6 +627,7 @@ def check(record: Record) -> Verdict:
         system_critical_scheduled(record),
         evicted_once_per_reason(record),
         suspect_needs_two_workloads(record),
+        budget_kept_when_broken_everywhere(record),
         node_fixable_recovered(record),
     ]
     return Verdict(

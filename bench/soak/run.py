@@ -46,6 +46,7 @@ from shared.constants import (
     EVENT_POD_FAILING,
     POLICY_ANNOTATION,
     REBALANCE_KEY,
+    SIM_FAULT_LABEL,
 )
 from stack.functions import ROOT, FunctionServer, environment, free_port
 from stack.stack import PING_TYPE, Stack
@@ -57,6 +58,11 @@ Log = Callable[[str], None]
 APPS: Final = "soak-apps"
 BATCH: Final = "soak-batch"
 DATA: Final = "soak-data"
+# A Deployment whose application crash-loops on every node (the fault label on its own pod
+# template): no move can help it, so it must keep most of its budget (part 3 of the issue).
+BROKEN: Final = "soak-broken"
+BROKEN_REPLICAS: Final = 2
+BROKEN_RETRIES: Final = 3
 IMAGE: Final = "registry.example.com/shop/web:1.4.2"
 SCHEDULER_CONFIG: Final = ROOT / "knative" / "scheduler" / "kube-scheduler-config.yaml"
 # Nodes: 0 system pool (hot later; two local PVs), 1-3 faulty, 3-4 the batch pool (tainted
@@ -179,6 +185,12 @@ def workloads(scales: Scales) -> list[tuple[str, JSON]]:
             ),
         )
     )
+    broken = _deployment(
+        "broken", BROKEN_REPLICAS, "node-6", {POLICY_ANNOTATION: str(BROKEN_RETRIES)}
+    )
+    broken["spec"]["template"]["metadata"]["labels"][SIM_FAULT_LABEL] = "crashloop"
+    broken["spec"]["template"]["spec"].pop("affinity")
+    out.append((f"/apis/apps/v1/namespaces/{BROKEN}/deployments", broken))
     out.append(
         (
             f"/apis/apps/v1/namespaces/{DATA}/statefulsets",
@@ -267,7 +279,7 @@ def run(scales: Scales, workdir: Path, log: Log) -> JSON:
             cluster.set_fault(node, mode)
         prod = Production(cluster, LAYOUT).apply()
         second_scrape_job(cluster)
-        for ns in (APPS, BATCH, DATA):
+        for ns in (APPS, BATCH, DATA, BROKEN):
             create_namespace(cluster.rest, ns)
         log("starting every function (Knative's Broker, ApiServerSource, webhook, timers)")
         stack = Stack(
@@ -368,6 +380,7 @@ def _record(cluster: Cluster, recorder: Recorder, prod: Production, scales: Scal
         recovery_namespaces=frozenset({APPS}),
         ended_at=time.time(),
         pending_grace=scales.pending_grace,
+        broken={f"Deployment {BROKEN}/broken": BROKEN_RETRIES * BROKEN_REPLICAS},
     )
 
 

@@ -59,6 +59,7 @@ def test_every_invariant_looked_at_something(run: dict[str, Any]) -> None:
         "healthy-pods-untouched",
         "foreign-labels-untouched",
         "system-critical-scheduled",
+        "budget-kept-when-broken-everywhere",
         "node-fixable-recovered",
     ):
         assert checked[name] > 0, (name, checked)
@@ -69,6 +70,8 @@ def test_the_pipeline_moved_pods_and_the_cluster_had_neighbours(run: dict[str, A
     assert run["pods"]["system_critical"] >= 3
     assert run["nodes"]["operator_writes"] >= run["scales"]["nodes"]
     assert run["events"]["failing"] > 0
+    # The Deployment broken on every node was seen failing, judged, and told to stop.
+    assert run["events"]["by_reason_ours"].get("MovesStopped", 0) >= 1, run["events"]
 
 
 def test_no_invariant_is_violated(run: dict[str, Any]) -> None:

@@ -438,3 +438,93 @@ def test_check_names_every_invariant_and_counts_what_it_looked_at() -> None:
     )
     assert set(verdict.checked) == set(invariants.INVARIANTS)
     assert verdict.to_json()["violations_by_invariant"]["healthy-pods-untouched"] == 1
+
+
+# -- budget-kept-when-broken-everywhere ---------------------------------------------------------
+
+BROKEN = f"Deployment {NS}/web"
+
+
+def web_replica_set() -> JSON:
+    """The ReplicaSet the builders' pods belong to, owned by the Deployment ``web``."""
+    return {
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": "web-7d9c8b6f4",
+            "namespace": NS,
+            "uid": pods.uid("ReplicaSet/web-7d9c8b6f4"),
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": "web",
+                    "uid": "deploy-uid",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+    }
+
+
+def said_about_the_replica_set(reason: str, count: int = 1) -> JSON:
+    rs = web_replica_set()["metadata"]
+    return {
+        "kind": "Event",
+        "metadata": {"name": f"web-7d9c8b6f4.{reason.lower()}", "namespace": NS},
+        "involvedObject": {
+            "kind": "ReplicaSet",
+            "name": rs["name"],
+            "namespace": NS,
+            "uid": rs["uid"],
+        },
+        "reason": reason,
+        "count": count,
+    }
+
+
+def broken_everywhere(moved: int, *events: JSON) -> Record:
+    """A Deployment of 2 replicas with a budget of 6 moves, ``moved`` of its pods moved by us."""
+    ps = [failing(f"web-7d9c8b6f4-{i:05d}", node=f"node-{i}") for i in range(max(moved, 2))]
+    moves = [rescheduled_event(p) for p in ps[:moved]]
+    rs = web_replica_set()
+    return record(
+        pods={uid(p): facts(p, gone=i < moved) for i, p in enumerate(ps)},
+        owners={rs["metadata"]["uid"]: rs},
+        objects=[*moves, *events],
+        broken={BROKEN: 6},
+    )
+
+
+def test_a_workload_broken_everywhere_that_stopped_with_its_budget_kept_is_no_harm() -> None:
+    found, checked = invariants.budget_kept_when_broken_everywhere(
+        broken_everywhere(2, said_about_the_replica_set("MovesStopped"))
+    )
+    assert (found, checked) == ([], 1)
+
+
+@pytest.mark.parametrize(
+    ("moved", "events", "what"),
+    [
+        (6, (), "moved 6 time(s) of 6"),
+        (3, (said_about_the_replica_set("RetriesExhausted"),), "until RetriesExhausted"),
+        (2, (said_about_the_replica_set("MovesStopped", count=4),), "said more than once"),
+    ],
+    ids=["whole-budget", "exhausted", "stop-said-again-and-again"],
+)
+def test_a_workload_broken_everywhere_that_spent_its_budget_or_kept_saying_so_is_harm(
+    moved: int, events: tuple[JSON, ...], what: str
+) -> None:
+    found, checked = invariants.budget_kept_when_broken_everywhere(
+        broken_everywhere(moved, *events)
+    )
+    assert checked == 1
+    assert [v.subject for v in found] == [BROKEN]
+    assert what in found[0].message
+
+
+def test_a_workload_not_known_to_be_broken_is_not_judged_by_it() -> None:
+    found, checked = invariants.budget_kept_when_broken_everywhere(
+        replace(broken_everywhere(6), broken={})
+    )
+    assert (found, checked) == ([], 0)
