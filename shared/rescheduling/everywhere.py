@@ -14,12 +14,16 @@ ReplicaSet is a new holder with a state of its own).
 
 The evidence, and why each part:
 
-- **Same reason on distinct nodes, recorded by moves.** The holder's state keeps, for each
-  node a move of the workload was charged for, the failure that moved it
-  (``shared.rescheduling.state``). A sibling failing now counts as a witness below, not as a
-  recorded node: it was judged on its first failure (``shared.rescheduling.siblings``), and
-  two bad nodes out of many must not stop a workload before a single move was tried. So a
-  stop always needs at least one move whose replacement failed the same way elsewhere.
+- **Same reason on distinct nodes, recorded by moves, seen by a replacement.** The holder's
+  state keeps, for each node a move of the workload was charged for, the failure that moved it
+  (``shared.rescheduling.state``); what counts are the recorded nodes the failing pod was kept
+  off (the webhook's excluded-nodes stamp on it) and its own node: a replacement that avoided
+  them and failed the same way again. A pod placed before those moves proves nothing (twenty
+  replicas pinned to two bad nodes are each moved once). A sibling failing now counts as a
+  witness below, not as a recorded node: it was judged on its first failure
+  (``shared.rescheduling.siblings``), and two bad nodes out of many must not stop a workload
+  before a single move was tried. So a stop always needs at least one move whose replacement
+  failed the same way elsewhere.
 - **Two nodes when other pods witness it, three when the workload has one pod.** With other
   pods of the controller all failing too, the failure was seen by several pods, on several
   nodes. A workload of one pod is one lineage: the same pod failing on two nodes in a row may
@@ -211,14 +215,22 @@ def judge(
     node: str,
     reason: str,
     others: Witnesses,
+    kept_off: Iterable[str] = (),
 ) -> Verdict:
     """Whether moving a pod that failed with ``reason`` on ``node`` can help.
 
     ``recorded`` maps each node a move was charged for to the failure that moved it (the
     holder's state, pruned); ``stopped`` is the stop already recorded, if any; ``others`` are
-    the other pods of the controller.
+    the other pods of the controller; ``kept_off`` the nodes the failing pod was admitted
+    avoiding (the webhook's stamp).
+
+    The nodes that count are the failing pod's own node and the recorded nodes **it was kept
+    off**: a replacement that avoided the nodes the failure was recorded on and failed the same
+    way again elsewhere. A pod that was already running when the moves were recorded was never
+    given the chance: twenty replicas pinned to two bad nodes are each moved once, not stopped
+    at the second node's first failure (tests/e2e/test_rescheduling_safety.py).
     """
-    seen = tuple(dict.fromkeys([*(n for n, r in recorded.items() if r == reason), node]))
+    seen = tuple(dict.fromkeys([*(n for n in kept_off if recorded.get(n) == reason), node]))
     healthy = next((w for w in others.pods if w.health is Health.HEALTHY), None)
     if healthy is not None:
         return Verdict(False, f"pod {healthy.name} is {healthy.why}", seen)

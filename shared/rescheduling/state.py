@@ -111,7 +111,7 @@ from shared.constants import (
 )
 from shared.platform.durations import format_duration
 from shared.platform.kubetypes import Pod
-from shared.rescheduling.classify import Failure, FailureKind
+from shared.rescheduling.classify import Failure, FailureKind, excluded_nodes_of
 from shared.rescheduling.everywhere import Stopped, Witnesses, judge
 from shared.rescheduling.policy import (
     BudgetScope,
@@ -630,6 +630,9 @@ class FailureFacts:
     # age, which counts time spent crash-looping or Pending as time run.
     ran_for: timedelta | None = None
     unschedulable: bool = False
+    # The nodes the webhook kept this pod off when it was admitted (its excluded-nodes stamp):
+    # a replacement's, after earlier moves. What says the workload failed again elsewhere.
+    kept_off: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "owner_kind", OwnerKind(self.owner_kind))
@@ -646,6 +649,7 @@ class FailureFacts:
             reason=failure.reason,
             ran_for=None if seconds is None else timedelta(seconds=seconds),
             unschedulable=failure.kind is FailureKind.EXCLUSIONS_UNSCHEDULABLE,
+            kept_off=excluded_nodes_of(pod),
         )
 
 
@@ -909,7 +913,9 @@ def plan(
     if witnesses is not None and not per_pod and not reset:
         # A container that ran past reset-after is not failing everywhere: it ran fine here.
         kind = failure.reason[:MAX_REASON_LENGTH]
-        verdict = judge(current.failed_on, current.stopped, failure.node, kind, witnesses)
+        verdict = judge(
+            current.failed_on, current.stopped, failure.node, kind, witnesses, failure.kept_off
+        )
         if verdict.stop and current.stopped is not None and current.stopped.reason == kind:
             return nothing(
                 "stopped-already-recorded",

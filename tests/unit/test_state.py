@@ -51,6 +51,7 @@ def failed(
     ran_for: timedelta | None = timedelta(minutes=5),
     unschedulable: bool = False,
     reason: str = "CrashLoopBackOff",
+    kept_off: tuple[str, ...] = (),
 ) -> FailureFacts:
     return FailureFacts(
         pod_name=name,
@@ -60,6 +61,7 @@ def failed(
         reason="Unschedulable" if unschedulable else reason,
         ran_for=ran_for,
         unschedulable=unschedulable,
+        kept_off=kept_off,
     )
 
 
@@ -1262,6 +1264,8 @@ TWO = Policy(3, RS, replicas=2)
 CRASHING = Witness("web-7d9c8b6f4-b7k2m", "node-c", Health.FAILED, "failing on node-c")
 READY = Witness("web-7d9c8b6f4-b7k2m", "node-c", Health.HEALTHY, "Ready on node node-c")
 STARTING = Witness("web-7d9c8b6f4-b7k2m", "node-c", Health.UNPROVEN, "not failed yet")
+# A replacement of a pod moved off node-a: the webhook kept it off node-a.
+REPLACEMENT = failed(node="node-b", kept_off=("node-a",))
 MOVED_OFF_A = WorkloadState(
     moves=1,
     excluded_nodes=("node-a",),
@@ -1279,8 +1283,18 @@ class Everywhere(NamedTuple):
 
 
 EVERYWHERE = {
-    "a second node failing the same way, the other pod failing too: stop": Everywhere(
-        MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((CRASHING,)), Action.STOPPED
+    "a replacement failing the same way on a second node, the other pod failing too: stop": (
+        Everywhere(MOVED_OFF_A, REPLACEMENT, TWO, Witnesses((CRASHING,)), Action.STOPPED)
+    ),
+    "a pod placed before the move failing on a second node: it never had a chance, move": (
+        Everywhere(MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((CRASHING,)), Action.MOVE)
+    ),
+    "a replacement kept off a node no failure was recorded on: move": Everywhere(
+        MOVED_OFF_A,
+        failed(node="node-b", kept_off=("node-z",)),
+        TWO,
+        Witnesses((CRASHING,)),
+        Action.MOVE,
     ),
     "another pod Ready elsewhere: a node fixed it, move": Everywhere(
         MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((READY,)), Action.MOVE
@@ -1317,7 +1331,7 @@ EVERYWHERE = {
             excluded_nodes=("node-a", "node-c"),
             failed_on={"node-a": "CrashLoopBackOff", "node-c": "CrashLoopBackOff"},
         ),
-        failed(node="node-b"),
+        failed(node="node-b", kept_off=("node-a", "node-c")),
         THREE,
         ALONE,
         Action.STOPPED,
@@ -1358,7 +1372,7 @@ def test_moving_stops_only_when_it_cannot_help(case: Everywhere) -> None:
 
 
 def test_a_stop_charges_nothing_removes_nothing_and_records_itself_for_one_warning() -> None:
-    result = plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,)))
+    result = plan(MOVED_OFF_A, REPLACEMENT, TWO, NOW, witnesses=Witnesses((CRASHING,)))
     assert (result.action, result.event_reason) == (Action.STOPPED, REASON_MOVES_STOPPED)
     assert not result.delete_pod
     assert (result.moves, result.budget) == (1, 6)
@@ -1374,7 +1388,7 @@ def test_a_stop_charges_nothing_removes_nothing_and_records_itself_for_one_warni
 def test_a_recorded_stop_is_not_recorded_or_said_again() -> None:
     stopped = apply(
         MOVED_OFF_A,
-        plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,))),
+        plan(MOVED_OFF_A, REPLACEMENT, TWO, NOW, witnesses=Witnesses((CRASHING,))),
     )
     # The redelivery, the other pod's failure, the sweep's resend: nothing to write or say.
     for failure in (failed(node="node-b"), failed("uid-2", node="node-c")):
@@ -1387,7 +1401,7 @@ def test_a_recorded_stop_is_not_recorded_or_said_again() -> None:
 def test_a_stop_holds_while_pods_only_start_and_lifts_when_one_is_healthy() -> None:
     stopped = apply(
         MOVED_OFF_A,
-        plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,))),
+        plan(MOVED_OFF_A, REPLACEMENT, TWO, NOW, witnesses=Witnesses((CRASHING,))),
     )
     # A pod that has not failed yet proves nothing: the stop holds.
     held = plan(stopped, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((STARTING,)))
@@ -1403,7 +1417,7 @@ def test_a_stop_holds_while_pods_only_start_and_lifts_when_one_is_healthy() -> N
 def test_a_stop_outlives_the_pruning_of_the_failures_that_led_to_it() -> None:
     stopped = apply(
         MOVED_OFF_A,
-        plan(MOVED_OFF_A, failed(node="node-b"), TWO, NOW, witnesses=Witnesses((CRASHING,))),
+        plan(MOVED_OFF_A, REPLACEMENT, TWO, NOW, witnesses=Witnesses((CRASHING,))),
     )
     later = NOW + THREE.reset_after + timedelta(minutes=1)
     held = plan(stopped, failed(node="node-b"), TWO, later, witnesses=Witnesses((CRASHING,)))
