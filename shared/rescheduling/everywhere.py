@@ -34,11 +34,15 @@ The evidence, and why each part:
   move already makes, must have failed in its current life. A pod that is Ready, never
   restarted, or Ready for ``crashloop_recent_run`` after its restarts, or that completed (a
   Job's), is healthy: another node demonstrably fixed the failure, never stop. A pod that has
-  not failed yet (Pending, starting, running without a restart) might be on a good node: no
-  stop either. A pod whose containers restarted and is not Ready for that long has failed: a
-  crash-looping container is Ready for the seconds between two crashes when it has no
-  readiness probe, so Ready alone says nothing about it. A pod being deleted, and a pod that
-  ended Failed (a Job keeps those, the pods we moved among them), say nothing.
+  not failed yet (Pending, starting, running without a restart) is not healthy either: with a
+  replacement's failure as evidence, waiting for it would never stop a workload whose pods
+  fail in lockstep (each lineage's replacement is just starting when the other fails; measured
+  in the soak: the whole budget spent). A stop it did not deserve lasts until that pod turns
+  Ready, which lifts it at the next failure. A pod whose containers restarted and is not Ready
+  for that long has failed: a crash-looping container is Ready for the seconds between two
+  crashes when it has no readiness probe, so Ready alone says nothing about it. A pod being
+  deleted, and a pod that ended Failed (a Job keeps those, the pods we moved among them), say
+  nothing.
 - **Nobody missing.** Fewer pods than the ReplicaSet wants means a replacement is on its way,
   perhaps to a good node: no stop until it shows what it does.
 
@@ -237,9 +241,6 @@ def judge(
     if stopped is not None and stopped.reason == reason:
         held = tuple(dict.fromkeys([*stopped.nodes, *seen]))
         return Verdict(True, "moves stay stopped: no pod of the workload is healthy yet", held)
-    unproven = next((w for w in others.pods if w.health is Health.UNPROVEN), None)
-    if unproven is not None:
-        return Verdict(False, f"pod {unproven.name} has {unproven.why}", seen)
     if others.missing:
         return Verdict(False, f"{others.missing} pod(s) of the workload are not created yet", seen)
     needed = NODES_WITH_WITNESSES if others.pods else NODES_ALONE

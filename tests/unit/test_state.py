@@ -1299,8 +1299,8 @@ EVERYWHERE = {
     "another pod Ready elsewhere: a node fixed it, move": Everywhere(
         MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((READY,)), Action.MOVE
     ),
-    "another pod not failed yet: it may be on a good node, move": Everywhere(
-        MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((STARTING,)), Action.MOVE
+    "another pod not failed yet is not healthy: stop until it turns Ready": Everywhere(
+        MOVED_OFF_A, REPLACEMENT, TWO, Witnesses((STARTING,)), Action.STOPPED
     ),
     "a replacement not created yet: move": Everywhere(
         MOVED_OFF_A, failed(node="node-b"), TWO, Witnesses((CRASHING,), missing=1), Action.MOVE
