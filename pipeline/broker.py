@@ -325,8 +325,15 @@ class KnativeBroker:
         self._trigger_of: dict[str, str] = {}
         self._dead_rx = Receiver(self.dead_letters, lambda e: dead_letter_line(e, self._trigger_of))
         self._bins = knative_dir()
-        # The Broker's port on this machine, chosen up front so a function's K_SINK can name it.
-        self.port = port or _free_port()
+        # The Broker's port on this machine, chosen up front so a function's K_SINK can name it,
+        # and held bound until its forward listens on it: a port only looked up as free could be
+        # taken meanwhile (an outgoing connection's ephemeral port), and the start would fail.
+        self._reserved: socket.socket | None = None
+        if port:
+            self.port = port
+        else:
+            self._reserved = _reserve_port()
+            self.port = int(self._reserved.getsockname()[1])
         self.broker_url_in_namespace = ""
         self._api_forward = ""
         # Whether the channel answers before delivering (its async-handler annotation), and
@@ -372,7 +379,10 @@ class KnativeBroker:
         # The Broker's address: a forward to the ingress, as a Service is to its pod.
         self._forward("broker", self.netns.path, BROKER_PORT, self.netns.path, INGRESS_PORT)
         self._forward("source", self.netns.path, SOURCE_PORT, self.netns.path, INGRESS_PORT)
-        self._forward("broker-in", None, self.port, self.netns.path, BROKER_PORT)
+        self._forward(
+            "broker-in", None, self.port, self.netns.path, BROKER_PORT, listener=self._reserved
+        )
+        self._reserved = None  # the forward owns it now
 
         self._install()
         broker_in_ns = self._apply(services)
@@ -409,6 +419,9 @@ class KnativeBroker:
         self._wait_delivering(deadline)
 
     def stop(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
         for p in reversed(self.procs):
             _terminate(p.proc, 5.0)
         self.procs.clear()
@@ -714,9 +727,15 @@ class KnativeBroker:
         listen_port: int,
         connect_in: Path | None,
         port: int,
+        listener: socket.socket | None = None,
     ) -> None:
         f = Forward(
-            name, listen_in=listen_in, listen_port=listen_port, connect_in=connect_in, port=port
+            name,
+            listen_in=listen_in,
+            listen_port=listen_port,
+            connect_in=connect_in,
+            port=port,
+            listener=listener,
         ).start()
         self.forwards.append(f)
 
@@ -838,7 +857,9 @@ def _wait(check: Callable[[], bool], what: str, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _reserve_port() -> socket.socket:
+    """A socket bound to a free loopback port, held so that nothing else takes the port."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s

@@ -382,8 +382,11 @@ class Forward:
         listen_port: int,
         connect_in: Path | None,
         port: int,
+        listener: socket.socket | None = None,
     ) -> None:
         self.name = name
+        # A socket already bound to listen_port (a port reserved up front), used as it is.
+        self._bound = listener
         self.listen_in = listen_in
         self.listen_port = listen_port
         self.connect_in = connect_in
@@ -404,10 +407,12 @@ class Forward:
         self._retire: set[int] = set()
 
     def start(self) -> Forward:
-        with entered(self.listen_in):
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.listen_port))
+        listener = self._bound
+        if listener is None:
+            with entered(self.listen_in):
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", self.listen_port))
         listener.listen(128)
         listener.settimeout(0.2)
         self._listener = listener
