@@ -288,9 +288,9 @@ class Rebalancer:
 
     def _claims(self, pods: Iterable[Pod]) -> dict[str, Claim]:
         """The PersistentVolumeClaims ``pods`` mount and the volumes bound to them (one GET
-        each), for the fit check. A claim or volume that cannot be read is recorded as such,
-        and its pod stays where it is; RBAC refusing it too (an older manifest), so that the
-        other pods are still rebalanced."""
+        each), for the fit check. A claim or volume that cannot be read (gone, RBAC refusing
+        it with an older manifest, an API error or a timeout) is recorded as such and its pod
+        stays where it is, so that the other pods are still rebalanced."""
         found: dict[str, Claim] = {}
         for pod in pods:
             namespace = str((pod.get("metadata") or {}).get("namespace", ""))
@@ -306,18 +306,16 @@ class Rebalancer:
 
     def _claim(self, namespace: str, name: str) -> Claim:
         try:
-            pvc = self.kube.request(
-                "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
-            )
-        except (kubeapi.NotFound, kubeapi.Forbidden) as err:
+            pvc = self.kube.get("PersistentVolumeClaim", namespace, name)
+        except kubeapi.KubeError as err:
             log.warning("claim %s/%s not read: %s", namespace, name, err)
             return Claim(namespace, name, unread=str(err))
         volume = (pvc.get("spec") or {}).get("volumeName")
         if not volume:
             return Claim(namespace, name, pvc=pvc)
         try:
-            pv = self.kube.request("GET", f"/api/v1/persistentvolumes/{volume}")
-        except (kubeapi.NotFound, kubeapi.Forbidden) as err:
+            pv = self.kube.get("PersistentVolume", None, volume)
+        except kubeapi.KubeError as err:
             log.warning("volume %s of claim %s/%s not read: %s", volume, namespace, name, err)
             return Claim(namespace, name, pvc=pvc, unread=str(err))
         return Claim(namespace, name, pvc=pvc, pv=pv)

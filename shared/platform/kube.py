@@ -61,6 +61,10 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     # Namespace for the per-namespace pressure opt-in.
     "Node": ("/api/v1", "nodes"),
     "Namespace": ("/api/v1", "namespaces"),
+    # rebalance-nodes reads the claims of the pods it would evict and their volumes (get only),
+    # to keep a pod on the node its volume is bound to.
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "PersistentVolume": ("/api/v1", "persistentvolumes"),
     # The Metrics API (metrics-server, through the API server's aggregation layer): one
     # NodeMetrics per node, usage in cores and bytes ({"cpu": "1250m", "memory": "2Gi"}).
     "NodeMetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes"),
