@@ -229,33 +229,7 @@ class Production:
             objs.append(
                 (
                     "/api/v1/persistentvolumes",
-                    {
-                        "apiVersion": "v1",
-                        "kind": "PersistentVolume",
-                        "metadata": {"name": f"local-pv-{node}-{i}"},
-                        "spec": {
-                            "capacity": {"storage": "10Gi"},
-                            "accessModes": ["ReadWriteOnce"],
-                            "persistentVolumeReclaimPolicy": "Retain",
-                            "storageClassName": STORAGE_CLASS,
-                            "local": {"path": f"/mnt/disks/ssd{i}"},
-                            "nodeAffinity": {
-                                "required": {
-                                    "nodeSelectorTerms": [
-                                        {
-                                            "matchExpressions": [
-                                                {
-                                                    "key": "kubernetes.io/hostname",
-                                                    "operator": "In",
-                                                    "values": [node],
-                                                }
-                                            ]
-                                        }
-                                    ]
-                                }
-                            },
-                        },
-                    },
+                    local_volume(f"local-pv-{node}-{i}", node, STORAGE_CLASS, f"/mnt/disks/ssd{i}"),
                 )
             )
         return objs
@@ -349,6 +323,40 @@ def second_scrape_job(cluster: Cluster) -> None:
     )
     cluster.stop_prometheus()
     cluster.start_prometheus()
+
+
+def local_volume(name: str, node: str, storage_class: str, path: str, size: str = "10Gi") -> JSON:
+    """A static local PersistentVolume, as the Kubernetes docs show one: a path on one node,
+    and the required node affinity (by ``kubernetes.io/hostname``) that binds every pod using it
+    to that node."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": storage_class,
+            "local": {"path": path},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [node],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
 
 
 def _container(name: str, cpu: str, memory: str) -> JSON:

@@ -125,8 +125,10 @@ class Verdict:
     def to_json(self) -> JSON:
         return {
             "violations": [v.to_json() for v in self.violations],
+            # Every invariant checked, in order (the soak's Verdict is this one with its own).
             "violations_by_invariant": {
-                name: sum(1 for v in self.violations if v.invariant == name) for name in INVARIANTS
+                name: sum(1 for v in self.violations if v.invariant == name)
+                for name in self.checked
             },
             "checked": dict(self.checked),
             "notes": list(self.notes),

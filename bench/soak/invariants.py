@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from bench.chaos import invariants as chaos
-from bench.chaos.invariants import Violation
+from bench.chaos.invariants import Verdict, Violation
 from shared.constants import (
     COMPONENT,
     NODE_HEALTH_ANNOTATION,
@@ -169,24 +169,6 @@ class Record:
     # Workloads broken on every node ("Deployment ns/name"), each with the moves its budget
     # allows (scheduling-retries x replicas).
     broken: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    violations: tuple[Violation, ...]
-    # How many subjects each invariant looked at (a check of nothing proves nothing).
-    checked: Mapping[str, int]
-    notes: tuple[str, ...] = ()
-
-    def to_json(self) -> JSON:
-        return {
-            "violations": [v.to_json() for v in self.violations],
-            "violations_by_invariant": {
-                name: sum(1 for v in self.violations if v.invariant == name) for name in INVARIANTS
-            },
-            "checked": dict(self.checked),
-            "notes": list(self.notes),
-        }
 
 
 # -- readers ------------------------------------------------------------------------------------

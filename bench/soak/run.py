@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import requests
 
+from bench.chaos.invariants import Verdict
 from bench.common import create_namespace
 from bench.soak import invariants
 from bench.soak.invariants import OperatorWrite, Record
@@ -384,9 +385,7 @@ def _record(cluster: Cluster, recorder: Recorder, prod: Production, scales: Scal
     )
 
 
-def _figures(
-    record: Record, verdict: invariants.Verdict, stack: Stack, wall0: float, runtime: float
-) -> JSON:
+def _figures(record: Record, verdict: Verdict, stack: Stack, wall0: float, runtime: float) -> JSON:
     archived = stack.archived()
     types = Counter(str(e.get("type")) for e in archived)
     events = [o for o in record.objects if o.get("kind") == "Event"]

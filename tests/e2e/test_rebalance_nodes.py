@@ -22,7 +22,7 @@ import flask.testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster import Cluster
+from localcluster import Cluster, production
 from shared.constants import (
     EVENT_POD_REBALANCED,
     HOT_STREAK_ANNOTATION,
@@ -443,34 +443,9 @@ def test_a_statefulset_pod_on_a_local_volume_stays_on_its_hot_node(
     # The local PV, as the docs show it: its path on the node, and a node affinity naming it.
     cluster.rest.post(
         "/api/v1/persistentvolumes",
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"{local_volume}-0"[:63]},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "volumeMode": "Filesystem",
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": local_volume,
-                "local": {"path": "/mnt/disks/ssd1"},
-                "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {
-                                        "key": "kubernetes.io/hostname",
-                                        "operator": "In",
-                                        "values": [hot],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                },
-            },
-        },
+        production.local_volume(
+            f"{local_volume}-0"[:63], hot, local_volume, "/mnt/disks/ssd1", size="1Gi"
+        ),
     )
     api.create(
         "StatefulSet",
