@@ -16,6 +16,7 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	.venv/bin/lint-imports --no-cache
 	@# Every function's entry point is a module named main: one mypy run each.
 	@for f in functions/*/main.py; do $(PY) -m mypy $$f || exit 1; done
 

@@ -65,7 +65,7 @@ from localcluster.rest import Rest
 from pipeline import cloudevent
 from pipeline.broker import KnativeBroker
 from pipeline.source import ApiServerSource
-from shared.constants import OPTED_IN_LABEL, OPTED_IN_VALUE
+from shared.api.keys import OPTED_IN_LABEL, OPTED_IN_VALUE
 
 NAMESPACE: Final = "bench-broker"
 PODS_NAMESPACE: Final = "bench-broker-pods"

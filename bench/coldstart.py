@@ -29,10 +29,10 @@ from bench.common import JSON, Scales
 from bench.detect import load_corpus, to_binary
 from localcluster.cluster import Cluster
 from localcluster.procs import Proc
-from shared.constants import EVENT_POD_FAILING
+from shared.api.keys import EVENT_POD_FAILING
 from shared.platform import events
 from shared.platform.config import Config
-from shared.rescheduling.detect import detect
+from shared.pods.detect_failures.decide import detect
 from stack.functions import ROOT, command, environment, free_port
 from stack.webhook import make_tls
 

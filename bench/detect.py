@@ -10,8 +10,8 @@ In-process, pinned to one core, three tiers per event:
 
 - ``json_floor``: ``json.loads`` of the body only, the least any Python consumer must do;
 - ``parse_and_detect``: ``shared.platform.events.parse`` (the CloudEvents SDK) then
-  ``shared.rescheduling.detect.detect``, which is what the function does per event short of HTTP and
-  logging;
+  ``shared.pods.detect_failures.decide.detect``, which is what the function does per event short of
+  HTTP and logging;
 - ``detect_only``: ``detect`` on an already parsed event (the classification itself).
 
 Over HTTP: detect-failures served by its image's command (gunicorn, gthread, the shipped
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import CORPUS_FILE, JSON, Scales, cpu_seconds, ratio, summary
-from shared.constants import EVENT_POD_FAILING
+from shared.api.keys import EVENT_POD_FAILING
 from shared.platform import events
 from shared.platform.config import Config
-from shared.rescheduling.detect import detect
+from shared.pods.detect_failures.decide import detect
 from stack.functions import FunctionServer
 
 Binary = tuple[dict[str, str], bytes]

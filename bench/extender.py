@@ -29,8 +29,8 @@ from typing import Any, Final
 import requests
 
 from bench.common import JSON, summary
-from shared.constants import USAGE_ANNOTATION
-from shared.loadaware.usage import Estimate, Reading, UsageRecord
+from shared.api.keys import USAGE_ANNOTATION
+from shared.nodes.usage import Estimate, Reading, UsageRecord
 from stack.functions import FunctionServer
 
 SIZES: Final = (20, 100, 240)

@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.common import JSON
 from localcluster.procs import Proc
-from shared.constants import APISERVER_UPDATE, POLICY_ANNOTATION
+from shared.api.keys import APISERVER_UPDATE, POLICY_ANNOTATION
 from stack.functions import FUNCTIONS, ROOT, command, free_port
 
 IMAGES_DIR = ROOT / ".local" / "images"

@@ -103,7 +103,8 @@ from bench.common import (
 from localcluster.cluster import Cluster
 from localcluster.procs import Proc
 from localcluster.rest import ApiError
-from shared.constants import (
+from shared.api import quantity
+from shared.api.keys import (
     HOT_STREAK_ANNOTATION,
     LOAD_AWARE_KEY,
     LOAD_AWARE_SCHEDULER_NAME,
@@ -117,7 +118,6 @@ from shared.constants import (
     SIM_POD_MEMORY_ANNOTATION,
     USAGE_ANNOTATION,
 )
-from shared.platform import quantity
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment, free_port
 from stack.up import load_aware_scheduler_config

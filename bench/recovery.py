@@ -61,7 +61,7 @@ from bench.common import (
 from bench.tracker import Tracker
 from localcluster.cluster import Cluster
 from localcluster.procs import Proc
-from shared.constants import APISERVER_ADD, APISERVER_UPDATE, POLICY_ANNOTATION
+from shared.api.keys import APISERVER_ADD, APISERVER_UPDATE, POLICY_ANNOTATION
 from stack.stack import Stack
 
 IMAGE = "registry.example.com/shop/web:1.4.2"

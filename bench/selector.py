@@ -63,7 +63,7 @@ from localcluster.rest import ApiError, Rest
 from pipeline import filters
 from pipeline.broker import KnativeBroker
 from pipeline.source import ApiServerSource, from_manifest
-from shared.constants import OPTED_IN_LABEL, POLICY_ANNOTATION
+from shared.api.keys import OPTED_IN_LABEL, POLICY_ANNOTATION
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment
 

@@ -44,8 +44,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import JSON, create_namespace, ratio
 from localcluster.cluster import Cluster
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME, USAGE_ANNOTATION
-from shared.loadaware.usage import Estimate, Reading, UsageRecord
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, USAGE_ANNOTATION
+from shared.nodes.usage import Estimate, Reading, UsageRecord
 from stack.functions import FunctionServer, environment, free_port
 from stack.up import load_aware_scheduler_config
 

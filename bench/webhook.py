@@ -5,9 +5,10 @@ The pods under review belong to a real ReplicaSet (of a Deployment with
 the owner lookups against the local API server and answers with a patch (policy stamp,
 excluded nodes, required node affinity):
 
-- in-process: ``shared.admission.review.Admitter.review`` with a real ``shared.platform.kube.Kube``;
-- over TLS: mutate-admission served by its image's command with TLS, one client on loopback;
-- through the API server: pods POSTed at a steady rate, in alternating blocks with and without
+- in-process: ``shared.admission.handler.Admitter.review`` with a real
+``shared.platform.kube.Kube``; - over TLS: mutate-admission served by its image's command with TLS,
+one client on loopback; - through the API server: pods POSTed at a steady rate, in alternating
+blocks with and without
   the webhook registered; the client-side latency of each create. The pods are bound to a node
   name that does not exist, so neither the scheduler nor the fake kubelet works on them, and
   their labels do not match the ReplicaSet's selector, so it never counts them.
@@ -34,11 +35,11 @@ from bench.common import (
 )
 from localcluster.cluster import Cluster
 from localcluster.rest import Rest
-from shared.admission.review import Admitter
-from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.admission.handler import Admitter
+from shared.api.keys import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.platform.config import Config
 from shared.platform.kube import Kube
-from shared.rescheduling.state import WorkloadState, dump_state
+from shared.workloads.state import WorkloadState, dump_state
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment
 from stack.webhook import make_tls

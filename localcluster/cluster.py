@@ -45,7 +45,7 @@ from localcluster.podstatus import FAULT_MODES, HEALTHY
 from localcluster.procs import Component, Proc, stop_all
 from localcluster.prometheus import LocalPrometheus, PrometheusError, find_binary
 from localcluster.rest import ApiError, Rest
-from shared.constants import (
+from shared.api.keys import (
     SIM_CPU_USAGE_ANNOTATION,
     SIM_FAULT_LABEL,
     SIM_MEMORY_USAGE_ANNOTATION,

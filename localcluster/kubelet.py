@@ -69,7 +69,7 @@ from localcluster.podstatus import (
     terminated_status,
 )
 from localcluster.rest import STRATEGIC_MERGE_PATCH, ApiError, Rest
-from shared.constants import SIM_FAULT_LABEL
+from shared.api.keys import SIM_FAULT_LABEL
 
 # The pod annotation recording the fate decided at binding (same key as the node label).
 FAULT_ANNOTATION: Final = SIM_FAULT_LABEL

@@ -77,7 +77,7 @@ from localcluster import pki
 from localcluster.bins import BinsError, run_build_script
 from localcluster.nodeexporter import DEFAULT_CPU_USAGE, DEFAULT_MEMORY_USAGE
 from localcluster.rest import ApiError, Rest
-from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
+from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 JSON = dict[str, Any]
 
@@ -102,7 +102,7 @@ KUBELET_PORT: Final = 10250
 
 # The path a kubelet serves its resource metrics at, which metrics-server scrapes.
 KUBELET_RESOURCE_PATH: Final = "/metrics/resource"
-# A third-party key the harness alone uses (the project's own keys are in shared.constants):
+# A third-party key the harness alone uses (the project's own keys are in shared.api.keys):
 # the recommended name label, on the load DaemonSet.
 NAME_LABEL: Final = "app.kubernetes.io/name"
 LOAD_DAEMONSET: Final = "kn-rescheduler-sim-node-load"

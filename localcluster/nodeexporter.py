@@ -44,7 +44,7 @@ from typing import Any, Final
 from kubernetes.utils import parse_quantity
 
 from localcluster.rest import ApiError, Rest
-from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
+from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 JSON = dict[str, Any]
 

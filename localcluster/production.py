@@ -41,7 +41,7 @@ import yaml
 from localcluster.cluster import Cluster
 from localcluster.prometheus import config as prometheus_config
 from localcluster.rest import ApiError
-from shared.constants import NODE_OPT_OUT_LABEL
+from shared.api.keys import NODE_OPT_OUT_LABEL
 
 JSON = dict[str, Any]
 

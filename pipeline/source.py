@@ -52,7 +52,7 @@ from typing import Any, Final
 
 import yaml
 
-from shared.constants import DEFAULT_NAMESPACE
+from shared.api.keys import DEFAULT_NAMESPACE
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 # The project's pod event source: the ApiServerSource the local stack reproduces.

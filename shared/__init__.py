@@ -1,10 +1,14 @@
-"""Code the kn-rescheduler functions share, one package per domain.
+"""Code the kn-rescheduler functions share, in layers; import-linter holds them (pyproject.toml).
 
-- `platform`: the edges (CloudEvents, the Kubernetes API, settings, logs, metrics);
-- `rescheduling`: judging failing pods and moving them;
-- `admission`: the webhook that stamps new pods with what rescheduling decided;
-- `constants`: every key and event type, the contracts all of them share.
+- `api`: every key, label, annotation, event type and record we write, with its parser, and the
+  wire formats of Kubernetes we read (object shapes, quantities, times). Pure; imports nothing
+  else of ours.
+- `platform`: the I/O edges that know no domain: CloudEvents, the one Kubernetes API client,
+  Prometheus, Events, settings, logs, metrics.
+- `workloads`: the pure model every domain reads: a pod's shape, its failure, its owner, its
+  policy and state, what moving a Job's pod costs.
+- `pods`, `nodes`, `admission`: the domains, one folder per function; independent of each other.
 
-Pure decisions live beside the I/O edges so that each function's entry point is a thin
-handler: parse, decide, send. A domain imports the platform, never the other way round.
+Each function's folder names its halves the same way: `decide.py` is pure (the clock passed
+in), `handler.py` does the I/O. docs/architecture.md draws the layers.
 """

@@ -43,19 +43,19 @@ from kubernetes import config as k8s_config
 from localcluster import FAULT_MODES, Cluster, Timing
 from localcluster.bins import ensure_bins
 from pipeline.source import adapter_binary
-from shared.constants import (
+from shared.api.keys import (
     PREFIX,
     SIM_FAULT_LABEL,
     STATE_ANNOTATION,
     SUSPECT_LABEL,
     SUSPECT_VALUE,
 )
+from shared.api.times import format_duration
+from shared.nodes.label_nodes.rules import Rule, load_rules
 from shared.platform.config import Config
-from shared.platform.durations import format_duration
 from shared.platform.kube import Kube, KubeError, NotFound
-from shared.pressure.rules import Rule, load_rules
-from shared.rescheduling.policy import OwnerKind, Policy, parse_retries
-from shared.rescheduling.state import StateError, load_state
+from shared.workloads.policy import OwnerKind, Policy, parse_retries
+from shared.workloads.state import StateError, load_state
 from stack import demo_chart
 from stack.demo_feeds import ApiFeed, ArchiveFeed, Feed, Feeds, NodeFeed
 from stack.demo_model import (

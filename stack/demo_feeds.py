@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_ADD,
     APISERVER_DELETE,
     APISERVER_UPDATE,
@@ -38,8 +38,8 @@ from shared.constants import (
 )
 from shared.platform.config import Config
 from shared.platform.kube import Kube
-from shared.rescheduling.classify import classify
-from shared.rescheduling.failing import FailingPod
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import classify
 from stack.demo_model import Timeline
 
 JSON = dict[str, Any]
@@ -110,7 +110,7 @@ class ArchiveFeed:
         return 1
 
 
-# update-annotations' Event messages (shared.rescheduling.state.plan), read back into the reply's
+# update-annotations' Event messages (shared.workloads.state.plan), read back into the reply's
 # fields.
 _MOVED: Final = re.compile(
     r"moved pod (?P<name>\S+) off node (?P<node>\S+) after (?P<reason>\S+) "

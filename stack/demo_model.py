@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shared.constants import (
+from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     PRESSURE_ANNOTATION,
     PRESSURE_LABEL_KEY,
@@ -33,7 +33,7 @@ from shared.constants import (
     SUSPECT_LABEL,
     SUSPECT_VALUE,
 )
-from shared.rescheduling.classify import FailureKind
+from shared.workloads.classify import FailureKind
 
 JSON = dict[str, Any]
 

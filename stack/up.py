@@ -18,7 +18,7 @@ import yaml
 
 from localcluster.cluster import Cluster
 from localcluster.procs import Component
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
 from stack.functions import ROOT, free_port
 from stack.run import STACK_FILE
 

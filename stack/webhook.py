@@ -19,7 +19,7 @@ from typing import Any, Final
 from kubernetes import client as k8s
 
 from localcluster.pki import issue, make_ca
-from shared.constants import DEFAULT_NAMESPACE, OPT_OUT_LABEL
+from shared.api.keys import DEFAULT_NAMESPACE, OPT_OUT_LABEL
 
 NAME: Final = "kn-rescheduler-mutate-admission"
 # The identity the API server presents to the webhook (a name, no groups: the webhook checks
@@ -61,7 +61,7 @@ def configuration(
     """The MutatingWebhookConfiguration, as knative/ ships it but reached by URL."""
     pods = _webhook("pods.kn-rescheduler.io", url, ca_crt, timeout_seconds, "", "pods")
     # The same function, for Jobs being created (a Job asking for free moves gets its pod
-    # failure policy; see shared/rescheduling/jobs.py). A separate webhook, so each rule stays
+    # failure policy; see shared/workloads/jobs.py). A separate webhook, so each rule stays
     # obvious.
     jobs = _webhook("jobs.kn-rescheduler.io", url, ca_crt, timeout_seconds, "batch", "jobs")
     return {

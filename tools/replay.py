@@ -42,12 +42,12 @@ from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
 from pipeline import triggers as trigger_manifests
-from shared.nodehealth.assess import Assessor
+from shared.api.times import parse_kube_time
+from shared.nodes.assess_nodes.handler import Assessor
 from shared.platform import events, kube
 from shared.platform.config import Config
-from shared.rescheduling.detect import detect
-from shared.rescheduling.policy import parse_kube_time
-from shared.rescheduling.reschedule import Rescheduler, last_trace
+from shared.pods.detect_failures.decide import detect
+from shared.pods.update_annotations.handler import Rescheduler, last_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

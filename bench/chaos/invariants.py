@@ -5,11 +5,12 @@ live pods, every pod seen during the run, the Events, the Broker's dead letters)
 returning :class:`Violation` s with the evidence a person needs to reproduce the finding.
 
 The state annotation is read here with a reader of its own (the documented JSON format, see
-shared/rescheduling/state.py), and budgets are computed from the documented rule
+shared/workloads/state.py), and budgets are computed from the documented rule
 (``scheduling-retries`` times the replicas of a ReplicaSet; per pod for a StatefulSet; per Job; per
 bare pod), not with the product's functions: a bug there must not hide itself. Only the Event naming
-rule (one Event per object, reason and pod uid, ``shared.rescheduling.bodies.event_name``) is the
-product's own: it is the contract by which a move's Event is found.
+rule (one Event per object, reason and pod uid,
+``shared.pods.update_annotations.bodies.event_name``) is the product's own: it is the contract by
+which a move's Event is found.
 
 The invariants:
 
@@ -55,15 +56,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeline.faults import retriable
-from shared.constants import (
+from shared.api.keys import (
     POLICY_ANNOTATION,
     REASON_EXCLUSIONS_CLEARED,
     REASON_REPLACEMENT_REDIRECTED,
     REASON_RESCHEDULED,
     STATE_ANNOTATION,
 )
-from shared.rescheduling.bodies import ORIGIN_ANNOTATION, event_name
-from shared.rescheduling.owners import Ref
+from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION, event_name
+from shared.workloads.owners import Ref
 
 JSON = dict[str, Any]
 
@@ -74,7 +75,7 @@ INVARIANTS: Final = (
     "replicas-healthy",
     "dead-letters-permanent",
 )
-# update-annotations keeps this many handled uids (shared/rescheduling/state.py
+# update-annotations keeps this many handled uids (shared/workloads/state.py
 # DEFAULT_HANDLED_LIMIT): a longer history is cut, so counting moves against the list is only exact
 # below it.
 HANDLED_LIMIT: Final = 64

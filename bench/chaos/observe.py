@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from localcluster.rest import ApiError, Rest
-from shared.constants import STATE_ANNOTATION
+from shared.api.keys import STATE_ANNOTATION
 
 JSON = dict[str, Any]
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from localcluster.cluster import Cluster
 from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from localcluster.rest import ApiError
 from pipeline import faults as data_plane
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_ADD,
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
@@ -47,8 +47,8 @@ _COLLECTIONS = {
     "Event": "/api/v1/namespaces/{ns}/events",
 }
 # A message update-annotations gives a move an earlier delivery recorded and a later one
-# finished (shared.rescheduling.reschedule.moved): the trace of a kill between state write and
-# delete.
+# finished (shared.pods.update_annotations.handler.moved): the trace of a kill between state write
+# and delete.
 FINISHED_LATER = "recorded earlier, removed now"
 
 

@@ -40,7 +40,7 @@ from localcluster.rest import ApiError, Rest
 from pipeline.broker import SYSTEM_NAMESPACE
 from pipeline.faults import FaultSpec
 from pipeline.source import knative_dir
-from shared.constants import DEFAULT_NAMESPACE, POLICY_ANNOTATION
+from shared.api.keys import DEFAULT_NAMESPACE, POLICY_ANNOTATION
 
 JSON = dict[str, Any]
 ROOT: Final = Path(__file__).resolve().parents[2]

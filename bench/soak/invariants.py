@@ -7,7 +7,8 @@ returning :class:`Violation` s with the evidence a person needs. Nothing here ca
 product's decision code: which pod is failing, which workload a pod belongs to and when a node
 turned suspect are read from the API objects with readers of their own, so that a bug in the
 product cannot hide itself. Only the Event naming rule is the product's
-(``shared.rescheduling.bodies.event_name``): it is the contract by which a move's Event is found.
+(``shared.pods.update_annotations.bodies.event_name``): it is the contract by which a move's Event
+is found.
 
 The invariants:
 
@@ -58,7 +59,7 @@ from typing import Any, Final
 
 from bench.chaos import invariants as chaos
 from bench.chaos.invariants import Verdict, Violation
-from shared.constants import (
+from shared.api.keys import (
     COMPONENT,
     NODE_HEALTH_ANNOTATION,
     PREFIX,
@@ -73,8 +74,8 @@ from shared.constants import (
     SIM_FAULT_LABEL,
     SUSPECT_LABEL,
 )
-from shared.rescheduling.bodies import ORIGIN_ANNOTATION, event_name
-from shared.rescheduling.owners import Ref
+from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION, event_name
+from shared.workloads.owners import Ref
 
 JSON = dict[str, Any]
 

@@ -41,7 +41,7 @@ from localcluster.production import (
     second_scrape_job,
 )
 from localcluster.rest import ApiError
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_ADD,
     APISERVER_UPDATE,
     EVENT_POD_FAILING,

@@ -3,7 +3,7 @@
 the scheduler extender and the webhook read usage from Node objects and never call Prometheus.
 ``GET /status`` shows the last evaluations.
 
-The entry point only; the logic is shared.loadaware. The source is chosen at start-up
+The entry point only; the logic is shared.nodes.annotate_usage. The source is chosen at start-up
 (``KN_RESCHEDULER_USAGE_SOURCE``: prometheus, the default, or metrics-api); Prometheus as the
 source without its address stops the function with a message naming the setting.
 """
@@ -16,9 +16,9 @@ import os
 import flask
 import functions_framework
 
-from shared.constants import PING_EVENT_TYPE
-from shared.loadaware.annotator import Annotator
-from shared.loadaware.sources import MetricsApiSource, PrometheusSource, Source
+from shared.api.keys import PING_EVENT_TYPE
+from shared.nodes.annotate_usage.handler import Annotator
+from shared.nodes.annotate_usage.sources import MetricsApiSource, PrometheusSource, Source
 from shared.platform import events, logs
 from shared.platform.config import USAGE_SOURCE_PROMETHEUS, Config, ConfigError, describe
 from shared.platform.kube import Kube

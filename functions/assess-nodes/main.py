@@ -1,6 +1,6 @@
 """assess-nodes: pod failure reports in, node health records and suspect marks out.
 
-The entry point only; the logic is shared.nodehealth (blame: the decisions; assess: the I/O).
+The entry point only; the logic is shared.nodes.assess_nodes (decide, and handler: the I/O).
 Its Trigger sends it io.kn-rescheduler.pod.failing, .rescheduled and .exhausted; its
 PingSource a tick that expires old suspicions. Replies io.kn-rescheduler.node.suspected when a
 node turns suspect (a type no Trigger of ours sends back here).
@@ -13,7 +13,7 @@ import os
 import flask
 import functions_framework
 
-from shared.nodehealth.assess import Assessor
+from shared.nodes.assess_nodes.handler import Assessor
 from shared.platform import events, logs
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube

@@ -1,6 +1,6 @@
 """detect-failures: ApiServerSource pod events in, io.kn-rescheduler.pod.failing out.
 
-The entry point only; the decision is shared.rescheduling.detect (pure, no API access).
+The entry point only; the decision is shared.pods.detect_failures.decide (pure, no API access).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functions_framework
 
 from shared.platform import events, logs
 from shared.platform.config import Config, describe
-from shared.rescheduling.detect import detect
+from shared.pods.detect_failures.decide import detect
 
 FUNCTION = "detect-failures"
 logs.configure(FUNCTION)

@@ -1,7 +1,7 @@
 """label-nodes: a PingSource tick in, Nodes under pressure labelled (dynamicScheduler's
 ``status=presure``); ``GET /status`` and ``GET /nodes`` as the seed offers.
 
-The entry point only; the logic is shared.pressure. The settings and the rule file are read
+The entry point only; the logic is shared.nodes.label_nodes. The settings and the rule file are read
 at start-up: a missing Prometheus address or a rule file we cannot use stops the function with
 a message naming the setting, the rule and the field.
 """
@@ -14,13 +14,13 @@ import os
 import flask
 import functions_framework
 
-from shared.constants import PING_EVENT_TYPE
+from shared.api.keys import PING_EVENT_TYPE
+from shared.nodes.label_nodes.handler import Labeler
+from shared.nodes.label_nodes.rules import load_rules
 from shared.platform import events, logs
 from shared.platform.config import Config, ConfigError, describe
 from shared.platform.kube import Kube, KubeError
 from shared.platform.prometheus import Prometheus
-from shared.pressure.labeler import Labeler
-from shared.pressure.rules import load_rules
 
 FUNCTION = "label-nodes"
 logs.configure(FUNCTION)

@@ -1,6 +1,6 @@
 """mutate-admission: AdmissionReview v1 for pod CREATE, always allowed, maybe patched.
 
-The entry point only; the logic is shared.admission.review. Served over TLS (the API server calls
+The entry point only; the logic is shared.admission.handler. Served over TLS (the API server calls
 webhooks over HTTPS only): gunicorn with --certfile/--keyfile, see knative/ and docs. With
 TLS_CLIENT_CA_FILE set, gunicorn also requires a client certificate signed by that CA, so only
 an API server configured with one (its AdmissionConfiguration) gets an answer
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import flask
 import functions_framework
 
-from shared.admission.review import Admitter
+from shared.admission.handler import Admitter
 from shared.platform import logs, metrics
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube

@@ -3,7 +3,7 @@
 workload, and one reply ``io.kn-rescheduler.pod.rebalanced`` per evaluation that evicted.
 ``GET /status`` shows the last evaluations.
 
-The entry point only; the logic is shared.loadaware (rebalance: the decisions; rebalancer: the
+The entry point only; the logic is shared.nodes.rebalance_nodes (decide, and handler: the
 I/O). Usage comes from the annotation annotate-usage writes on each Node: no Prometheus here.
 """
 
@@ -15,8 +15,8 @@ import os
 import flask
 import functions_framework
 
-from shared.constants import PING_EVENT_TYPE
-from shared.loadaware.rebalancer import Rebalancer
+from shared.api.keys import PING_EVENT_TYPE
+from shared.nodes.rebalance_nodes.handler import Rebalancer
 from shared.platform import events, logs
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube

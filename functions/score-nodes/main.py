@@ -3,7 +3,7 @@
 The scheduler calls ``urlPrefix + "/" + verb`` with ``ExtenderArgs`` (the pod and the Node
 objects left after its own filters) and waits for the answer before it binds, so this function
 does no I/O at all: the decisions come from the Node objects in the request
-(shared.loadaware.extender), the wire format is shared.loadaware.extender_http. Every
+(shared.nodes.score_nodes.decide), the wire format is shared.nodes.score_nodes.handler. Every
 configuration we ship marks the extender ``ignorable``, so an answer that is not 200 (or no
 answer) only means the scheduler places the pod without us.
 
@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 import flask
 import functions_framework
 
-from shared.loadaware import extender
-from shared.loadaware.extender_http import (
+from shared.nodes.score_nodes import decide as extender
+from shared.nodes.score_nodes.handler import (
     LATENCY,
     NODE_DECISIONS,
     REQUESTS,

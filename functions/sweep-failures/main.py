@@ -1,6 +1,6 @@
 """sweep-failures: a PingSource tick in, failing-pod events out to the Broker (K_SINK).
 
-The entry point only; the logic is shared.rescheduling.sweep.
+The entry point only; the logic is shared.pods.sweep_failures.handler.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import functions_framework
 from shared.platform import events, logs
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
-from shared.rescheduling.sweep import Sweeper
+from shared.pods.sweep_failures.handler import Sweeper
 
 FUNCTION = "sweep-failures"
 logs.configure(FUNCTION)

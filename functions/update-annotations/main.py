@@ -1,6 +1,6 @@
 """update-annotations: io.kn-rescheduler.pod.failing in, the pod moved and its move recorded.
 
-The entry point only; the logic is shared.rescheduling.reschedule. Replies
+The entry point only; the logic is shared.pods.update_annotations.handler. Replies
 io.kn-rescheduler.pod.rescheduled or .exhausted (never a type its own Trigger matches).
 """
 
@@ -14,7 +14,7 @@ import functions_framework
 from shared.platform import events, logs
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
-from shared.rescheduling.reschedule import Rescheduler
+from shared.pods.update_annotations.handler import Rescheduler
 
 FUNCTION = "update-annotations"
 logs.configure(FUNCTION)

@@ -1,7 +1,7 @@
-"""The admission webhook: stamp new pods (and Jobs) with what rescheduling decided.
+"""The admission webhook (mutate-admission): stamp new pods and Jobs with what the pod domain
+recorded on their owner and what the node domain wrote on Nodes.
 
-`mutation` is the pure patch of a new pod, built from the state the rescheduling domain keeps
-on its owner; `review` answers the AdmissionReview around it. Separate because it runs on the
-API server's request path, where it must never block a pod's creation, and it only reads
-what the rescheduling domain decided, never decides a move.
+`decide` is the pure patch of a new pod; `handler` answers the AdmissionReview around it. It
+runs on the API server's request path, where it must never block a pod's creation, and it
+only reads the contract (shared.api) through the workload model, never decides a move.
 """

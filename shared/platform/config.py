@@ -23,8 +23,8 @@ from typing import Any, Final
 
 import yaml
 
-from shared.constants import DEFAULT_NAMESPACE, PRESSURE_LABEL_KEY, PRESSURE_LABEL_VALUE
-from shared.platform.durations import parse_duration
+from shared.api.keys import DEFAULT_NAMESPACE, PRESSURE_LABEL_KEY, PRESSURE_LABEL_VALUE
+from shared.api.times import parse_duration
 from shared.platform.profiles import DEFAULT_PROFILE, PROFILES
 
 # A bound on what a user can ask for: enough for any sane workload, small enough that a typo

@@ -41,7 +41,7 @@ from cloudevents import exceptions as ce_exceptions
 from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent, from_http
 
-from shared.constants import EVENT_SOURCE_PREFIX
+from shared.api.keys import EVENT_SOURCE_PREFIX
 from shared.platform import kube, logs, metrics
 
 log = logging.getLogger(__name__)

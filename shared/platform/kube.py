@@ -37,7 +37,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from shared.constants import COMPONENT
+from shared.api.keys import COMPONENT
 
 log = logging.getLogger(__name__)
 

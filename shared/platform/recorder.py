@@ -18,10 +18,11 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
-from shared.constants import COMPONENT
+from shared.api.keys import COMPONENT
+from shared.api.times import format_time
 from shared.platform import kube
 
 log = logging.getLogger(__name__)
@@ -57,26 +58,6 @@ class Involved:
     @property
     def event_namespace(self) -> str:
         return self.namespace or CLUSTER_EVENTS_NAMESPACE
-
-
-def parse_time(raw: object) -> datetime:
-    """An RFC 3339 time as the API server and CloudEvents write it, as an aware datetime in UTC.
-    Raises ValueError for anything else, a time without a zone included."""
-    if not isinstance(raw, str) or not raw:
-        raise ValueError(f"not a time: {raw!r}")
-    value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    if value.tzinfo is None:
-        raise ValueError(f"a time without a zone: {raw!r}")
-    return value.astimezone(UTC)
-
-
-def format_time(value: datetime) -> str:
-    """An aware datetime the way the API server writes it (second precision, Z)."""
-    if value.tzinfo is None:
-        raise ValueError("timestamps must be timezone-aware")
-    moment = value.astimezone(UTC)
-    # Four-digit years whatever the platform's strftime does with years before 1000.
-    return f"{moment.year:04d}-" + moment.strftime("%m-%dT%H:%M:%SZ")
 
 
 def event_name(involved: Involved, reason: str, key: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client as k8s
 
 from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_UPDATE,
     LOAD_LABEL,
     MAINTENANCE_LABEL,
@@ -38,9 +38,9 @@ from shared.constants import (
 from shared.platform import events
 from shared.platform.config import Config
 from shared.platform.kube import Kube
-from shared.rescheduling.detect import detect
-from shared.rescheduling.reschedule import Rescheduler
-from shared.rescheduling.state import WorkloadState, load_state
+from shared.pods.detect_failures.decide import detect
+from shared.pods.update_annotations.handler import Rescheduler
+from shared.workloads.state import WorkloadState, load_state
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment
 from tests.handlers.conftest import function_client  # noqa: F401 - shared fixture

@@ -20,7 +20,7 @@ import yaml
 from kubernetes import client as k8s
 
 from localcluster.bins import ensure_bins
-from shared.constants import DEFAULT_NAMESPACE
+from shared.api.keys import DEFAULT_NAMESPACE
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 KNATIVE_DIR: Final = REPO_ROOT / "knative"

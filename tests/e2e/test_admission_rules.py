@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,

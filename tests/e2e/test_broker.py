@@ -28,7 +28,7 @@ from werkzeug.wrappers import Request, Response
 
 from pipeline import triggers as trigger_manifests
 from pipeline.broker import DISPATCHER_PORT, KnativeBroker
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_ADD,
     APISERVER_DELETE,
     APISERVER_UPDATE,

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from shared.constants import POLICY_ANNOTATION, REASON_RESCHEDULED
+from shared.api.keys import POLICY_ANNOTATION, REASON_RESCHEDULED
 from shared.platform.kube import Kube
-from shared.rescheduling.bodies import ORIGIN_ANNOTATION
+from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION
 from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
 

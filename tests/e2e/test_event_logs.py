@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import EVENT_POD_EXHAUSTED, EVENT_POD_FAILING, POLICY_ANNOTATION
+from shared.api.keys import EVENT_POD_EXHAUSTED, EVENT_POD_FAILING, POLICY_ANNOTATION
 from shared.platform import logs
 from shared.platform.kube import Kube
 from stack.stack import Stack

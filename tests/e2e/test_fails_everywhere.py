@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from shared.constants import POLICY_ANNOTATION, REASON_MOVES_STOPPED, REASON_RETRIES_EXHAUSTED
+from shared.api.keys import POLICY_ANNOTATION, REASON_MOVES_STOPPED, REASON_RETRIES_EXHAUSTED
 from shared.platform.kube import Kube
-from shared.rescheduling.state import WorkloadState
+from shared.workloads.state import WorkloadState
 from tests.e2e.conftest import Loop, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, only, pods, ready
 

@@ -35,15 +35,15 @@ import pytest
 from kubernetes import client as k8s
 
 from localcluster.procs import Proc
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
     POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,
 )
 from shared.platform.config import Config
-from shared.rescheduling.classify import classify
-from shared.rescheduling.failing import FailingPod
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import classify
 from stack.functions import FUNCTIONS, command, free_port
 from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (

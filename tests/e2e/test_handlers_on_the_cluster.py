@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import EVENT_POD_FAILING, EVENT_POD_RESCHEDULED, STATE_ANNOTATION
+from shared.api.keys import EVENT_POD_FAILING, EVENT_POD_RESCHEDULED, STATE_ANNOTATION
 from shared.platform.kube import Kube
 from tests.e2e.conftest import Loop, pod_template, wait_for
 from tests.e2e.knative_manifests import kubeconfig_for, service_account_token

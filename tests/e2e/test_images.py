@@ -32,10 +32,10 @@ import pytest
 from kubernetes import client as k8s
 
 from bench import images
-from shared.constants import EVENT_POD_FAILING, POLICY_ANNOTATION
+from shared.api.keys import EVENT_POD_FAILING, POLICY_ANNOTATION
 from shared.platform.config import Config
-from shared.rescheduling.classify import classify
-from shared.rescheduling.failing import FailingPod
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import classify
 from stack.functions import FUNCTIONS, free_port
 from stack.webhook import make_tls
 from tests.e2e.conftest import wait_for

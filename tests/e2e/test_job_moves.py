@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     IGNORE_DISRUPTIONS_ANNOTATION,
     POLICY_ANNOTATION,
     REASON_JOB_RETRIES_SPENT,

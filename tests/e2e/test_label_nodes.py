@@ -22,7 +22,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster import Cluster
-from shared.constants import (
+from shared.api.keys import (
     PING_EVENT_TYPE,
     PRESSURE_ANNOTATION,
     PRESSURE_LABEL_KEY,
@@ -30,12 +30,12 @@ from shared.constants import (
     SIM_CPU_USAGE_ANNOTATION,
     SIM_MEMORY_USAGE_ANNOTATION,
 )
+from shared.nodes.label_nodes.handler import Labeler
+from shared.nodes.label_nodes.rules import load_rules
 from shared.platform import kube as kubeapi
 from shared.platform.config import Config
 from shared.platform.kube import Kube
 from shared.platform.prometheus import Prometheus
-from shared.pressure.labeler import Labeler
-from shared.pressure.rules import load_rules
 from stack.functions import ROOT, command
 from tests.e2e.conftest import wait_for
 from tests.handlers.conftest import ClientFactory, cloudevent

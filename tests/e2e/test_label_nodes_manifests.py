@@ -19,8 +19,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from shared.nodes.label_nodes.rules import DEFAULT_RULES, parse_rules
 from shared.platform.config import Config
-from shared.pressure.rules import DEFAULT_RULES, parse_rules
 from tests.e2e.knative_manifests import (
     NAMESPACE,
     Obj,
@@ -137,7 +137,7 @@ class Can:
         )
 
 
-# Exactly the calls shared/pressure/labeler.py makes through shared/platform/kube.py.
+# Exactly the calls shared/nodes/label_nodes/handler.py makes through shared/platform/kube.py.
 ALLOWED = [Can("list", "nodes"), Can("patch", "nodes")]
 DENIED = [
     # The near misses on Nodes: no delete (no drain), no status (no cordon), no watch, no

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
+from shared.api.times import parse_duration
 from shared.platform.config import USAGE_SOURCE_PROMETHEUS, Config
-from shared.platform.durations import parse_duration
 from tests.e2e.knative_manifests import (
     KNATIVE_DIR,
     KSVC,

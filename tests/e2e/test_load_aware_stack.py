@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import requests
 
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME, LOAD_LABEL
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, LOAD_LABEL
 from shared.platform.kube import Kube
 from stack.functions import free_port
 from stack.stack import Stack

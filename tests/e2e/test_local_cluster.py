@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from localcluster import FAULT_ANNOTATION, Cluster
 from localcluster import pki as lpki
 from localcluster.procs import cmdline, names_path, pid_alive
-from shared.constants import SIM_FAULT_LABEL
+from shared.api.keys import SIM_FAULT_LABEL
 
 pytestmark = pytest.mark.e2e
 

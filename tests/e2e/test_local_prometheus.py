@@ -27,9 +27,9 @@ from localcluster import Cluster
 from localcluster.__main__ import cluster_processes
 from localcluster.procs import cmdline, pid_alive
 from localcluster.prometheus import LocalPrometheus, find_binary
-from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
-from shared.loadaware.annotate import Measured
-from shared.loadaware.sources import PrometheusSource
+from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
+from shared.nodes.annotate_usage.decide import Measured
+from shared.nodes.annotate_usage.sources import PrometheusSource
 from shared.platform.prometheus import Prometheus
 from stack.functions import free_port
 

@@ -25,8 +25,10 @@ import yaml
 from kubernetes import client as k8s
 from prometheus_client import Counter, Gauge, Histogram
 
-from shared.constants import OPT_OUT_LABEL, OPTED_IN_LABEL
-from shared.loadaware import annotator, extender_http, rebalancer
+from shared.api.keys import OPT_OUT_LABEL, OPTED_IN_LABEL
+from shared.nodes.annotate_usage import handler as annotator
+from shared.nodes.rebalance_nodes import handler as rebalancer
+from shared.nodes.score_nodes import handler as extender_http
 from shared.platform import metrics
 from shared.platform.config import Config
 from stack import webhook as local_webhook

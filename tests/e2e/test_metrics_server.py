@@ -20,14 +20,14 @@ import pytest
 
 from localcluster import Cluster
 from localcluster import metricsserver as ms
-from shared.constants import (
+from shared.api.keys import (
     LOAD_LABEL,
     PING_EVENT_TYPE,
     SIM_CPU_USAGE_ANNOTATION,
     SIM_MEMORY_USAGE_ANNOTATION,
     USAGE_ANNOTATION,
 )
-from shared.loadaware.usage import UsageRecord
+from shared.nodes.usage import UsageRecord
 from tests.handlers.conftest import cloudevent
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     AVOID_PRESSURE_KEY,
     EVENT_NODE_SUSPECTED,
     EVENT_POD_FAILING,
@@ -30,8 +30,8 @@ from shared.constants import (
     SUSPECT_LABEL,
 )
 from shared.platform.kube import Kube
-from shared.rescheduling.classify import Failure, FailureKind
-from shared.rescheduling.failing import FailingPod
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import Failure, FailureKind
 from stack.stack import Stack
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 from tests.e2e.test_pipeline import workload as workload_body

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
     POLICY_ANNOTATION,

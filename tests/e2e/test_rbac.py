@@ -4,10 +4,11 @@ The ServiceAccounts, ClusterRoles and bindings of knative/ are created for real,
 namespace opts its bare pods in with knative/bare-pod-replacement (a RoleBinding); then every
 row below asks, with a SubjectAccessReview, whether that function's ServiceAccount may do one
 thing. The allowed rows are exactly the calls the code makes (shared/platform/kube.py through
-shared/rescheduling/reschedule.py, shared/rescheduling/owners.py, shared/admission/review.py,
-shared/rescheduling/sweep.py); the denied rows are the near misses and the dangerous ones. Creating
-or changing a pod runs any image under any ServiceAccount of its namespace, so update-annotations
-may do it only where a namespace opted in: never cluster-wide, never in kube-system.
+shared/pods/update_annotations/handler.py, shared/workloads/owners.py, shared/admission/handler.py,
+shared/pods/sweep_failures/handler.py); the denied rows are the near misses and the dangerous ones.
+Creating or changing a pod runs any image under any ServiceAccount of its namespace, so
+update-annotations may do it only where a namespace opted in: never cluster-wide, never in
+kube-system.
 
 The second scheduler of knative/components/load-aware-scheduler is checked the same way, with
 its account and bindings created for real: it may bind pods and hold its own lease, with the
@@ -25,8 +26,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME
-from shared.rescheduling import reschedule
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
+from shared.pods.update_annotations import handler as reschedule
 from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
     KNATIVE_DIR,

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster import Cluster, production
-from shared.constants import (
+from shared.api.keys import (
     EVENT_POD_REBALANCED,
     HOT_STREAK_ANNOTATION,
     MAINTENANCE_LABEL,
@@ -32,7 +32,7 @@ from shared.constants import (
     REBALANCE_KEY,
     USAGE_ANNOTATION,
 )
-from shared.loadaware.usage import Reading, UsageRecord
+from shared.nodes.usage import Reading, UsageRecord
 from shared.platform.kube import Kube
 from tests.e2e.conftest import preferring, wait_for
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of

@@ -18,7 +18,7 @@ import yaml
 from kubernetes import client as k8s
 
 from localcluster import Cluster
-from shared.constants import (
+from shared.api.keys import (
     EVENT_POD_REBALANCED,
     HOT_STREAK_ANNOTATION,
     MAINTENANCE_LABEL,
@@ -118,8 +118,8 @@ class Can:
         )
 
 
-# Exactly the calls shared/loadaware/rebalancer.py makes through shared/platform/kube.py and
-# shared/platform/recorder.py.
+# Exactly the calls shared/nodes/rebalance_nodes/handler.py makes through shared/platform/kube.py
+# and shared/platform/recorder.py.
 ALLOWED = [
     Can("list", "nodes"),
     Can("patch", "nodes"),

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     OPTED_IN_LABEL,
     POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,

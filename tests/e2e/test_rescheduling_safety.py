@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import POLICY_ANNOTATION
+from shared.api.keys import POLICY_ANNOTATION
 from shared.platform.config import Config
 from shared.platform.kube import Kube
 from tests.e2e.conftest import Loop, Webhook, pod_template, state_of, wait_for

@@ -7,7 +7,7 @@ the Deployment's annotations onto its newest ReplicaSet on every sync, over what
 ReplicaSet holds, and onto every ReplicaSet it creates. Without care, every state write on the
 rolled-back ReplicaSet is undone a moment later (the count never grows: moves without end), and
 the next rollout's ReplicaSet is born with the old one's exclusions. See
-shared/rescheduling/rollouts.py.
+shared/pods/update_annotations/rollouts.py.
 
 Every node is faulty in these stories, so a pod moved anywhere fails again: only the budget
 stops the moves.
@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from kubernetes import config as k8s_config
 
-from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.platform.kube import Kube
-from shared.rescheduling.reschedule import last_trace
-from shared.rescheduling.state import load_state
+from shared.pods.update_annotations.handler import last_trace
+from shared.workloads.state import load_state
 from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
 from tests.e2e.knative_manifests import kubeconfig_for, service_account_token
 from tests.e2e.test_rescheduling import events_for, failing_pod, pods, ready, required_exclusions

@@ -36,7 +36,7 @@ from kubernetes import client as k8s
 from localcluster.bins import ensure_bins
 from localcluster.procs import Proc
 from localcluster.rest import ApiError
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
 from stack.functions import free_port
 from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (

@@ -27,7 +27,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from shared.constants import (
+from shared.api.keys import (
     EVENT_POD_RESCHEDULED,
     POLICY_ANNOTATION,
     SIM_FAULT_LABEL,

@@ -26,7 +26,7 @@ from werkzeug.wrappers import Request, Response
 
 from pipeline.broker import KnativeBroker
 from pipeline.source import ApiServerSource
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
     EXCLUDED_NODES_ANNOTATION,

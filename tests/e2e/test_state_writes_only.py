@@ -20,10 +20,10 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.platform import kube
 from shared.platform.kube import Kube
-from shared.rescheduling import bodies
+from shared.pods.update_annotations import bodies
 from tests.e2e.conftest import pod_template, wait_for
 from tests.e2e.knative_manifests import (
     Obj,

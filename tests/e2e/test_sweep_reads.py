@@ -14,7 +14,7 @@ import pytest
 
 from shared.platform.config import Config
 from shared.platform.kube import Kube
-from shared.rescheduling.sweep import Sweeper
+from shared.pods.sweep_failures.handler import Sweeper
 
 pytestmark = pytest.mark.e2e
 

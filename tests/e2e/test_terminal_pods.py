@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from shared.constants import POLICY_ANNOTATION
+from shared.api.keys import POLICY_ANNOTATION
+from shared.api.times import parse_kube_time
 from shared.platform.kube import Kube, NotFound
-from shared.rescheduling.policy import parse_kube_time
 from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, only, pods, ready
 

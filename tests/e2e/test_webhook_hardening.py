@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client as k8s
 
 from localcluster.procs import Proc
-from shared.constants import POLICY_ANNOTATION
+from shared.api.keys import POLICY_ANNOTATION
 from stack import webhook as webhook_setup
 from stack.functions import FunctionServer, environment, free_port
 from tests.e2e.conftest import wait_for

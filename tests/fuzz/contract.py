@@ -1,8 +1,8 @@
 """The one allowance the fuzzers make the decision code: a pod no API server could have sent
 (a field of the wrong type, in a forged or corrupted event) may be refused as malformed.
 
-The decision functions of shared.rescheduling.classify raise
-`shared.rescheduling.podshape.MalformedPod` when they trip over such a field; detect-failures
+The decision functions of shared.workloads.classify raise
+`shared.workloads.podshape.MalformedPod` when they trip over such a field; detect-failures
 answers 400 for it and the sweep skips the pod. The fuzzers hold them to exactly that: MalformedPod
 only for a pod drawn with fields of any type, only when `malformed` names the field, and never
 another exception, for any pod.
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from hypothesis import event
 
 from shared.platform import events
-from shared.rescheduling.podshape import MalformedPod, malformed
+from shared.workloads.podshape import MalformedPod, malformed
 
 
 @contextlib.contextmanager

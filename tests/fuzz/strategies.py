@@ -21,7 +21,7 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from shared.constants import (
+from shared.api.keys import (
     APISERVER_ADD,
     APISERVER_DELETE,
     APISERVER_UPDATE,
@@ -32,11 +32,11 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
+from shared.api.kubetypes import Pod
 from shared.platform.config import Config
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.classify import classify, unschedulable_due_to_exclusions
-from shared.rescheduling.failing import FailingPod
-from shared.rescheduling.state import MAX_NODE_NAME_LENGTH
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import classify, unschedulable_due_to_exclusions
+from shared.workloads.state import MAX_NODE_NAME_LENGTH
 from tests.unit import pods
 from tests.unit.pods import NOW
 

@@ -14,8 +14,8 @@ import jsonpatch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.admission.mutation import OwnerFacts, mutate
-from shared.constants import (
+from shared.admission.decide import OwnerFacts, mutate
+from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
     OPT_OUT_LABEL,
@@ -23,9 +23,9 @@ from shared.constants import (
     POLICY_STAMP_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
 )
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.policy import parse_retries
-from shared.rescheduling.state import is_valid_node_name
+from shared.api.kubetypes import Pod
+from shared.workloads.policy import parse_retries
+from shared.workloads.state import is_valid_node_name
 from tests.fuzz import strategies as s
 from tests.unit import pods
 from tests.unit.apivalidation import api_server_errors

@@ -11,20 +11,19 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION
+from shared.api.keys import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION
+from shared.api.times import parse_duration, parse_kube_time
 from shared.platform.config import MAX_RETRIES
-from shared.platform.durations import parse_duration
-from shared.rescheduling.classify import Failure, excluded_nodes_of, policy_of
-from shared.rescheduling.failing import FailingPod
-from shared.rescheduling.policy import (
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import Failure, excluded_nodes_of, policy_of
+from shared.workloads.policy import (
     DEFAULT_RESET_AFTER,
     InvalidPolicy,
     ResetAfter,
-    parse_kube_time,
     parse_reset_after,
     parse_retries,
 )
-from shared.rescheduling.state import (
+from shared.workloads.state import (
     PodEntry,
     StateError,
     WorkloadState,

@@ -5,7 +5,7 @@ the sweep on every pod.
 The contract: on a pod the API server could have sent (every field of its type, contents
 anything) every decision returns its answer and never raises. On a pod with a field of the
 wrong type (a forged or corrupted event) it returns its answer or raises MalformedPod, and only
-when `shared.rescheduling.podshape.malformed` names the field; never another exception.
+when `shared.workloads.podshape.malformed` names the field; never another exception.
 detect-failures turns MalformedPod into a malformed event (400), the sweep skips the pod and judges
 the others.
 """
@@ -19,10 +19,13 @@ from typing import Any
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.platform import events
 from shared.platform.config import Config
-from shared.rescheduling.classify import (
+from shared.pods.detect_failures.decide import detect
+from shared.pods.failing import FailingPod
+from shared.pods.sweep_failures.handler import find_failures
+from shared.workloads.classify import (
     Failure,
     FailureKind,
     classify,
@@ -31,10 +34,7 @@ from shared.rescheduling.classify import (
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
-from shared.rescheduling.detect import detect
-from shared.rescheduling.failing import FailingPod
-from shared.rescheduling.podshape import malformed
-from shared.rescheduling.sweep import find_failures
+from shared.workloads.podshape import malformed
 from tests.fuzz import strategies as s
 from tests.fuzz.contract import refused_as_malformed, refusing_only_malformed
 from tests.unit.pods import NOW

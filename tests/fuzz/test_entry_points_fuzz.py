@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shared.constants import EVENT_POD_FAILING, POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.api.keys import EVENT_POD_FAILING, POLICY_ANNOTATION, STATE_ANNOTATION
 from tests.fuzz import strategies as s
 from tests.handlers.conftest import ClientFactory
 from tests.unit import pods
@@ -49,7 +49,7 @@ pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 EVENT_ANSWERS = {200, 202, 400}
 # How detect-failures words a 400 for a pod with a field of the wrong type
-# (shared.rescheduling.detect).
+# (shared.pods.detect_failures.decide).
 MALFORMED = "not a pod the API server sends"
 
 

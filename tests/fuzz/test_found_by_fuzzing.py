@@ -21,15 +21,18 @@ from typing import Any
 
 import pytest
 
-from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING, EXCLUDED_NODES_ANNOTATION
+from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING, EXCLUDED_NODES_ANNOTATION
+from shared.api.times import parse_kube_time
 from shared.platform import events, logs
 from shared.platform.config import Config
-from shared.rescheduling.classify import classify, excluded_nodes_of
-from shared.rescheduling.detect import detect
-from shared.rescheduling.podshape import MalformedPod, judged, malformed
-from shared.rescheduling.policy import parse_kube_time, parse_retries
-from shared.rescheduling.state import PodEntry, StateError, WorkloadState, dump_state, load_state
-from shared.rescheduling.sweep import find_failures
+from shared.pods.detect_failures.decide import detect
+from shared.pods.sweep_failures.handler import find_failures
+from shared.workloads.classify import classify, excluded_nodes_of
+from shared.workloads.podshape import MalformedPod, judged, malformed
+from shared.workloads.policy import (
+    parse_retries,
+)
+from shared.workloads.state import PodEntry, StateError, WorkloadState, dump_state, load_state
 from tests.fuzz.strategies import nested
 from tests.handlers.conftest import ClientFactory, cloudevent
 from tests.unit import pods
@@ -147,7 +150,7 @@ def test_the_webhook_answers_a_nested_body_with_400(
 # The classifier assumes every field has the type the API server gives it; a pod with another
 # (a forged or hand-made event) raised AttributeError or TypeError, and detect-failures
 # answered 500, which the Broker retries and dead-letters. Fixed: when the decision code trips
-# over a field, shared.rescheduling.podshape checks the pod against what the API server writes and
+# over a field, shared.workloads.podshape checks the pod against what the API server writes and
 # raises MalformedPod naming the field; detect-failures answers 400, the sweep skips the pod. A
 # crash on a pod of the right shape is still a crash: that is a bug of ours, not malformed input.
 ILL_TYPED = pytest.mark.parametrize(
@@ -239,7 +242,7 @@ def test_a_zero_padded_policy_within_the_maximum_is_read(value: str) -> None:
 
 # -- F5: years before 1000 --------------------------------------------------------------------
 
-# format_kube_time used strftime("%Y"), which writes the year 999 as "999", not "0999":
+# format_time used strftime("%Y"), which writes the year 999 as "999", not "0999":
 # load_state then refused the state we wrote (a hand-edited entry read fine was written back
 # unreadable), and update-annotations answered 500 for that workload until a person edited
 # it. Fixed: years are written with four digits.
@@ -335,7 +338,7 @@ def test_detect_failures_answers_a_failing_pod_without_a_uid_with_400(
 # server always writes. So a pod with `"restartCount": null` counts as well shaped, the
 # crash-loop rule's `in_a_row < restarts` raises TypeError, and it is re-raised as a bug of
 # ours: detect-failures answered 500. Found by test_one_field_fuzz.py. Fixed in
-# shared/rescheduling/podshape.py: null passes only for timestamp fields (the TIME leaf shape); the
+# shared/workloads/podshape.py: null passes only for timestamp fields (the TIME leaf shape); the
 # pod is then malformed: MalformedPod, 400, skipped by the sweep, like F3.
 NULL_RESTART_COUNT = ("status", "containerStatuses", 0, "restartCount")
 

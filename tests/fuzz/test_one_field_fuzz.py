@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from shared.constants import APISERVER_UPDATE
+from shared.api.keys import APISERVER_UPDATE
 from shared.platform import events
 from shared.platform.config import Config
-from shared.rescheduling.detect import detect
-from shared.rescheduling.podshape import MalformedPod, malformed
-from shared.rescheduling.sweep import find_failures
+from shared.pods.detect_failures.decide import detect
+from shared.pods.sweep_failures.handler import find_failures
+from shared.workloads.podshape import MalformedPod, malformed
 from tests.fuzz.conftest import EXAMPLES, FAILING
 from tests.fuzz.strategies import POD_BUILDERS, parent_of, paths_in
 from tests.unit.pods import NOW

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.constants import APISERVER_ADD, APISERVER_DELETE, APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.api.keys import APISERVER_ADD, APISERVER_DELETE, APISERVER_UPDATE, EVENT_POD_FAILING
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 from tests.unit import pods
 

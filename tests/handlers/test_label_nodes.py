@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from shared.nodes.label_nodes.rules import RulesError
 from shared.platform.config import ConfigError
-from shared.pressure.rules import RulesError
 from tests.handlers.conftest import ClientFactory, cloudevent
 
 PING = "dev.knative.sources.ping"

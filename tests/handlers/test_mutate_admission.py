@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import jsonpatch
 
-from shared.constants import (
+from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     OPT_OUT_LABEL,
     OPTED_IN_LABEL,

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import jsonpatch
 
-from shared.constants import IGNORE_DISRUPTIONS_ANNOTATION
+from shared.api.keys import IGNORE_DISRUPTIONS_ANNOTATION
 from tests.handlers.conftest import ClientFactory
 from tests.unit.test_jobs import IGNORE_DISRUPTIONS, job
 

@@ -19,8 +19,8 @@ import flask.testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
-from shared.loadaware.usage import Reading, UsageRecord
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
+from shared.nodes.usage import Reading, UsageRecord
 from shared.platform.config import ConfigError
 from tests.handlers.conftest import ClientFactory
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.constants import EVENT_POD_FAILING
+from shared.api.keys import EVENT_POD_FAILING
 from shared.platform.config import Config
 from shared.platform.events import Event
-from shared.rescheduling.detect import detect
+from shared.pods.detect_failures.decide import detect
 from tests.handlers.conftest import ClientFactory, cloudevent
 from tests.unit import pods
 

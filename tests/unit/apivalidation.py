@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, cast
 
-from shared.platform.kubetypes import Pod
+from shared.api.kubetypes import Pod
 
 # IsDNS1123Subdomain: at most 253 characters of this shape.
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from shared.constants import EXCLUDED_NODES_ANNOTATION, POLICY_STAMP_ANNOTATION
-from shared.platform.kubetypes import ContainerStatus, Pod
+from shared.api.keys import EXCLUDED_NODES_ANNOTATION, POLICY_STAMP_ANNOTATION
+from shared.api.kubetypes import ContainerStatus, Pod
 
 NOW = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 IMAGE = "registry.example.com/shop/web:1.4.2"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Final, cast
 
-from shared.platform.kubetypes import Pod
+from shared.api.kubetypes import Pod
 from tests.unit import pods
 
 PASSWORD: Final = "hunter2-s3cr3t-db-pa55"

@@ -9,9 +9,9 @@ from typing import Any, cast
 import jsonpatch
 import pytest
 
-from shared.admission.mutation import Mutation, OwnerFacts, mutate, node_exclusion_requirements
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.state import MAX_EXCLUDED_NODES
+from shared.admission.decide import Mutation, OwnerFacts, mutate, node_exclusion_requirements
+from shared.api.kubetypes import Pod
+from shared.workloads.state import MAX_EXCLUDED_NODES
 
 from . import pods
 from .apivalidation import api_server_errors

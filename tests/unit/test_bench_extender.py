@@ -10,8 +10,8 @@ import pytest
 
 from bench.__main__ import main
 from bench.extender import SIZES, extender_args
-from shared.loadaware import extender
-from shared.loadaware.extender_http import parse_args
+from shared.nodes.score_nodes import decide as extender
+from shared.nodes.score_nodes.handler import parse_args
 from shared.platform.config import Config
 
 NOW = datetime(2026, 11, 23, 18, 0, tzinfo=UTC)

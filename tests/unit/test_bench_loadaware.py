@@ -41,7 +41,7 @@ from bench.loadaware import (
 )
 from bench.report import load_section
 from bench.report import main as report_main
-from shared.constants import LOAD_AWARE_KEY, LOAD_AWARE_SCHEDULER_NAME, LOAD_LABEL, REBALANCE_KEY
+from shared.api.keys import LOAD_AWARE_KEY, LOAD_AWARE_SCHEDULER_NAME, LOAD_LABEL, REBALANCE_KEY
 
 GI = 1024**3
 CPUS = {"node-0": 8.0, "node-1": 8.0}
@@ -407,7 +407,7 @@ def test_the_section_of_a_load_only_run_is_printed_for_results_md(
 
 def test_a_pod_is_steered_by_load_when_it_prefers_nodes_by_their_load_label() -> None:
     steered = pod("a", "node-1")
-    # What mutate-admission injects (shared/admission/mutation.py SoftAvoid on the load label).
+    # What mutate-admission injects (shared/admission/decide.py SoftAvoid on the load label).
     steered["spec"]["affinity"] = {
         "nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [

@@ -25,9 +25,9 @@ from bench.throughput import (
     summarise,
     usage_record,
 )
-from shared.constants import LOAD_AWARE_SCHEDULER_NAME
-from shared.loadaware import extender
-from shared.loadaware.extender_http import parse_args
+from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
+from shared.nodes.score_nodes import decide as extender
+from shared.nodes.score_nodes.handler import parse_args
 from shared.platform.config import Config
 from stack.up import load_aware_scheduler_config
 

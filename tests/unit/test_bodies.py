@@ -9,10 +9,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.admission.mutation import OwnerFacts, mutate
-from shared.constants import EXCLUDED_NODES_ANNOTATION, STATE_ANNOTATION
+from shared.admission.decide import OwnerFacts, mutate
+from shared.api.keys import EXCLUDED_NODES_ANNOTATION, STATE_ANNOTATION
 from shared.platform.config import Config
-from shared.rescheduling.bodies import (
+from shared.pods.failing import FailingPod
+from shared.pods.update_annotations.bodies import (
     ORIGIN_ANNOTATION,
     event_body,
     event_name,
@@ -21,9 +22,8 @@ from shared.rescheduling.bodies import (
     replacement_pod,
     state_patch,
 )
-from shared.rescheduling.classify import classify
-from shared.rescheduling.failing import FailingPod
-from shared.rescheduling.owners import Ref
+from shared.workloads.classify import classify
+from shared.workloads.owners import Ref
 from tests.unit import pods
 
 ZONE_A = {"key": "zone", "operator": "In", "values": ["a"]}

@@ -22,9 +22,9 @@ from bench.chaos.invariants import Snapshot
 from localcluster.podstatus import terminated_status
 from pipeline.broker import dead_letter_line
 from pipeline.cloudevent import Event
-from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
-from shared.rescheduling.bodies import ORIGIN_ANNOTATION, event_name
-from shared.rescheduling.owners import Ref
+from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION, event_name
+from shared.workloads.owners import Ref
 from tests.unit import pods
 
 JSON = dict[str, Any]

@@ -8,9 +8,10 @@ from typing import NamedTuple
 
 import pytest
 
+from shared.api.kubetypes import Pod
 from shared.platform.config import Config
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.classify import (
+from shared.pods.sweep_failures.handler import find_failures
+from shared.workloads.classify import (
     Failure,
     FailureKind,
     classify,
@@ -22,8 +23,7 @@ from shared.rescheduling.classify import (
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
-from shared.rescheduling.policy import InvalidPolicy
-from shared.rescheduling.sweep import find_failures
+from shared.workloads.policy import InvalidPolicy
 
 from . import pods
 from .pods import (

@@ -17,16 +17,16 @@ from typing import Any, cast
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     LOAD_AWARE_SCHEDULER_NAME,
     MAINTENANCE_LABEL,
     OPT_OUT_LABEL,
     USAGE_ANNOTATION,
 )
-from shared.loadaware import extender
-from shared.loadaware.usage import Estimate, Reading, UsageRecord
+from shared.api.kubetypes import Node, Pod
+from shared.nodes.score_nodes import decide as extender
+from shared.nodes.usage import Estimate, Reading, UsageRecord
 from shared.platform.config import Config
-from shared.platform.kubetypes import Node, Pod
 from tests.unit.nodes import node
 from tests.unit.pods import mirror, pod
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from shared.constants import SUSPECT_LABEL
-from shared.nodehealth.fastpath import early_config, is_suspect
+from shared.api.keys import SUSPECT_LABEL
 from shared.platform.config import Config
 from shared.platform.events import Event
-from shared.rescheduling.detect import detect
+from shared.pods.detect_failures.decide import detect
+from shared.workloads.fastpath import early_config, is_suspect
 from tests.unit import nodes, pods
 from tests.unit.test_node_blame import reply_after_move
 

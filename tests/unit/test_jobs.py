@@ -1,4 +1,4 @@
-"""What a move costs a Job, and the webhook's "ignore disruptions" rule (shared.rescheduling.jobs).
+"""What a move costs a Job, and the webhook's "ignore disruptions" rule (shared.workloads.jobs).
 
 Jobs are shaped as a 1.36 API server returns them (defaulted: backoffLimit, completionMode,
 podReplacementPolicy, the controller-uid selector), pods as a kubelet writes them. What the
@@ -15,9 +15,9 @@ from typing import Any, cast
 import jsonpatch
 import pytest
 
-from shared.constants import JOB_INDEX_FAILURE_COUNT_ANNOTATION, JOB_TRACKING_FINALIZER
-from shared.platform.kubetypes import Job, Pod
-from shared.rescheduling.jobs import (
+from shared.api.keys import JOB_INDEX_FAILURE_COUNT_ANNOTATION, JOB_TRACKING_FINALIZER
+from shared.api.kubetypes import Job, Pod
+from shared.workloads.jobs import (
     JobFacts,
     Outcome,
     Verdict,

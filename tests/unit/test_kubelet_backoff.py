@@ -24,9 +24,9 @@ from localcluster.podstatus import (
     pod_status,
     restart_delay,
 )
+from shared.api.kubetypes import Pod
 from shared.platform.config import Config
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.classify import classify
+from shared.workloads.classify import classify
 
 from . import pods
 from .pods import NOW

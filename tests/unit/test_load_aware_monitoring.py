@@ -21,7 +21,9 @@ import pytest
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
-from shared.loadaware import annotator, extender_http, rebalancer
+from shared.nodes.annotate_usage import handler as annotator
+from shared.nodes.rebalance_nodes import handler as rebalancer
+from shared.nodes.score_nodes import handler as extender_http
 from shared.platform import metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.platform import logs
 from shared.platform.config import Config
-from shared.rescheduling.classify import classify
-from shared.rescheduling.failing import FailingPod
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import classify
 from tests.unit import pods
 from tests.unit.secret_pods import SECRETS, with_secrets
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     REASON_EXCLUSIONS_CLEARED,
     REASON_MOVE_DEFERRED,
     REASON_REPLACEMENT_NOT_ALLOWED,
@@ -23,17 +23,17 @@ from shared.constants import (
 )
 from shared.platform import kube
 from shared.platform.config import Config
-from shared.rescheduling.bodies import event_name
-from shared.rescheduling.classify import Failure, FailureKind
-from shared.rescheduling.owners import Ref
-from shared.rescheduling.reschedule import (
+from shared.pods.update_annotations.bodies import event_name
+from shared.pods.update_annotations.handler import (
     BARE_POD_CLUSTER_ROLE,
     Rescheduler,
     Step,
     deferral_for,
     moved,
 )
-from shared.rescheduling.state import Action, Plan
+from shared.workloads.classify import Failure, FailureKind
+from shared.workloads.owners import Ref
+from shared.workloads.state import Action, Plan
 
 NOW = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 EVICT = "POST /api/v1/namespaces/shop/pods/web-7d9c8b6f4-x2x9z/eviction"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
@@ -18,7 +18,9 @@ from shared.constants import (
     REASON_RESCHEDULED,
     SUSPECT_LABEL,
 )
-from shared.nodehealth.blame import (
+from shared.api.nodehealth import MAX_FAILURES, NodeHealth, RecordError, Seen, load
+from shared.api.workloadid import family
+from shared.nodes.assess_nodes.decide import (
     Blame,
     NodeFacts,
     NotEvidence,
@@ -31,17 +33,15 @@ from shared.nodehealth.blame import (
     over_cap,
     within_cap,
 )
-from shared.nodehealth.record import MAX_FAILURES, NodeHealth, RecordError, Seen, load
-from shared.nodehealth.workload import family
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.platform.events import Event
-from shared.rescheduling.bodies import replacement_name
-from shared.rescheduling.detect import detect
-from shared.rescheduling.failing import FailingPod
-from shared.rescheduling.owners import Resolution, holder_of
-from shared.rescheduling.reschedule import Rescheduler
-from shared.rescheduling.state import Action, Plan
+from shared.pods.detect_failures.decide import detect
+from shared.pods.failing import FailingPod
+from shared.pods.update_annotations.bodies import replacement_name
+from shared.pods.update_annotations.handler import Rescheduler
+from shared.workloads.owners import Resolution, holder_of
+from shared.workloads.state import Action, Plan
 from tests.unit import nodes, pods
 from tests.unit import test_jobs as jobs_builder
 from tests.unit.test_owners import replicaset

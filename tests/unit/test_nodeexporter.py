@@ -25,7 +25,7 @@ from localcluster.nodeexporter import (
 )
 from localcluster.prometheus import SECOND_JOB, argv, config, target_groups
 from localcluster.rest import Rest
-from shared.constants import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
+from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 JSON = dict[str, Any]
 

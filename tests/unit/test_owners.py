@@ -7,8 +7,8 @@ from typing import Any, cast
 import pytest
 
 from shared.platform.kube import Kube
-from shared.rescheduling.owners import Holder, Ref, holder_of, resolve
-from shared.rescheduling.state import StatefulSetRange
+from shared.workloads.owners import Holder, Ref, holder_of, resolve
+from shared.workloads.state import StatefulSetRange
 
 from . import pods
 

@@ -17,7 +17,7 @@ from localcluster.podstatus import (
     has_pod_initialized,
     terminated_status,
 )
-from shared.platform.kubetypes import ContainerStatus, Pod
+from shared.api.kubetypes import ContainerStatus, Pod
 
 from . import pods
 from .pods import NOW, crash_looping, last_terminated, running, terminated, ts, waiting

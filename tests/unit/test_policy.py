@@ -6,15 +6,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.platform.durations import format_duration, parse_duration
-from shared.rescheduling.policy import (
+from shared.api.times import format_duration, format_time, parse_duration, parse_kube_time
+from shared.workloads.policy import (
     DEFAULT_RESET_AFTER,
     BudgetScope,
     InvalidPolicy,
     OwnerKind,
     Policy,
-    format_kube_time,
-    parse_kube_time,
     parse_reset_after,
     parse_retries,
 )
@@ -132,7 +130,7 @@ def test_reset_after_uses_the_configured_default() -> None:
 
 def test_api_timestamps_round_trip() -> None:
     moment = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
-    assert format_kube_time(moment) == "2026-03-14T09:26:53Z"
+    assert format_time(moment) == "2026-03-14T09:26:53Z"
     assert parse_kube_time("2026-03-14T09:26:53Z") == moment
 
 
@@ -143,7 +141,7 @@ def test_unreadable_timestamps_are_none(value: str | None) -> None:
 
 def test_naive_datetimes_cannot_be_formatted() -> None:
     with pytest.raises(ValueError, match="timezone"):
-        format_kube_time(datetime(2026, 3, 14))
+        format_time(datetime(2026, 3, 14))
 
 
 BUDGETS = {

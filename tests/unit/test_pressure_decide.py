@@ -13,9 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.constants import PRESSURE_ANNOTATION
-from shared.platform.config import Config
-from shared.pressure.decide import (
+from shared.api.keys import PRESSURE_ANNOTATION
+from shared.nodes.label_nodes.decide import (
     Action,
     Decision,
     NodeView,
@@ -25,8 +24,9 @@ from shared.pressure.decide import (
     decide,
     hands_off,
 )
-from shared.pressure.labeler import node_patch, node_view
-from shared.pressure.rules import Fires, Rule
+from shared.nodes.label_nodes.handler import node_patch, node_view
+from shared.nodes.label_nodes.rules import Fires, Rule
+from shared.platform.config import Config
 from tests.unit.nodes import node
 
 NOW = datetime(2026, 11, 23, 15, 0, 0, tzinfo=UTC)

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.platform.config import ConfigError
-from shared.pressure.rules import (
+from shared.nodes.label_nodes.rules import (
     DEFAULT_RULES,
     MEMORY_AVAILABLE,
     Fires,
@@ -23,6 +22,7 @@ from shared.pressure.rules import (
     load_rules,
     parse_rules,
 )
+from shared.platform.config import ConfigError
 
 A_FILE = """
 rules:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.platform import quantity
+from shared.api import quantity
 
 
 @pytest.mark.parametrize(

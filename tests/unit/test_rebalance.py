@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     HOT_STREAK_ANNOTATION,
     LOAD_AWARE_SCHEDULER_NAME,
     LOAD_LABEL,
@@ -25,7 +25,8 @@ from shared.constants import (
     OPT_OUT_LABEL,
     USAGE_ANNOTATION,
 )
-from shared.loadaware.rebalance import (
+from shared.api.kubetypes import Node, Pod
+from shared.nodes.rebalance_nodes.decide import (
     CPU_ABOVE_MEAN,
     CPU_OVER_THRESHOLD,
     MAINTENANCE,
@@ -39,10 +40,9 @@ from shared.loadaware.rebalance import (
     plan,
     read_streak,
 )
-from shared.loadaware.usage import Estimate, Reading, UsageRecord
+from shared.nodes.usage import Estimate, Reading, UsageRecord
 from shared.platform.config import Config, ConfigError
-from shared.platform.kubetypes import Node, Pod
-from shared.rescheduling.jobs import JobFacts
+from shared.workloads.jobs import JobFacts
 from tests.unit.nodes import node
 from tests.unit.pods import pod as base_pod
 from tests.unit.pods import uid

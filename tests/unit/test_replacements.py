@@ -7,8 +7,12 @@ from typing import NamedTuple
 
 import pytest
 
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.replacements import is_terminal_failure, label_selector, redirects
+from shared.api.kubetypes import Pod
+from shared.pods.update_annotations.replacements import (
+    is_terminal_failure,
+    label_selector,
+    redirects,
+)
 
 from . import pods
 from .pods import NOW

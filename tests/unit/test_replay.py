@@ -6,7 +6,7 @@ import io
 import json
 from pathlib import Path
 
-from shared.constants import APISERVER_UPDATE, EVENT_POD_FAILING
+from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from tests.unit import pods
 from tools import replay
 

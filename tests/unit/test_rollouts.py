@@ -8,11 +8,11 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from shared.constants import POLICY_ANNOTATION, STATE_ANNOTATION
-from shared.rescheduling.owners import Ref, Resolution, holder_of
-from shared.rescheduling.policy import OwnerKind, Policy
-from shared.rescheduling.rollouts import deployment_of, settle, strip_state_patch
-from shared.rescheduling.state import (
+from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.pods.update_annotations.rollouts import deployment_of, settle, strip_state_patch
+from shared.workloads.owners import Ref, Resolution, holder_of
+from shared.workloads.policy import OwnerKind, Policy
+from shared.workloads.state import (
     Action,
     FailureFacts,
     WorkloadState,

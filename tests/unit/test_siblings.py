@@ -1,6 +1,6 @@
 """Which other pods of a workload say that their node is failing it now.
 
-The decisions of shared.rescheduling.siblings.
+The decisions of shared.workloads.siblings.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any, NamedTuple, cast
 
 import pytest
 
+from shared.api.kubetypes import Pod
 from shared.platform.config import Config
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.classify import classify
-from shared.rescheduling.everywhere import ALONE, Health, health_of, witnesses_of
-from shared.rescheduling.siblings import (
+from shared.workloads.classify import classify
+from shared.workloads.everywhere import ALONE, Health, health_of, witnesses_of
+from shared.workloads.siblings import (
     JOB_COMPLETION_INDEX_LABEL,
     FailingSibling,
     failing_siblings,
@@ -209,7 +209,7 @@ def test_a_failing_sibling_says_where_and_why() -> None:
     assert found == FailingSibling("web-7d9c8b6f4-k8m2p", "node-b", "CrashLoopBackOff")
 
 
-# -- the other pods as witnesses: is the workload healthy anywhere? (shared.rescheduling.everywhere)
+# -- the other pods as witnesses: is the workload healthy anywhere? (shared.workloads.everywhere)
 
 
 def ready_since(p: Pod, since: datetime) -> Pod:

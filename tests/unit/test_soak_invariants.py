@@ -5,7 +5,7 @@ Pods come from the shared builders (tests/unit/pods.py, shaped as kubelet v1.36 
 with the annotation the local kubelet stamps on every pod it admits (the fault it gave it,
 localcluster/kubelet.py). Nodes come from tests/unit/nodes.py, with ``managedFields`` shaped as
 the API server writes them for an Update (a merge patch) by a field manager. Events are named as
-the product names them (shared/rescheduling/bodies.py ``event_name``).
+the product names them (shared/pods/update_annotations/bodies.py ``event_name``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from bench.soak import invariants
 from bench.soak.invariants import NodeSeen, OperatorWrite, PodFacts, Record
-from shared.constants import (
+from shared.api.keys import (
     COMPONENT,
     PRESSURE_LABEL_KEY,
     PRESSURE_LABEL_VALUE,
@@ -29,8 +29,8 @@ from shared.constants import (
     SIM_FAULT_LABEL,
     SUSPECT_LABEL,
 )
-from shared.rescheduling.bodies import event_name
-from shared.rescheduling.owners import Ref
+from shared.pods.update_annotations.bodies import event_name
+from shared.workloads.owners import Ref
 from tests.unit import nodes, pods
 
 JSON = dict[str, Any]

@@ -13,12 +13,12 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from shared.admission.mutation import OwnerFacts, SoftAvoid, mutate
-from shared.admission.review import Admitter
-from shared.constants import AVOID_PRESSURE_KEY, LOAD_AWARE_KEY, LOAD_LABEL, SUSPECT_LABEL
+from shared.admission.decide import OwnerFacts, SoftAvoid, mutate
+from shared.admission.handler import Admitter
+from shared.api.keys import AVOID_PRESSURE_KEY, LOAD_AWARE_KEY, LOAD_LABEL, SUSPECT_LABEL
 from shared.platform import kube
 from shared.platform.config import Config
-from shared.rescheduling.owners import Holder, Ref
+from shared.workloads.owners import Holder, Ref
 
 from . import pods
 from .apivalidation import api_server_errors

@@ -16,13 +16,13 @@ from pipeline.source import (
     guess_resource,
     selector_string,
 )
-from shared.constants import DEFAULT_NAMESPACE, OPTED_IN_LABEL, OPTED_IN_VALUE
+from shared.api.keys import DEFAULT_NAMESPACE, OPTED_IN_LABEL, OPTED_IN_VALUE
 
 
 def test_the_shipped_source_watches_only_pods_the_webhook_labelled_in_every_namespace() -> None:
     spec = from_manifest(MANIFEST)
     assert spec.resources == ("v1/pods",)
-    # The same key and value the webhook writes (shared.admission.mutation), or no pod would ever
+    # The same key and value the webhook writes (shared.admission.decide), or no pod would ever
     # match.
     assert spec.label_selector == f"{OPTED_IN_LABEL}={OPTED_IN_VALUE}"
     assert spec.namespaces == ()

@@ -10,13 +10,13 @@ from typing import NamedTuple
 
 import pytest
 
-from shared.constants import REASON_MOVES_STOPPED
+from shared.api.keys import REASON_MOVES_STOPPED
+from shared.api.kubetypes import Pod
 from shared.platform.config import Config
-from shared.platform.kubetypes import Pod
-from shared.rescheduling.classify import Failure, FailureKind, classify
-from shared.rescheduling.everywhere import ALONE, Health, Stopped, Witness, Witnesses
-from shared.rescheduling.policy import OwnerKind, Policy
-from shared.rescheduling.state import (
+from shared.workloads.classify import Failure, FailureKind, classify
+from shared.workloads.everywhere import ALONE, Health, Stopped, Witness, Witnesses
+from shared.workloads.policy import OwnerKind, Policy
+from shared.workloads.state import (
     MAX_EXCLUDED_NODES,
     MAX_STATE_BYTES,
     Action,
@@ -1258,7 +1258,7 @@ def test_recording_sibling_nodes_twice_equals_recording_them_once() -> None:
     assert other.also_excluded == ()
 
 
-# -- a workload that fails the same way everywhere (shared.rescheduling.everywhere) ---------------
+# -- a workload that fails the same way everywhere (shared.workloads.everywhere) ---------------
 
 TWO = Policy(3, RS, replicas=2)
 CRASHING = Witness("web-7d9c8b6f4-b7k2m", "node-c", Health.FAILED, "failing on node-c")

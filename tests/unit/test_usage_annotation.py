@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from shared.constants import (
+from shared.api.keys import (
     LOAD_LABEL,
     MAINTENANCE_LABEL,
     NODE_OPT_OUT_LABEL,
     USAGE_ANNOTATION,
 )
-from shared.loadaware.annotate import Measured, bucket_for, decide_node, to_record
-from shared.loadaware.usage import Estimate, Reading, UsageRecord, allocatable
+from shared.nodes.annotate_usage.decide import Measured, bucket_for, decide_node, to_record
+from shared.nodes.usage import Estimate, Reading, UsageRecord, allocatable
 from shared.platform.config import Config
 from tests.unit.nodes import node
 

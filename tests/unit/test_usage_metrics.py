@@ -16,9 +16,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.constants import OPT_OUT_LABEL
-from shared.loadaware.annotate import Measured
-from shared.loadaware.annotator import Annotator
+from shared.api.keys import OPT_OUT_LABEL
+from shared.nodes.annotate_usage.decide import Measured
+from shared.nodes.annotate_usage.handler import Annotator
 from shared.platform import metrics
 from shared.platform.config import Config
 from tests.unit.nodes import node

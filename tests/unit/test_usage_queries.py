@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.loadaware.sources import queries
+from shared.nodes.annotate_usage.sources import queries
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(

@@ -14,8 +14,10 @@ from typing import Any, cast
 
 import pytest
 
-from shared.constants import USAGE_ANNOTATION
-from shared.loadaware.usage import (
+from shared.api import quantity
+from shared.api.keys import USAGE_ANNOTATION
+from shared.api.kubetypes import Node, Pod
+from shared.nodes.usage import (
     Estimate,
     Reading,
     Resources,
@@ -28,8 +30,6 @@ from shared.loadaware.usage import (
     read_usage,
     scheduled_at,
 )
-from shared.platform import quantity
-from shared.platform.kubetypes import Node, Pod
 from tests.unit.nodes import node
 from tests.unit.pods import pod, ts
 

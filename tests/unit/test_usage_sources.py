@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from shared.loadaware.sources import MetricsApiSource, PrometheusSource, SourceDown, queries
+from shared.nodes.annotate_usage.sources import (
+    MetricsApiSource,
+    PrometheusSource,
+    SourceDown,
+    queries,
+)
 from shared.platform import kube as kubeapi
 from shared.platform import prometheus as prom
 

@@ -1,0 +1,148 @@
+"""The health record assess-nodes keeps on each Node: which workloads failed there, and when.
+
+Functions are stateless, so the record lives on the Node itself, in the versioned JSON
+annotation ``kn-rescheduler.io/node-health``, written with a resourceVersion compare-and-swap
+exactly like a workload's state. It must stay right under at-least-once, unordered delivery:
+
+- a failure is identified by the failing pod's uid, so the same failure delivered twice (or
+  reported by several events: ``failing``, then ``rescheduled``) is one entry;
+- its time is the time the reporting event carries, not the time we handled it, so the same
+  events in any order give the same record;
+- it is bounded: failures older than the window are dropped at every write, and at most
+  ``MAX_FAILURES`` entries are kept (the newest).
+
+A record we cannot read is never trusted and never overwritten blindly: the handler answers
+500 (the event is kept in the dead-letter sink) and a person looks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from shared.api.times import format_time, parse_time
+from shared.api.workloadid import family
+
+RECORD_VERSION: Final = 1
+# Enough for any node a handful of workloads fail on; a node where more fail at once is
+# suspect long before the oldest entries matter.
+MAX_FAILURES: Final = 32
+# The annotation stays far below the API's 256 KiB limit on all annotations of an object.
+MAX_RECORD_BYTES: Final = 16 * 1024
+
+
+class RecordError(ValueError):
+    """The annotation holds something that is not a node-health record we can read."""
+
+
+@dataclass(frozen=True, order=True)
+class Seen:
+    """One failure seen on the node: a pod of a workload, its reason, when it was reported."""
+
+    at: datetime
+    # "Kind namespace/name" as the report named it: the top-level workload (a reply's
+    # topWorkload), or the pod's controller (a pod.failing report, an older reply), or the bare
+    # pod; counted by its family (shared.api.workloadid).
+    workload: str
+    pod: str  # the failing pod's uid
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "at": format_time(self.at),
+            "workload": self.workload,
+            "pod": self.pod,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    failures: tuple[Seen, ...] = ()
+    # When the node was marked suspect (None: it is not), and by which workloads.
+    suspect_since: datetime | None = None
+    suspect_workloads: tuple[str, ...] = ()
+
+    @property
+    def suspect(self) -> bool:
+        return self.suspect_since is not None
+
+    def recent(self, now: datetime, window: timedelta) -> tuple[Seen, ...]:
+        """The failures inside the window ending now, oldest first."""
+        return tuple(seen for seen in self.failures if seen.at > now - window)
+
+    def workloads(self, now: datetime, window: timedelta) -> tuple[str, ...]:
+        """The distinct top-level workloads that failed here inside the window, each named as
+        its newest report names it, sorted (``shared.api.workloadid.family``)."""
+        newest = {family(seen.workload): seen.workload for seen in self.recent(now, window)}
+        return tuple(sorted(newest.values()))
+
+    def last_failure(self) -> datetime | None:
+        return max((seen.at for seen in self.failures), default=None)
+
+    def with_failure(self, seen: Seen) -> NodeHealth:
+        """The record with ``seen`` added; the same pod seen again keeps its newest report."""
+        kept = [old for old in self.failures if old.pod != seen.pod]
+        previous = [old for old in self.failures if old.pod == seen.pod]
+        newest = max([seen, *previous], key=lambda s: s.at)
+        merged = sorted([*kept, newest])
+        return replace(self, failures=tuple(merged[-MAX_FAILURES:]))
+
+    def pruned(self, now: datetime, window: timedelta) -> NodeHealth:
+        return replace(self, failures=self.recent(now, window))
+
+    def to_json(self) -> str:
+        out: dict[str, Any] = {
+            "version": RECORD_VERSION,
+            "failures": [seen.to_json() for seen in self.failures],
+        }
+        if self.suspect_since is not None:
+            out["suspect"] = {
+                "since": format_time(self.suspect_since),
+                "workloads": list(self.suspect_workloads),
+            }
+        return json.dumps(out, separators=(",", ":"), sort_keys=True)
+
+
+def load(raw: str | None) -> NodeHealth:
+    """The record in the annotation; an empty one when there is none."""
+    if raw is None or raw == "":
+        return NodeHealth()
+    if len(raw) > MAX_RECORD_BYTES:
+        raise RecordError(f"the node-health record is {len(raw)} bytes, over {MAX_RECORD_BYTES}")
+    try:
+        data = json.loads(raw)
+    except ValueError as err:
+        raise RecordError(f"the node-health record is not JSON: {err}") from err
+    if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
+        raise RecordError(f"not a version {RECORD_VERSION} node-health record")
+    entries = data.get("failures")
+    if not isinstance(entries, list):
+        raise RecordError("the node-health record has no list of failures")
+    failures: list[Seen] = []
+    try:
+        for entry in entries:
+            if not isinstance(entry, dict):
+                raise ValueError("a failure is not an object")
+            fields = [entry.get(key) for key in ("workload", "pod", "reason")]
+            if not all(isinstance(value, str) and value for value in fields):
+                raise ValueError(f"a failure without workload, pod or reason: {entry}")
+            failures.append(
+                Seen(parse_time(entry.get("at")), str(fields[0]), str(fields[1]), str(fields[2]))
+            )
+        suspect = data.get("suspect")
+        since: datetime | None = None
+        workloads: tuple[str, ...] = ()
+        if suspect is not None:
+            if not isinstance(suspect, dict):
+                raise ValueError("suspect is not an object")
+            since = parse_time(suspect.get("since"))
+            listed = suspect.get("workloads") or []
+            if not isinstance(listed, list) or not all(isinstance(w, str) for w in listed):
+                raise ValueError("suspect workloads is not a list of names")
+            workloads = tuple(listed)
+    except ValueError as err:
+        raise RecordError(f"the node-health record is malformed: {err}") from err
+    return NodeHealth(tuple(sorted(failures)[-MAX_FAILURES:]), since, workloads)

@@ -1,0 +1,276 @@
+"""annotate-usage's handler: one evaluation of node usage, written onto the Nodes that changed.
+
+An evaluation lists the Nodes, asks the source (Prometheus or the Metrics API) for each node's
+usage, lists the bound pods once (for the estimate of just-bound pods), lets the pure decision
+(shared.nodes.annotate_usage.decide) say what each node carries afterwards, and writes only the
+Nodes whose record or bucket changes, with a JSON merge patch of the usage annotation and the load
+label alone. No resourceVersion precondition, for the reason label-nodes gives: the patch
+touches only keys this function owns, one evaluation runs at a time (one pod, one request), and
+what it writes depends only on those keys and on the measurement.
+
+The source down is not a failed evaluation: nothing new is written, records age, buckets of
+nodes whose records went stale are removed, the outage is logged, counted and shown on
+``/status``, and the Ping is answered 202 (its adapter's retries last 1.5 s; an outage does
+not). What a retry can fix (the API server throttling or briefly unreachable) is answered 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, cast
+
+from prometheus_client import Counter, Gauge
+
+from shared.api.keys import opted_out
+from shared.api.kubetypes import Node, Pod
+from shared.nodes.annotate_usage.decide import Measured, NodeDecision, decide_node
+from shared.nodes.annotate_usage.sources import Source, SourceDown
+from shared.nodes.usage import Estimate, allocatable, estimate
+from shared.platform import kube as kubeapi
+from shared.platform.config import Config
+from shared.platform.kube import Kube
+
+log = logging.getLogger(__name__)
+
+EVALUATIONS: Final = Counter(
+    "knr_usage_evaluations_total",
+    "annotate-usage evaluations, by outcome (ok; outage: the usage source did not answer).",
+    ["outcome"],
+)
+NODE_WRITES: Final = Counter(
+    "knr_usage_node_writes_total", "Nodes whose usage annotation or load label was written."
+)
+SOURCE_UP: Final = Gauge(
+    "knr_usage_source_up", "1 when the last evaluation got usage from its source, else 0."
+)
+# The seed's metric names: each node's usage as the last evaluation measured it (percent of
+# allocatable), so dashboards built for it keep working. A node's series is removed when the
+# node is gone or opted out: otherwise /metrics grows with every node a cluster ever had (an
+# autoscaled cluster replaces its nodes daily), and a dashboard shows the last value of a node
+# that no longer exists.
+CPU_PERCENT: Final = Gauge(
+    "node_cpu_usage_percent", "Node CPU usage, percent of allocatable.", ["node"]
+)
+MEMORY_PERCENT: Final = Gauge(
+    "node_memory_usage_percent", "Node memory usage, percent of allocatable.", ["node"]
+)
+
+
+@dataclass
+class Status:
+    """What ``/status`` shows: this process's last evaluations."""
+
+    source: str
+    last_evaluation: datetime | None = None
+    last_success: datetime | None = None
+    source_up: bool | None = None
+    last_error: str = ""
+    measured: int = 0
+    buckets: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "source_up": self.source_up,
+            "last_evaluation": _precise(self.last_evaluation),
+            "last_success": _precise(self.last_success),
+            "last_error": self.last_error,
+            "measured": self.measured,
+            "buckets": dict(sorted(self.buckets.items())),
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation's outcome, for logs and tests."""
+
+    at: datetime
+    decisions: tuple[NodeDecision, ...]
+    outage: str
+    written: tuple[str, ...]
+
+
+def _name(obj: Node | Pod) -> str:
+    return (obj.get("metadata") or {}).get("name", "")
+
+
+def _internal_ips(nodes: Iterable[Node]) -> dict[str, list[str]]:
+    return {
+        _name(n): [
+            a.get("address", "")
+            for a in (n.get("status") or {}).get("addresses") or ()
+            if a.get("type") == "InternalIP"
+        ]
+        for n in nodes
+        if _name(n)
+    }
+
+
+class Annotator:
+    def __init__(
+        self,
+        kube: Kube,
+        source: Source,
+        config: Config,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.kube = kube
+        self.source = source
+        self.config = config
+        self.clock = clock
+        self.status = Status(source.name)
+        self._lock = threading.Lock()
+        # The nodes this process exports a usage gauge for.
+        self._gauged: set[str] = set()
+
+    def evaluate(self) -> Evaluation:
+        with self._lock:
+            return self._evaluate()
+
+    def _evaluate(self) -> Evaluation:
+        nodes = [cast(Node, node) for node in self.kube.list_all("Node")]
+        outage = ""
+        measured: dict[str, Measured] = {}
+        try:
+            measured = self.source.sample(_internal_ips(nodes))
+        except SourceDown as err:
+            outage = str(err)
+        now = self.clock()
+        pods_by_node = self._recent_pods(now) if measured else {}
+        decisions = []
+        for node in nodes:
+            name = _name(node)
+            capacity = allocatable(node)
+            guess = Estimate()
+            if capacity is not None and name in pods_by_node:
+                guess = estimate(
+                    pods_by_node[name],
+                    capacity,
+                    now,
+                    self.config.usage_estimate_window,
+                    self.config.usage_estimate_factor,
+                )
+            decisions.append(
+                decide_node(
+                    node,
+                    measured.get(name),
+                    capacity,
+                    guess,
+                    self.source.name,
+                    self.config,
+                    now,
+                )
+            )
+        written = self._write(decisions)
+        listed = {_name(n) for n in nodes if not opted_out((n.get("metadata") or {}).get("labels"))}
+        self._record(now, decisions, measured, outage, listed)
+        return Evaluation(now, tuple(decisions), outage, written)
+
+    def _recent_pods(self, now: datetime) -> dict[str, list[Pod]]:
+        """Bound pods by node. One LIST of every bound pod (paged); a failure leaves the
+        estimate out of this evaluation rather than the measurement."""
+        if self.config.usage_estimate_window.total_seconds() <= 0:
+            return {}
+        by_node: dict[str, list[Pod]] = {}
+        try:
+            for raw in self.kube.list_all("Pod", field_selector="spec.nodeName!="):
+                pod = cast(Pod, raw)
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node:
+                    by_node.setdefault(node, []).append(pod)
+        except kubeapi.KubeError as err:
+            log.warning("listing pods for the estimate failed (%s); measured usage only", err)
+            return {}
+        return by_node
+
+    def _write(self, decisions: Iterable[NodeDecision]) -> tuple[str, ...]:
+        written = []
+        transient: list[str] = []
+        for decision in decisions:
+            if not decision.write:
+                continue
+            try:
+                self.kube.merge_patch("Node", None, decision.node, decision.patch())
+            except kubeapi.NotFound:
+                log.info("node %s is gone; nothing to write", decision.node)
+                continue
+            except kubeapi.Transient as err:
+                transient.append(f"{decision.node}: {err}")
+                continue
+            written.append(decision.node)
+            NODE_WRITES.inc()
+            log.info(
+                "node %s: usage written, load %s (%s)",
+                decision.node,
+                decision.bucket or "unlabelled",
+                decision.reason,
+                extra={"node": decision.node, "bucket": decision.bucket},
+            )
+        if transient:
+            # The other nodes got their writes; the next tick retries these.
+            raise kubeapi.Transient("; ".join(transient))
+        return tuple(written)
+
+    def _record(
+        self,
+        now: datetime,
+        decisions: Iterable[NodeDecision],
+        measured: dict[str, Measured],
+        outage: str,
+        listed: set[str],
+    ) -> None:
+        """``listed``: the Nodes of this evaluation that are not opted out; gauges of any other
+        node go."""
+        status = self.status
+        status.last_evaluation = now
+        status.source_up = not outage
+        status.measured = len(measured)
+        buckets: dict[str, int] = {}
+        gauged: set[str] = set()
+        for decision in decisions:
+            if decision.bucket:
+                buckets[decision.bucket] = buckets.get(decision.bucket, 0) + 1
+            record = decision.record
+            if record is not None:
+                CPU_PERCENT.labels(node=decision.node).set(record.cpu.now)
+                MEMORY_PERCENT.labels(node=decision.node).set(record.memory.now)
+                gauged.add(decision.node)
+            elif decision.node in self._gauged and decision.node in listed:
+                # Listed but not measured this time (the source is down or lags): the last
+                # value stays, as the record on the Node does.
+                gauged.add(decision.node)
+        for gone in self._gauged - gauged:
+            CPU_PERCENT.remove(gone)
+            MEMORY_PERCENT.remove(gone)
+        self._gauged = gauged
+        status.buckets = buckets
+        SOURCE_UP.set(0 if outage else 1)
+        if outage:
+            status.last_error = outage
+            EVALUATIONS.labels(outcome="outage").inc()
+            log.error(
+                "usage evaluation without data: %s; records age, load labels go once they are "
+                "older than %s",
+                outage,
+                self.config.usage_stale_after,
+            )
+            return
+        status.last_success = now
+        status.last_error = ""
+        EVALUATIONS.labels(outcome="ok").inc()
+        log.info(
+            "usage evaluation: %d nodes measured",
+            len(measured),
+            extra={"buckets": buckets, "outcome": "ok"},
+        )
+
+
+def _precise(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,1 @@
+"""assess-nodes: blame nodes where several workloads failed (decide), mark them (handler)."""

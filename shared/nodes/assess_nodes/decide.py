@@ -1,0 +1,367 @@
+"""Blaming nodes: when the failures of several workloads make a node suspect. Pure decisions.
+
+One workload failing on a node says little: its image, its config or its code may be broken
+everywhere. Several **distinct** workloads failing on the same node within a short window say
+the node is the common cause. So a node turns suspect when at least ``suspect_workloads``
+distinct workloads (2 by default) failed there within ``suspect_window`` (10 minutes). A
+workload is a top-level one (a Deployment, a CronJob, not each rollout's ReplicaSet or each
+run's Job: ``shared.api.workloadid``), counted from the events the pipeline already emits:
+
+- ``io.kn-rescheduler.pod.failing`` (a pod judged failing in a way another node could fix, at
+  the restart threshold),
+- ``io.kn-rescheduler.pod.rescheduled`` and ``.exhausted`` (the move that followed, or the
+  budget that ran out), when their ``kind`` says the full rules called the pod failing.
+
+Only the full rules' verdict is evidence. A fast-path report (``kind: early``: a pod's first
+failure) and the fast-path move that follows it on a node already suspect are not: counted,
+any one-off crash there would keep the node suspect, and suspicion would feed itself. A move
+reported without its ``kind`` (an older update-annotations) is not counted either: it may have
+been a fast-path one, and a threshold move's own ``pod.failing`` report counted already.
+
+A suspect node gets a label and a ``PreferNoSchedule`` taint (never ``NoSchedule`` or
+``NoExecute``; blame never drains a node): soft signals, so a cluster with no other room still
+schedules there. Suspicion expires when the window passes without a new failure there, and at
+most ``suspect_max_share`` of the schedulable nodes are suspect at once: a cluster-wide outage,
+or two workloads broken everywhere, must not mark every node. Nodes carrying the opt-out label
+are never marked.
+
+Everything here is pure: the Node as read, the event, the clock and the settings in; the
+decision, with its reasons, and the request bodies out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from shared.api.keys import (
+    EVENT_POD_EXHAUSTED,
+    EVENT_POD_FAILING,
+    EVENT_POD_RESCHEDULED,
+    NODE_HEALTH_ANNOTATION,
+    NODE_OPT_OUT_LABEL,
+    SUSPECT_LABEL,
+    SUSPECT_TAINT_EFFECT,
+    SUSPECT_VALUE,
+    opted_out,
+)
+from shared.api.nodehealth import NodeHealth, Seen, load
+from shared.api.times import format_duration, parse_time
+from shared.api.workloadid import family, workload_id
+from shared.platform.config import Config
+
+# The pipeline's events that count as evidence against the node a pod failed on.
+BLAME_EVENT_TYPES: Final = frozenset(
+    {EVENT_POD_FAILING, EVENT_POD_RESCHEDULED, EVENT_POD_EXHAUSTED}
+)
+# Only failures the full rules judged another node could fix blame the node (not
+# "unschedulable because of our exclusions", not an early report or move for the fast path):
+# the ``kind`` of a pod.failing report, and of the reply after its move.
+_NODE_FIXABLE: Final = "node-fixable"
+
+
+class NotEvidence(ValueError):
+    """The event is well formed but says nothing against a node (the reason says why)."""
+
+
+@dataclass(frozen=True)
+class Blame:
+    """A failure of a workload's pod on a node, as an event reported it."""
+
+    node: str
+    workload: str
+    pod: str
+    reason: str
+    at: datetime
+
+    def seen(self) -> Seen:
+        return Seen(self.at, self.workload, self.pod, self.reason)
+
+
+def blame_from_event(event_type: str, data: object, event_time: str | None, now: datetime) -> Blame:
+    """The blame an event carries. ValueError: malformed; NotEvidence: nothing to blame.
+
+    The time is the event's own (the CloudEvent ``time`` attribute), so redeliveries and
+    reordering give the same record; a missing or unreadable one is now, a future one is now.
+    """
+    if event_type not in BLAME_EVENT_TYPES:
+        raise NotEvidence(f"{event_type} is not a pod failure report")
+    if not isinstance(data, dict):
+        raise ValueError("event data must be a JSON object")
+    namespace, uid, reason = data.get("namespace"), data.get("uid"), data.get("reason")
+    for key, value in (("namespace", namespace), ("uid", uid), ("reason", reason)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"event data needs a non-empty string {key!r}")
+    node = data.get("node")
+    if node is not None and not isinstance(node, str):
+        raise ValueError("node must be a string")
+    if not node:
+        raise NotEvidence("the pod never reached a node")
+    kind = data.get("kind")
+    if event_type != EVENT_POD_FAILING and kind is None:
+        raise NotEvidence(
+            "a move reported without its kind may be a fast-path one; a threshold move's "
+            "pod.failing report counted already"
+        )
+    if kind != _NODE_FIXABLE:
+        raise NotEvidence(f"a {kind} report is no evidence against the node")
+    if event_type == EVENT_POD_FAILING:
+        workload = _workload_of_failing(data, str(namespace))
+    else:
+        workload = _workload_of_outcome(data, str(namespace))
+    at = now
+    if event_time:
+        try:
+            at = min(parse_time(event_time), now)
+        except ValueError:
+            at = now
+    return Blame(node, workload, str(uid), str(reason), at)
+
+
+def _workload_of_failing(data: Mapping[str, Any], namespace: str) -> str:
+    owners = data.get("ownerReferences") or []
+    if not isinstance(owners, list):
+        raise ValueError("ownerReferences must be a list")
+    for owner in owners:
+        if isinstance(owner, dict) and owner.get("controller") is True:
+            kind, name = owner.get("kind"), owner.get("name")
+            if isinstance(kind, str) and kind and isinstance(name, str) and name:
+                return workload_id(kind, namespace, name)
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("event data needs the pod's name")
+    return workload_id("Pod", namespace, name)
+
+
+def _workload_of_outcome(data: Mapping[str, Any], namespace: str) -> str:
+    """The top-level workload a reply names; the holder for a reply from before it did."""
+    field = "topWorkload" if data.get("topWorkload") is not None else "workload"
+    workload = data.get(field)
+    if not isinstance(workload, dict):
+        raise ValueError(f"event data needs the {field}")
+    kind, name = workload.get("kind"), workload.get("name")
+    if not (isinstance(kind, str) and kind and isinstance(name, str) and name):
+        raise ValueError(f"the {field} needs a kind and a name")
+    return workload_id(kind, namespace, name)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the decisions need of a Node, read from the object the API server returned."""
+
+    name: str
+    uid: str
+    resource_version: str
+    labels: Mapping[str, str]
+    taints: tuple[Mapping[str, Any], ...]
+    record_raw: str | None
+    record: NodeHealth
+    schedulable: bool
+
+    @classmethod
+    def from_node(cls, node: Mapping[str, Any]) -> NodeFacts:
+        """RecordError when the node-health annotation cannot be read."""
+        meta = node.get("metadata") or {}
+        spec = node.get("spec") or {}
+        raw = (meta.get("annotations") or {}).get(NODE_HEALTH_ANNOTATION)
+        return cls(
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            resource_version=str(meta.get("resourceVersion", "")),
+            labels=dict(meta.get("labels") or {}),
+            taints=tuple(dict(t) for t in spec.get("taints") or [] if isinstance(t, dict)),
+            record_raw=raw,
+            record=load(raw),
+            schedulable=not spec.get("unschedulable", False),
+        )
+
+    @property
+    def opted_out(self) -> bool:
+        return opted_out(self.labels)
+
+    @property
+    def labelled(self) -> bool:
+        return self.labels.get(SUSPECT_LABEL) == SUSPECT_VALUE
+
+    @property
+    def tainted(self) -> bool:
+        return any(_is_our_taint(t) for t in self.taints)
+
+
+def _is_our_taint(taint: Mapping[str, Any]) -> bool:
+    return taint.get("key") == SUSPECT_LABEL and taint.get("effect") == SUSPECT_TAINT_EFFECT
+
+
+class Verdict(StrEnum):
+    # Enough distinct workloads failed here: mark it (if the cap allows).
+    MARK = "mark"
+    # Suspect, and failures keep coming: stays suspect.
+    STAYS = "stays"
+    # Suspect, but the window passed without a new failure (or the node opted out): clear it.
+    CLEAR = "clear"
+    # Not suspect and not enough evidence (or opted out): nothing to mark.
+    HEALTHY = "healthy"
+
+
+@dataclass(frozen=True)
+class Assessment:
+    verdict: Verdict
+    # The record to write when the verdict is carried out (MARK: already marked suspect).
+    record: NodeHealth
+    # The distinct top-level workloads that failed here inside the window, each with its latest
+    # report's name and reason.
+    workloads: tuple[tuple[str, str], ...]
+    why: str
+
+    @property
+    def suspect(self) -> bool:
+        return self.verdict in (Verdict.MARK, Verdict.STAYS)
+
+
+def assess(node: NodeFacts, blame: Blame | None, now: datetime, cfg: Config) -> Assessment:
+    """The node's verdict after ``blame`` (None: only the clock moved, as on a Ping)."""
+    window = cfg.suspect_window
+    record = node.record
+    if blame is not None and blame.at > now - window:
+        record = record.with_failure(blame.seen())
+    record = record.pruned(now, window)
+    # One entry per top-level workload, named as its newest report names it.
+    latest: dict[str, Seen] = {}
+    for seen in record.recent(now, window):
+        latest[family(seen.workload)] = seen
+    workloads = tuple(sorted((s.workload, s.reason) for s in latest.values()))
+    names = tuple(w for w, _ in workloads)
+    count = f"{len(names)} distinct workload{'s' if len(names) != 1 else ''}"
+    span = format_duration(window)
+
+    if node.opted_out:
+        verdict = Verdict.CLEAR if (record.suspect or node.labelled or node.tainted) else None
+        why = f"node {node.name} carries the opt-out label {NODE_OPT_OUT_LABEL}"
+        return Assessment(verdict or Verdict.HEALTHY, unmarked(record), workloads, why)
+    if record.suspect:
+        if not names:
+            why = f"no failure on node {node.name} in the last {span}: suspicion expired"
+            return Assessment(Verdict.CLEAR, unmarked(record), workloads, why)
+        why = f"{count} failed on node {node.name} in the last {span}"
+        return Assessment(Verdict.STAYS, replace(record, suspect_workloads=names), workloads, why)
+    if len(names) >= cfg.suspect_workloads:
+        newest = record.last_failure()
+        assert newest is not None
+        why = (
+            f"{count} failed on node {node.name} in the last {span} "
+            f"(suspect from {cfg.suspect_workloads})"
+        )
+        marked = replace(record, suspect_since=newest, suspect_workloads=names)
+        return Assessment(Verdict.MARK, marked, workloads, why)
+    why = (
+        f"{count} failed on node {node.name} in the last {span}, "
+        f"fewer than the {cfg.suspect_workloads} that make it suspect"
+    )
+    return Assessment(Verdict.HEALTHY, record, workloads, why)
+
+
+def unmarked(record: NodeHealth) -> NodeHealth:
+    """The record without its suspicion (its failures kept)."""
+    return replace(record, suspect_since=None, suspect_workloads=())
+
+
+# -- the cap -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A node as the cap ranks it: by distinct workloads failed there, marked ones first on a
+    tie (no churn between equals), then by name (every instance ranks alike)."""
+
+    node: str
+    workloads: int
+    marked: bool
+
+    def rank(self) -> tuple[int, bool, str]:
+        return (-self.workloads, not self.marked, self.node)
+
+
+def allowed_suspects(schedulable_nodes: int, share: float) -> int:
+    """How many nodes may be suspect at once: the share of schedulable nodes, rounded down.
+    (A hair of tolerance so that 30 % of 10 is 3, not 2.9999.)"""
+    return max(0, math.floor(schedulable_nodes * share + 1e-9))
+
+
+@dataclass(frozen=True)
+class CapDecision:
+    mark: bool
+    # Suspect nodes that rank below the candidate and must be cleared to make room.
+    displaced: tuple[str, ...]
+    why: str
+
+
+def within_cap(candidate: Standing, others: Iterable[Standing], allowed: int) -> CapDecision:
+    """May ``candidate`` be marked, given the other suspect nodes and the cap?
+
+    The nodes with the most distinct failing workloads keep the marks: a candidate ranking
+    among the first ``allowed`` is marked (displacing the weakest marked node when the cap is
+    full); one ranking below them is not, and the message says why.
+    """
+    marked = [s for s in others if s.marked and s.node != candidate.node]
+    ranked = sorted([*marked, candidate], key=Standing.rank)
+    kept = {s.node for s in ranked[:allowed]}
+    if candidate.node not in kept:
+        return CapDecision(
+            False,
+            (),
+            f"{len(marked)} of the schedulable nodes are suspect already, the most "
+            f"{allowed} allows; node {candidate.node} ({candidate.workloads} failing "
+            "workloads) ranks below them and is not marked",
+        )
+    displaced = tuple(sorted(s.node for s in marked if s.node not in kept))
+    why = f"within the cap of {allowed} suspect nodes"
+    if displaced:
+        why += f"; {', '.join(displaced)} (fewer failing workloads) cleared to make room"
+    return CapDecision(True, displaced, why)
+
+
+def over_cap(marked: Sequence[Standing], allowed: int) -> tuple[str, ...]:
+    """The marked nodes beyond the cap (two instances marking at once may overshoot it)."""
+    ranked = sorted(marked, key=Standing.rank)
+    return tuple(s.node for s in ranked[allowed:])
+
+
+# -- the request ---------------------------------------------------------------------------------
+
+
+def node_patch(
+    node: NodeFacts, record: NodeHealth, *, suspect: bool, taint: bool
+) -> dict[str, Any] | None:
+    """A merge patch making the Node say what ``record`` and ``suspect`` say; None when it
+    already does (no write).
+
+    The resourceVersion makes it a compare-and-swap: the node lifecycle controller and the
+    kubelet write taints too, and a merge patch replaces the whole ``spec.taints`` list, so
+    a list built from a stale read must not land.
+    """
+    metadata: dict[str, Any] = {}
+    raw = record.to_json()
+    if raw != node.record_raw:
+        metadata["annotations"] = {NODE_HEALTH_ANNOTATION: raw}
+    if suspect and not node.labelled:
+        metadata.setdefault("labels", {})[SUSPECT_LABEL] = SUSPECT_VALUE
+    if not suspect and SUSPECT_LABEL in node.labels:
+        metadata.setdefault("labels", {})[SUSPECT_LABEL] = None
+    body: dict[str, Any] = {}
+    want_taint = suspect and taint
+    if want_taint != node.tainted:
+        others = [dict(t) for t in node.taints if not _is_our_taint(t)]
+        if want_taint:
+            others.append(
+                {"key": SUSPECT_LABEL, "value": SUSPECT_VALUE, "effect": SUSPECT_TAINT_EFFECT}
+            )
+        body["spec"] = {"taints": others}
+    if not metadata and not body:
+        return None
+    metadata["resourceVersion"] = node.resource_version
+    body["metadata"] = metadata
+    return body

@@ -1,0 +1,334 @@
+"""assess-nodes: pod failure reports in, node health records, suspect marks and Events out.
+
+The I/O around ``shared.nodes.assess_nodes.decide``'s decisions:
+
+- a failure report (``io.kn-rescheduler.pod.failing`` / ``.rescheduled`` / ``.exhausted``)
+  is added to the failing node's record with a resourceVersion compare-and-swap (a conflict
+  reads the Node again and decides again). When the node turns suspect, the cap is checked
+  against a list of the nodes, the label, taint and record are written in one patch, a
+  ``NodeSuspected`` Warning is recorded on the Node and the reply
+  ``io.kn-rescheduler.node.suspected`` goes back to the Broker;
+- a Ping (the PingSource, or the local stack's timer) reviews every node with a record or our
+  marks: suspicions whose window passed are cleared (``NodeCleared``), and a node the cap held
+  back is marked once room is free. Expiry therefore does not wait for a failure event that may
+  never come.
+
+Two instances marking two nodes at once may both see room under the cap; after marking, each
+lists the suspect nodes again and takes its own mark back if it ranks beyond the cap, so the
+cap holds once both are done (and both rank alike: the ranking is deterministic).
+
+Answers follow the pipeline's rules: 202 for nothing to do (not evidence, node gone, nothing
+changed), 400 for a malformed report, 503 (Transient) when the API is unreachable or the
+compare-and-swap keeps losing, 500 for a record we cannot read (a person must look).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from shared.api.keys import (
+    EVENT_NODE_SUSPECTED,
+    NODE_HEALTH_ANNOTATION,
+    PING_EVENT_TYPE,
+    REASON_NODE_CLEARED,
+    REASON_NODE_SUSPECTED,
+    REASON_SUSPECT_CAP_REACHED,
+    SUSPECT_LABEL,
+)
+from shared.api.nodehealth import RecordError
+from shared.api.times import format_duration, format_time
+from shared.nodes.assess_nodes import decide
+from shared.nodes.assess_nodes.decide import (
+    Assessment,
+    Blame,
+    CapDecision,
+    NodeFacts,
+    NotEvidence,
+    Standing,
+    Verdict,
+)
+from shared.platform import events, kube
+from shared.platform.config import Config
+from shared.platform.recorder import Involved, Recorder
+
+log = logging.getLogger(__name__)
+
+# Compare-and-swap rounds on one Node before answering 503 (the Broker redelivers).
+MAX_ATTEMPTS: Final = 10
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one node's assessment led to, for the reply and the log."""
+
+    node: str
+    uid: str
+    verdict: Verdict
+    marked: bool
+    written: bool
+    assessment: Assessment
+    cap: CapDecision | None = None
+
+
+class Assessor:
+    def __init__(
+        self, api: kube.Kube, cfg: Config, *, clock: Callable[[], datetime] = utcnow
+    ) -> None:
+        self.api = api
+        self.cfg = cfg
+        self.clock = clock
+
+    # -- entry point --------------------------------------------------------------------------
+
+    def handle(self, event: events.Event) -> events.Reply | None:
+        if event.type == PING_EVENT_TYPE:
+            self.review()
+            return None
+        now = self.clock()
+        try:
+            blame = decide.blame_from_event(
+                event.type, event.data, event.attributes.get("time"), now
+            )
+        except NotEvidence as why:
+            log.info("not evidence against a node: %s", why)
+            return None
+        except ValueError as exc:
+            raise events.BadEvent(str(exc)) from exc
+        outcome = self.blame(blame)
+        if outcome is None or not (outcome.marked and outcome.verdict is Verdict.MARK):
+            return None
+        return self._suspected_reply(outcome)
+
+    # -- one failure ------------------------------------------------------------------------------
+
+    def blame(self, blame: Blame) -> Outcome | None:
+        """Add ``blame`` to its node's record and act on the verdict; None if the node is gone."""
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                node = self.api.get("Node", None, blame.node)
+            except kube.NotFound:
+                log.info("node %s is gone: nothing to record", blame.node)
+                return None
+            try:
+                outcome = self._settle(self._facts(node), blame, None)
+            except kube.Conflict:
+                continue
+            self._tell(outcome)
+            return outcome
+        raise kube.Transient(f"node {blame.node} kept changing: gave up after {MAX_ATTEMPTS} tries")
+
+    # -- the Ping -------------------------------------------------------------------------------
+
+    def review(self) -> list[Outcome]:
+        """Expire old suspicions and mark nodes the cap held back, across the cluster."""
+        nodes = list(self.api.list_all("Node"))
+        outcomes: list[Outcome] = []
+        for node in nodes:
+            meta = node.get("metadata") or {}
+            if NODE_HEALTH_ANNOTATION not in (meta.get("annotations") or {}) and (
+                SUSPECT_LABEL not in (meta.get("labels") or {})
+            ):
+                continue
+            name = str(meta.get("name", ""))
+            try:
+                outcome = self._review_one(node, nodes)
+            except events.MustNotAct as exc:
+                # One unreadable record must not stop the review of the others.
+                log.error("%s; left alone", exc)
+                continue
+            except kube.Transient as exc:
+                log.warning("node %s: %s; next review", name, exc)
+                continue
+            if outcome is not None:
+                self._tell(outcome)
+                outcomes.append(outcome)
+        return outcomes
+
+    def _review_one(
+        self, node: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
+    ) -> Outcome | None:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                try:
+                    node = self.api.get("Node", None, name)
+                except kube.NotFound:
+                    return None
+            facts = self._facts(node)
+            assessment = decide.assess(facts, None, self.clock(), self.cfg)
+            # Only what the clock changed is worth a write: an expiry, or a held-back mark.
+            if (
+                assessment.verdict not in (Verdict.CLEAR, Verdict.MARK)
+                and facts.labelled == assessment.suspect
+            ):
+                return None
+            try:
+                return self._settle(facts, None, nodes if attempt == 0 else None)
+            except kube.Conflict:
+                continue
+        raise kube.Transient(f"node {name} kept changing: gave up after {MAX_ATTEMPTS} tries")
+
+    # -- deciding and writing -------------------------------------------------------------------
+
+    def _facts(self, node: Mapping[str, Any]) -> NodeFacts:
+        try:
+            return NodeFacts.from_node(node)
+        except RecordError as exc:
+            name = (node.get("metadata") or {}).get("name")
+            raise events.MustNotAct(f"node {name}: {exc}") from exc
+
+    def _settle(
+        self,
+        facts: NodeFacts,
+        blame: Blame | None,
+        nodes: Sequence[Mapping[str, Any]] | None,
+    ) -> Outcome:
+        """Decide for one node as read and write the result (Conflict: read again)."""
+        now = self.clock()
+        assessment = decide.assess(facts, blame, now, self.cfg)
+        verdict = assessment.verdict
+        suspect = assessment.suspect
+        cap: CapDecision | None = None
+        record = assessment.record
+        if verdict is Verdict.MARK and not facts.labelled:
+            cap = self._cap(facts, len(assessment.workloads), nodes)
+            if not cap.mark:
+                suspect = False
+                record = decide.unmarked(record)
+        if facts.opted_out and verdict is Verdict.HEALTHY:
+            # Never marked, never written: a node its operator opted out is not ours.
+            return Outcome(facts.name, facts.uid, verdict, False, False, assessment, cap)
+        patch = decide.node_patch(facts, record, suspect=suspect, taint=self.cfg.suspect_taint)
+        if patch is not None:
+            self.api.merge_patch("Node", None, facts.name, patch)
+        if cap is not None and cap.mark:
+            for other in cap.displaced:
+                self._clear(other, f"cleared to make room under the cap for node {facts.name}")
+            if self._beyond_cap(facts.name):
+                self._clear(
+                    facts.name, "another instance marked a node at the same time: over the cap"
+                )
+                cap = CapDecision(False, (), "over the cap after a concurrent mark: taken back")
+                suspect = False
+        return Outcome(facts.name, facts.uid, verdict, suspect, patch is not None, assessment, cap)
+
+    def _cap(
+        self, facts: NodeFacts, workloads: int, nodes: Iterable[Mapping[str, Any]] | None
+    ) -> CapDecision:
+        listed = list(nodes) if nodes is not None else list(self.api.list_all("Node"))
+        standings, schedulable = _standings(listed, facts.name, self.clock(), self.cfg)
+        allowed = decide.allowed_suspects(schedulable, self.cfg.suspect_max_share)
+        return decide.within_cap(Standing(facts.name, workloads, False), standings, allowed)
+
+    def _beyond_cap(self, name: str) -> bool:
+        listed = list(self.api.list_all("Node"))
+        standings, schedulable = _standings(listed, None, self.clock(), self.cfg)
+        allowed = decide.allowed_suspects(schedulable, self.cfg.suspect_max_share)
+        return name in decide.over_cap([s for s in standings if s.marked], allowed)
+
+    def _clear(self, name: str, why: str) -> None:
+        """Take the suspect marks off ``name`` (its failures stay on record)."""
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                facts = self._facts(self.api.get("Node", None, name))
+            except kube.NotFound:
+                return
+            record = decide.unmarked(facts.record)
+            patch = decide.node_patch(facts, record, suspect=False, taint=self.cfg.suspect_taint)
+            if patch is None:
+                return
+            try:
+                self.api.merge_patch("Node", None, name, patch)
+            except kube.Conflict:
+                continue
+            self._recorder().record(
+                _node_ref(facts), REASON_NODE_CLEARED, f"node {name}: {why}", key=why
+            )
+            return
+        raise kube.Transient(f"node {name} kept changing: gave up after {MAX_ATTEMPTS} tries")
+
+    # -- telling people -------------------------------------------------------------------------
+
+    def _recorder(self) -> Recorder:
+        return Recorder(self.api, self.clock)
+
+    def _tell(self, outcome: Outcome) -> None:
+        a = outcome.assessment
+        ref = Involved("Node", "", outcome.node, outcome.uid)
+        log.info(
+            "node %s: %s (%s)",
+            outcome.node,
+            outcome.verdict,
+            a.why,
+            extra={"node": outcome.node, "verdict": str(outcome.verdict), "marked": outcome.marked},
+        )
+        if outcome.verdict is Verdict.MARK and outcome.marked:
+            since = a.record.suspect_since
+            self._recorder().record(
+                ref,
+                REASON_NODE_SUSPECTED,
+                f"{a.why}: {_listing(a.workloads)}; labelled {SUSPECT_LABEL}=true"
+                + (" and tainted PreferNoSchedule" if self.cfg.suspect_taint else "")
+                + f"; cleared after {format_duration(self.cfg.suspect_window)} "
+                "without a new failure",
+                warning=True,
+                key=format_time(since) if since else "",
+                repeat=False,
+            )
+        elif outcome.verdict is Verdict.MARK and outcome.cap is not None:
+            self._recorder().record(
+                ref, REASON_SUSPECT_CAP_REACHED, outcome.cap.why, warning=True, key=""
+            )
+        elif outcome.verdict is Verdict.CLEAR and outcome.written:
+            self._recorder().record(ref, REASON_NODE_CLEARED, a.why, key=a.why)
+
+    def _suspected_reply(self, outcome: Outcome) -> events.Reply:
+        a = outcome.assessment
+        since = a.record.suspect_since
+        return events.Reply(
+            type=EVENT_NODE_SUSPECTED,
+            subject=f"nodes/{outcome.node}",
+            data={
+                "node": outcome.node,
+                "since": format_time(since) if since else None,
+                "workloads": [{"workload": w, "reason": r} for w, r in a.workloads],
+                "tainted": self.cfg.suspect_taint,
+                "message": a.why,
+            },
+        )
+
+
+def _node_ref(facts: NodeFacts) -> Involved:
+    return Involved("Node", "", facts.name, facts.uid)
+
+
+def _listing(workloads: Iterable[tuple[str, str]]) -> str:
+    return ", ".join(f"{w} ({r})" for w, r in workloads)
+
+
+def _standings(
+    nodes: Iterable[Mapping[str, Any]], exclude: str | None, now: datetime, cfg: Config
+) -> tuple[list[Standing], int]:
+    """The marked nodes as the cap ranks them, and how many nodes are schedulable."""
+    standings: list[Standing] = []
+    schedulable = 0
+    for node in nodes:
+        try:
+            facts = NodeFacts.from_node(node)
+        except RecordError:
+            continue
+        if facts.schedulable:
+            schedulable += 1
+        if facts.name == exclude or not facts.labelled:
+            continue
+        workloads = len(facts.record.workloads(now, cfg.suspect_window))
+        standings.append(Standing(facts.name, workloads, True))
+    return standings, schedulable

@@ -1,0 +1,2 @@
+"""label-nodes: Prometheus pressure rules (rules), which nodes to label (decide), the writes
+(handler)."""

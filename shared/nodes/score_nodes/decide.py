@@ -1,0 +1,471 @@
+"""The scheduler extender's decisions: which nodes a pod may go to, and which it should prefer.
+
+kube-scheduler runs its own filters and scores first, then POSTs the pod and the nodes that are
+left to score-nodes (``filter``, then ``prioritize``). Both answers come from the Node objects
+in that request alone: their usage annotation (written by annotate-usage), their allocatable,
+their maintenance label. No API call, no Prometheus, no state: the same request gets the same
+answer from any replica.
+
+Filter. A node fails when its usage is over ``cpu_threshold`` / ``memory_threshold``, when it
+is labelled for maintenance, or when its usage plus the pod's requests (percent of allocatable)
+would go over ``predicted_usage_limit`` (the seed's Reserve at 95 %). The reason is short and
+the same for every node that fails for the same cause, because the scheduler counts identical
+reasons into the pod's FailedScheduling event ("0/4 nodes are available: 1 node in maintenance,
+3 node CPU usage over 80 percent.", framework.FitError.Error). No "%" sign in a reason: the
+scheduler uses that message as a format string.
+
+Prioritize. ``(100 - cpu) * cpu_score_weight + (100 - mem) * memory_score_weight``, divided by
+the weights' sum, plus ``load_balance_bonus`` when both are under ``low_load_threshold``, scaled
+onto the extender's range 0..10 (extender/v1 MaxExtenderPriority; the scheduler multiplies it
+by the extender's weight and by MaxNodeScore / MaxExtenderPriority).
+
+Pods that must run whatever the load (``exemption``): a DaemonSet's pod or a static pod
+(pinned to its node), a system-critical pod (priority class ``system-cluster-critical`` or
+``system-node-critical``, or a priority of 2000000000 and more: what the kubelet calls critical,
+pkg/kubelet/types IsCriticalPod), a pod in an excluded namespace (kube-system and the project's
+own by default) and an opted-out pod pass every node, hot or in maintenance.
+
+Every node hot. The scheduler calls the extender with the nodes its own filters left; when we
+fail them all, the pod stays Pending: the answer is a valid 200 (``ignorable`` applies only to
+errors), our failures are unresolvable (no preemption), and the Cluster Autoscaler simulates
+scheduling without extenders (kubernetes/autoscaler#506, #5708), so it sees the pod fit and adds
+no node. For a pod of the load-aware scheduler (``kn-rescheduler-load-aware``) that is the
+point: it asked to wait for a node under the limits. For a pod of any other scheduler (the
+default scheduler with the extender, where every pod of the cluster pays) it would be an
+outage, so when no node passes and some failed on usage alone, those pass, ranked by the score
+(the coolest first): the extender prefers, it does not block. Nodes in maintenance stay failed
+(an operator's choice, like a cordon).
+
+Usage we cannot trust (no record, a record older than ``usage_stale_after``, a record or an
+allocatable we cannot read) neither fails a node nor pushes pods away from it: the scheduler's
+own plugins decide there, as without the extender. Such a node scores the mean of the nodes
+that were scored and can take pods (schedulable and Ready: a cordoned or NotReady node is
+drained, its low usage says nothing about where pods go, and pods that tolerate it would lift
+the mean with it): a low score would drain pods off every node whose annotator lags or that
+just joined, a high one would herd them onto exactly the nodes nobody measured.
+
+What the extender sees, and what it cannot (herding). Usage is measured: it lags the pods
+placed on a node. The record therefore carries an estimate, the requests of pods bound to the
+node within a window before the sample, and both the filter and the score use
+``estimated_cpu`` / ``estimated_memory`` (measured plus that estimate). What the extender
+cannot see are pods bound since the last sample: the annotator counts them at its next tick
+(every 30 s by default). Within a tick, the scheduler's own NodeResourcesFit scoring counts the
+requests of pods it has just assumed, which spreads a burst. Caveat, in the kube-scheduler
+this project runs (1.36; kubernetes/kubernetes#141781, still open): with ``nodeCacheCapable:
+false`` the scheduler wraps the nodes an extender's filter returns in new NodeInfos without
+their pods (HTTPExtender.Filter), so that scoring sees every node empty whenever the filter
+verb is configured; a burst within one tick then leans on the extender's score and on the
+scheduler's random choice among equal scores. The pod's own requests always count: the
+predicted-usage check adds them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Final, cast
+
+from shared.api import quantity
+from shared.api.keys import (
+    LOAD_AWARE_SCHEDULER_NAME,
+    MAINTENANCE_LABEL,
+    MAINTENANCE_VALUE,
+    USAGE_ANNOTATION,
+    opted_out,
+)
+from shared.api.kubetypes import Node, Pod
+from shared.nodes.usage import (
+    Resources,
+    UsageError,
+    UsageRecord,
+    allocatable,
+    percent_of,
+    pod_requests,
+)
+from shared.platform.config import Config
+from shared.workloads.classify import MIRROR_POD_ANNOTATION
+
+# k8s.io/kube-scheduler/extender/v1: MinExtenderPriority, MaxExtenderPriority.
+MIN_PRIORITY: Final = 0
+MAX_PRIORITY: Final = 10
+
+# Why a node passed or failed: metric labels and log fields (the text the scheduler shows is
+# FilterVerdict.message).
+FITS: Final = "fits"
+NO_USAGE: Final = "no-usage"
+STALE_USAGE: Final = "stale-usage"
+UNREADABLE_USAGE: Final = "unreadable-usage"
+UNREADABLE_ALLOCATABLE: Final = "unreadable-allocatable"
+MAINTENANCE: Final = "maintenance"
+CPU_OVER: Final = "cpu-over-threshold"
+MEMORY_OVER: Final = "memory-over-threshold"
+CPU_PREDICTED_OVER: Final = "cpu-predicted-over-limit"
+MEMORY_PREDICTED_OVER: Final = "memory-predicted-over-limit"
+SCORED: Final = "scored"
+DAEMON_POD: Final = "daemonset-pod"
+STATIC_POD: Final = "static-pod"
+CRITICAL_POD: Final = "system-critical-pod"
+EXCLUDED_NAMESPACE: Final = "excluded-namespace"
+OPTED_OUT_POD: Final = "opted-out-pod"
+# Every node failed on usage for a pod of a scheduler whose pods all pay: passed, ranked by score.
+EVERY_NODE_HOT: Final = "every-node-hot"
+# The failures that only say "hot": the ones that pass when every node fails.
+USAGE_REASONS: Final = frozenset({CPU_OVER, MEMORY_OVER, CPU_PREDICTED_OVER, MEMORY_PREDICTED_OVER})
+# A node whose usage cannot be trusted passes and scores neutral (the reasons above, for it).
+UNKNOWN_REASONS: Final = frozenset(
+    {NO_USAGE, STALE_USAGE, UNREADABLE_USAGE, UNREADABLE_ALLOCATABLE}
+)
+
+
+@dataclass(frozen=True)
+class Load:
+    """A node's usage as the extender counts it: measured plus estimate, percent of
+    allocatable, with the allocatable it is a percentage of."""
+
+    cpu: float
+    memory: float
+    allocatable: Resources
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """Why a node's usage cannot be used (one of UNKNOWN_REASONS) and the detail."""
+
+    reason: str
+    detail: str
+
+
+def _metadata_map(node: Node, key: str) -> dict[str, Any]:
+    """metadata.labels or metadata.annotations; empty when either level is not a map (only a
+    hand-made object can be like that: the API server validates both)."""
+    metadata = node.get("metadata")
+    found = metadata.get(key) if isinstance(metadata, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def node_name(node: Node) -> str:
+    metadata = node.get("metadata")
+    return str(metadata.get("name") or "") if isinstance(metadata, dict) else ""
+
+
+def in_maintenance(node: Node) -> bool:
+    return _metadata_map(node, "labels").get(MAINTENANCE_LABEL) == MAINTENANCE_VALUE
+
+
+def takes_pods(node: Node) -> bool:
+    """Schedulable (not cordoned) and Ready: a node that is not is being drained or is
+    unreachable, and its usage says nothing about the nodes pods go to."""
+    spec = node.get("spec")
+    if isinstance(spec, dict) and spec.get("unschedulable") is True:
+        return False
+    status = node.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for condition in conditions if isinstance(conditions, list) else ():
+        if isinstance(condition, dict) and condition.get("type") == "Ready":
+            # The kubelet posts True; the node lifecycle controller writes Unknown when the
+            # kubelet stops posting, and the kubelet False when it is not ready.
+            return condition.get("status") == "True"
+    # No Ready condition yet: a node that just registered; the scheduler's own taint
+    # (node.kubernetes.io/not-ready) keeps pods off it, and so out of this request.
+    return False
+
+
+# The scheduler sends every candidate Node twice per pod (filter, prioritize), and the same
+# annotation text for every pod until annotate-usage's next write: parsing it once per text
+# (and allocatable once per pair of quantities) saves most of a call's decision time with 240
+# nodes. Both functions are pure, so a cache changes no answer; the bound keeps memory flat.
+_CACHE_SIZE: Final = 4096
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _record(raw: str) -> UsageRecord | str:
+    """The record in ``raw``, or why it cannot be read (exceptions are not cached)."""
+    try:
+        return UsageRecord.from_json(raw)
+    except UsageError as err:
+        return str(err)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _allocatable(cpu: object, memory: object) -> Resources | None:
+    return allocatable(cast(Node, {"status": {"allocatable": {"cpu": cpu, "memory": memory}}}))
+
+
+def load_of(node: Node, cfg: Config, now: datetime) -> Load | Unknown:
+    """The node's load from its usage annotation, or why there is none we can use."""
+    raw = _metadata_map(node, "annotations").get(USAGE_ANNOTATION)
+    if raw is None:
+        return Unknown(NO_USAGE, "no usage record")
+    # Only a hand-made object carries an annotation that is not a string.
+    record = _record(raw) if isinstance(raw, str) else "not a string"
+    if isinstance(record, str):
+        return Unknown(UNREADABLE_USAGE, f"unreadable usage record: {record}")
+    if record.is_stale(now, cfg.usage_stale_after):
+        return Unknown(STALE_USAGE, f"usage sampled {record.age(now)} ago")
+    status = node.get("status")
+    values = status.get("allocatable") if isinstance(status, dict) else None
+    cpu, memory = (
+        (values.get("cpu"), values.get("memory")) if isinstance(values, dict) else (None, None)
+    )
+    whole = _allocatable(cpu, memory) if isinstance(cpu, str) and isinstance(memory, str) else None
+    if whole is None:
+        return Unknown(UNREADABLE_ALLOCATABLE, "no usable CPU and memory allocatable")
+    return Load(cpu=record.estimated_cpu, memory=record.estimated_memory, allocatable=whole)
+
+
+# -- filter ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilterVerdict:
+    """One node: passed or not, the reason (a label), and the text the scheduler shows."""
+
+    node: str
+    passed: bool
+    reason: str
+    message: str
+    cpu: float | None = None
+    memory: float | None = None
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    verdicts: tuple[FilterVerdict, ...]
+    # The pod's requests as the scheduler counts them (for the log line).
+    pod_requests: Resources
+
+    @property
+    def passed(self) -> tuple[str, ...]:
+        return tuple(v.node for v in self.verdicts if v.passed)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Failed node -> the message the scheduler puts into FailedScheduling."""
+        return {v.node: v.message for v in self.verdicts if not v.passed}
+
+
+def _percent_text(value: float) -> str:
+    # Not "80%": kube-scheduler passes the FailedScheduling message to Eventf as its format
+    # string (handleSchedulingFailure, pkg/scheduler/schedule_one.go), so a "%" in a reason
+    # reaches the Event as "80%! (MISSING)".
+    return f"{value:g} percent"
+
+
+def is_daemon_pod(pod: Pod) -> bool:
+    """Controlled by a DaemonSet: one pod per node, pinned there by its controller."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(o, dict) and o.get("kind") == "DaemonSet" and o.get("controller") is True
+        for o in owners
+    )
+
+
+# k8s.io/api/scheduling/v1: the two built-in priority classes, and SystemCriticalPriority
+# (2 * HighestUserDefinablePriority), from which the kubelet calls a pod critical.
+_CRITICAL_CLASSES: Final = frozenset({"system-cluster-critical", "system-node-critical"})
+SYSTEM_CRITICAL_PRIORITY: Final = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class Exemption:
+    """Why a pod passes every node whatever its load: a reason (a label) and the text."""
+
+    reason: str
+    message: str
+
+
+def exemption(pod: Pod, cfg: Config) -> Exemption | None:
+    """Why ``pod`` must not be kept off any node by its load, or None.
+
+    System-critical pods (kube-proxy, CoreDNS, a CNI's agents) keep a cluster working; pods of
+    a DaemonSet or a static pod belong to one node; an excluded namespace and the opt-out
+    label are the project's own "leave it alone", as for every other function.
+    """
+    # A TypedDict from the API server, but only ever checked here (a hand-made object may not
+    # be one): read as plain maps.
+    metadata: object = pod.get("metadata")
+    meta: dict[str, Any] = cast(dict[str, Any], metadata) if isinstance(metadata, dict) else {}
+    raw_spec: object = pod.get("spec")
+    spec: dict[str, Any] = cast(dict[str, Any], raw_spec) if isinstance(raw_spec, dict) else {}
+    if is_daemon_pod(pod):
+        return Exemption(DAEMON_POD, "a DaemonSet's pod")
+    annotations = meta.get("annotations")
+    owners = meta.get("ownerReferences")
+    if (isinstance(annotations, dict) and MIRROR_POD_ANNOTATION in annotations) or any(
+        isinstance(o, dict) and o.get("kind") == "Node" and o.get("controller") is True
+        for o in (owners if isinstance(owners, list) else ())
+    ):
+        return Exemption(STATIC_POD, "a static pod")
+    priority = spec.get("priority")
+    if spec.get("priorityClassName") in _CRITICAL_CLASSES or (
+        isinstance(priority, int) and priority >= SYSTEM_CRITICAL_PRIORITY
+    ):
+        return Exemption(CRITICAL_POD, "a system-critical pod")
+    namespace = meta.get("namespace")
+    if isinstance(namespace, str) and cfg.is_excluded_namespace(namespace):
+        return Exemption(EXCLUDED_NAMESPACE, f"a pod of the excluded namespace {namespace}")
+    labels = meta.get("labels")
+    if opted_out(labels if isinstance(labels, dict) else None):
+        return Exemption(OPTED_OUT_POD, "an opted-out pod")
+    return None
+
+
+def waits_for_a_cool_node(pod: Pod) -> bool:
+    """Whether the pod asked for load-aware placement by naming the load-aware scheduler: it
+    waits while every node is hot. Any other scheduler's pods pay for the extender without
+    asking, and never wait for it."""
+    spec = pod.get("spec")
+    return isinstance(spec, dict) and spec.get("schedulerName") == LOAD_AWARE_SCHEDULER_NAME
+
+
+def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> FilterResult:
+    """Which of ``nodes`` the pod may go to, one verdict per node, in the given order.
+
+    An exempt pod (``exemption``) passes everywhere. A DaemonSet's pod, for one: its
+    controller pins it to one node (a required node affinity on that node's name), so failing
+    that node would leave the node without its daemon (its network plugin, log shipper,
+    node-exporter) for as long as it stays hot, which is when it is needed most. Maintenance
+    does not keep exempt pods off either, as cordoning does not keep off daemons.
+
+    When no node passes and some failed on usage alone, a pod that did not ask to wait
+    (``waits_for_a_cool_node``) gets those nodes back, each with the reason EVERY_NODE_HOT:
+    the score ranks them and the pod goes to the coolest (see the module docstring).
+    """
+    exempt = exemption(pod, cfg)
+    if exempt is not None:
+        return FilterResult(
+            verdicts=tuple(
+                FilterVerdict(node_name(n), True, exempt.reason, exempt.message) for n in nodes
+            ),
+            pod_requests=Resources(),
+        )
+    try:
+        requests = pod_requests(pod)
+    except (quantity.QuantityError, AttributeError, TypeError):
+        # The API server validated the pod's quantities on create, so this is a hand-made
+        # object; without its requests the prediction adds nothing rather than failing nodes.
+        requests = Resources()
+    verdicts = tuple(_filter_one(node, requests, cfg, now) for node in nodes)
+    if not waits_for_a_cool_node(pod) and not any(v.passed for v in verdicts):
+        verdicts = tuple(
+            replace(v, passed=True, reason=EVERY_NODE_HOT, message=f"{v.message}, as every node is")
+            if v.reason in USAGE_REASONS
+            else v
+            for v in verdicts
+        )
+    return FilterResult(verdicts=verdicts, pod_requests=requests)
+
+
+def _filter_one(node: Node, requests: Resources, cfg: Config, now: datetime) -> FilterVerdict:
+    name = node_name(node)
+    if in_maintenance(node):
+        return FilterVerdict(name, False, MAINTENANCE, "node in maintenance")
+    load = load_of(node, cfg, now)
+    if isinstance(load, Unknown):
+        return FilterVerdict(name, True, load.reason, load.detail)
+    cpu, memory = load.cpu, load.memory
+
+    def failed(reason: str, message: str) -> FilterVerdict:
+        return FilterVerdict(name, False, reason, message, cpu, memory)
+
+    if cpu > cfg.cpu_threshold:
+        return failed(CPU_OVER, f"node CPU usage over {_percent_text(cfg.cpu_threshold)}")
+    if memory > cfg.memory_threshold:
+        return failed(MEMORY_OVER, f"node memory usage over {_percent_text(cfg.memory_threshold)}")
+    pod_cpu, pod_memory = percent_of(requests, load.allocatable)
+    limit = _percent_text(cfg.predicted_usage_limit)
+    if cpu + pod_cpu > cfg.predicted_usage_limit:
+        return failed(CPU_PREDICTED_OVER, f"node CPU usage with the pod would exceed {limit}")
+    if memory + pod_memory > cfg.predicted_usage_limit:
+        return failed(MEMORY_PREDICTED_OVER, f"node memory usage with the pod would exceed {limit}")
+    return FilterVerdict(name, True, FITS, "fits", cpu, memory)
+
+
+# -- prioritize -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeScore:
+    """One node's score on the extender's range, the reason, and the unscaled value."""
+
+    node: str
+    score: int
+    reason: str
+    raw: float | None = None
+
+
+@dataclass(frozen=True)
+class Priorities:
+    scores: tuple[NodeScore, ...]
+
+
+def raw_score(cpu: float, memory: float, cfg: Config) -> float:
+    """Free capacity, weighted (0..100), plus the bonus for a node low on both."""
+    cpu = min(max(cpu, 0.0), 100.0)
+    memory = min(max(memory, 0.0), 100.0)
+    weights = cfg.cpu_score_weight + cfg.memory_score_weight
+    free = ((100.0 - cpu) * cfg.cpu_score_weight + (100.0 - memory) * cfg.memory_score_weight) / (
+        weights
+    )
+    if cpu < cfg.low_load_threshold and memory < cfg.low_load_threshold:
+        free += cfg.load_balance_bonus
+    return free
+
+
+def _scaled(raw: float, cfg: Config) -> int:
+    top = 100.0 + max(cfg.load_balance_bonus, 0.0)
+    value = math.floor(raw * MAX_PRIORITY / top + 0.5)
+    return min(max(value, MIN_PRIORITY), MAX_PRIORITY)
+
+
+def prioritize(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> Priorities:
+    """A score 0..10 per node, in the given order; unknown usage scores the others' mean.
+
+    ``pod`` is not used by the formula (it scores the node, not the placement); it is part of
+    the signature because it is part of the request, and a later formula may weigh it.
+    """
+    del pod
+    known: list[tuple[str, int, float]] = []
+    # The scores the neutral one is the mean of: nodes that take pods (``takes_pods``).
+    counted: list[int] = []
+    unknown: dict[str, str] = {}
+    order: list[str] = []
+    for node in nodes:
+        name = node_name(node)
+        order.append(name)
+        load = load_of(node, cfg, now)
+        if isinstance(load, Unknown):
+            unknown[name] = load.reason
+            continue
+        raw = raw_score(load.cpu, load.memory, cfg)
+        known.append((name, _scaled(raw, cfg), raw))
+        if takes_pods(node):
+            counted.append(known[-1][1])
+    neutral = (
+        math.floor(sum(counted) / len(counted) + 0.5)
+        if counted
+        else (MIN_PRIORITY + MAX_PRIORITY) // 2
+    )
+    by_name = {name: NodeScore(name, score, SCORED, raw) for name, score, raw in known}
+    for name, reason in unknown.items():
+        by_name[name] = NodeScore(name, neutral, reason)
+    return Priorities(scores=tuple(by_name[name] for name in order))
+
+
+def pass_unknown(names: Sequence[str]) -> FilterResult:
+    """Nodes sent by name only (nodeCacheCapable: true): nothing to read, so all pass."""
+    return FilterResult(
+        verdicts=tuple(
+            FilterVerdict(name, True, NO_USAGE, "no Node object sent") for name in names
+        ),
+        pod_requests=Resources(),
+    )
+
+
+def unknown_nodes(names: Sequence[str]) -> Priorities:
+    """Scores for nodes sent by name only (nodeCacheCapable: true): nothing to read, all equal."""
+    neutral = (MIN_PRIORITY + MAX_PRIORITY) // 2
+    return Priorities(scores=tuple(NodeScore(name, neutral, NO_USAGE) for name in names))

@@ -1,0 +1,140 @@
+"""The periodic sweep: find failing pods that no pod event announced.
+
+ApiServerSource sends nothing for pods that were already failing when it started, and loses
+changes while it re-establishes a watch; a send that fails after its own retries is only
+logged. A PingSource therefore calls sweep-failures every few minutes; it lists pods a page at
+a time, classifies them with the same code as detect-failures, also catches pods stuck Pending
+on a node, and sends one ``io.kn-rescheduler.pod.failing`` event per failing pod to the Broker
+(``K_SINK``).
+
+Where the pages come from (measured on the local v1.36 API server, pinned by
+tests/e2e/test_sweep_reads.py): a list without resourceVersion is served from the API server's
+watch cache, not etcd. The first page is a consistent read (the API server asks etcd for its
+current revision, one small request, and waits until its cache has caught up), the following
+pages come from the cache's snapshot at that revision through the continue token. API servers
+without the ConsistentListFromCache and ListFromCacheSnapshot features (before about v1.31 and
+v1.34) read every such page from etcd; asking for resourceVersion=0 would avoid that at the
+price of a possibly stale list, which a sweep that runs every few minutes could afford but
+does not need on a current API server.
+
+Sending an event that update-annotations already handled is harmless: it is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import requests
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent
+
+from shared.api.keys import EVENT_POD_FAILING, EVENT_SOURCE_PREFIX
+from shared.api.kubetypes import Pod
+from shared.platform import kube, metrics
+from shared.platform.config import Config
+from shared.pods.failing import FailingPod
+from shared.workloads.classify import (
+    classify,
+    stuck_pending,
+    unschedulable_due_to_exclusions,
+    worth_forwarding,
+)
+from shared.workloads.podshape import MalformedPod, judged
+
+log = logging.getLogger(__name__)
+
+Post = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    listed: int
+    failing: int
+    sent: int
+    send_errors: int
+
+
+def find_failures(pods: list[Pod] | Any, cfg: Config, now: datetime) -> list[FailingPod]:
+    """Pure: the failing, opted-in pods among ``pods``."""
+    found = []
+    for pod in pods:
+        try:
+            # As in detect-failures: our own exclusions are always cleared, whatever the policy.
+            failure = unschedulable_due_to_exclusions(pod, cfg)
+            if failure is None:
+                if not worth_forwarding(pod, cfg):
+                    continue
+                failure = classify(pod, cfg, now) or stuck_pending(pod, cfg, now)
+            if failure is not None:
+                with judged(pod):
+                    found.append(FailingPod.from_pod(pod, failure))
+        except MalformedPod as exc:
+            # Never from a real API server; a list that carried one is not worth a crash.
+            log.warning("skipping an object that is not a pod: %s", exc)
+            continue
+    return found
+
+
+class Sweeper:
+    def __init__(
+        self,
+        api: kube.Kube,
+        cfg: Config,
+        sink: str,
+        *,
+        post: Post = requests.post,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        page_size: int = 500,
+    ) -> None:
+        self.api = api
+        self.cfg = cfg
+        self.sink = sink
+        self.post = post
+        self.clock = clock
+        self.page_size = page_size
+
+    def sweep(self) -> SweepResult:
+        listed = 0
+
+        def counted() -> Any:
+            nonlocal listed
+            for pod in self.api.list_all("Pod", limit=self.page_size):
+                listed += 1
+                if not self.cfg.is_excluded_namespace(pod.get("metadata", {}).get("namespace")):
+                    yield pod
+
+        failing = find_failures(counted(), self.cfg, self.clock())
+        sent = errors = 0
+        for item in failing:
+            if self._send(item):
+                sent += 1
+            else:
+                errors += 1
+        result = SweepResult(listed, len(failing), sent, errors)
+        log.info("sweep done", extra={"sweep": result.__dict__})
+        return result
+
+    def _send(self, item: FailingPod) -> bool:
+        metrics.FAILURES.labels(reason=item.failure.reason).inc()
+        attributes = {
+            "id": str(uuid.uuid4()),
+            "type": EVENT_POD_FAILING,
+            "source": EVENT_SOURCE_PREFIX + "sweep-failures",
+            "subject": item.subject,
+            "datacontenttype": "application/json",
+        }
+        headers, body = to_binary(CloudEvent(attributes, item.to_data()))
+        try:
+            response = self.post(self.sink, data=body, headers=headers, timeout=10)
+        except requests.RequestException as exc:
+            log.warning("could not send failing event for %s: %s", item.subject, exc)
+            return False
+        if not 200 <= response.status_code < 300:
+            log.warning("sink answered %s for %s", response.status_code, item.subject)
+            return False
+        return True

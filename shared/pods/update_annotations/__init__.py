@@ -1,0 +1,3 @@
+"""update-annotations: record the failure on the workload and move the pod (handler), with the
+replacement's body (bodies), rollouts' copies of our state (rollouts) and replacements
+headed for a node they were kept off (replacements)."""

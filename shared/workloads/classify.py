@@ -1,0 +1,671 @@
+"""Is this pod failing in a way another node could fix?
+
+detect-failures calls `classify` on every pod event, with no API access: the pod object alone
+must say whether it is failing, on which node, and why. Each answer carries the evidence
+(`Failure.why`) so a person reading an Event or a log line can check the decision.
+
+The rules lean towards leaving pods alone. A pod is only moved when the failure is plausibly
+the node's (a crash loop, an OOM kill, a kubelet eviction or rejection, a broken runtime or
+image mirror) and never when the failure follows the pod everywhere (a missing ConfigMap, an
+invalid image name), when the pod belongs on its node (DaemonSet and static pods), or when it
+is already going away.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, Final
+
+from shared.api.keys import (
+    EXCLUDED_NODES_ANNOTATION,
+    OPT_OUT_LABEL,
+    POLICY_ANNOTATION,
+    POLICY_STAMP_ANNOTATION,
+    STUCK_AFTER_ANNOTATION,
+)
+from shared.api.kubetypes import ContainerStatus, OwnerReference, Pod, PodCondition
+from shared.api.times import format_duration, parse_duration, parse_kube_time
+from shared.platform.config import (
+    IMAGE_EVERYWHERE_PATTERNS,
+    MAX_RETRIES,
+    NEVER_MOVE_REASONS,
+    START_EVERYWHERE_PATTERNS,
+    Config,
+)
+from shared.workloads.podshape import judges_pod
+from shared.workloads.policy import (
+    InvalidPolicy,
+    parse_retries,
+)
+
+# The kubelet sets this on the API mirror of a static pod; deleting a mirror does not stop the
+# static pod, the kubelet just recreates the mirror.
+MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
+
+CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
+# Waiting reasons of a pod the kubelet accepted but has not started yet.
+_STARTING_REASONS: Final = frozenset({"ContainerCreating", "PodInitializing"})
+STUCK_PENDING: Final = "StuckPending"
+
+
+class FailureKind(StrEnum):
+    # The pod failed on its node; moving it elsewhere may fix it.
+    NODE_FIXABLE = "node-fixable"
+    # The pod cannot be scheduled at all because of the nodes we excluded.
+    EXCLUSIONS_UNSCHEDULABLE = "exclusions-unschedulable"
+    # The pod's first node-fixable failure, below the thresholds: worth a move only when its
+    # node is already suspect (the fast path, shared/workloads/fastpath.py).
+    EARLY = "early"
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureKind
+    # The kubelet's (or scheduler's) reason: CrashLoopBackOff, OOMKilled, Evicted, ...
+    reason: str
+    message: str
+    # The node it failed on; None for an unschedulable pod, which never reached one.
+    node: str | None
+    container: str | None = None
+    init_container: bool = False
+    restart_count: int = 0
+    why: str = ""
+    # How long the failing container ran before this failure (its last run), in whole seconds;
+    # 0 when it never started, None when nothing on the pod says (an unschedulable pod).
+    # `plan` compares it with reset-after: not the pod's age, which counts time spent
+    # crash-looping or Pending as time run.
+    ran_for_seconds: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, for CloudEvent data."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Failure:
+        """Read `to_dict` output back; raise ValueError when it is not one."""
+        try:
+            kind = FailureKind(data["kind"])
+            reason, message, why = data["reason"], data.get("message", ""), data.get("why", "")
+            node, container = data.get("node"), data.get("container")
+            init_container, restarts = (
+                data.get("init_container", False),
+                data.get("restart_count", 0),
+            )
+            ran_for = data.get("ran_for_seconds")
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a failure: {err}") from err
+        if not (
+            isinstance(reason, str)
+            and isinstance(message, str)
+            and isinstance(why, str)
+            and (node is None or isinstance(node, str))
+            and (container is None or isinstance(container, str))
+            and isinstance(init_container, bool)
+            and isinstance(restarts, int)
+            and not isinstance(restarts, bool)
+            and (ran_for is None or (type(ran_for) is int and ran_for >= 0))
+        ):
+            raise ValueError("not a failure: a field has the wrong type")
+        return cls(kind, reason, message, node, container, init_container, restarts, why, ran_for)
+
+
+def controller_of(pod: Pod) -> OwnerReference | None:
+    """The ownerReference with controller=true, the one object that recreates the pod."""
+    for ref in pod.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref
+    return None
+
+
+@judges_pod
+def skip_reason(pod: Pod, cfg: Config) -> str | None:
+    """Why this pod is never ours to move, or None if it may be.
+
+    The one skip rule every function applies (detect-failures, the sweep, update-annotations on
+    the live pod, the webhook for the opt-out label): a pod labelled after creation is left
+    alone from then on.
+    """
+    meta = pod.get("metadata", {})
+    if meta.get("deletionTimestamp"):
+        return "pod is already being deleted"
+    if cfg.is_excluded_namespace(meta.get("namespace")):
+        return f"namespace {meta.get('namespace')} is excluded"
+    if OPT_OUT_LABEL in (meta.get("labels") or {}):
+        return f"pod has the {OPT_OUT_LABEL} label"
+    if MIRROR_POD_ANNOTATION in (meta.get("annotations") or {}):
+        return "static (mirror) pods belong to their node"
+    owner = controller_of(pod)
+    if owner is not None and owner.get("kind") == "Node":
+        return "static (mirror) pods belong to their node"
+    if owner is not None and owner.get("kind") == "DaemonSet":
+        return "DaemonSet pods belong on every node"
+    phase = pod.get("status", {}).get("phase")
+    if phase == "Succeeded":
+        return "pod completed successfully"
+    return None
+
+
+@judges_pod
+def excluded_nodes_of(pod: Pod) -> tuple[str, ...]:
+    """The nodes the webhook stamped on this pod (empty when none or unreadable)."""
+    raw = (pod.get("metadata", {}).get("annotations") or {}).get(EXCLUDED_NODES_ANNOTATION)
+    if not raw:
+        return ()
+    try:
+        nodes = json.loads(raw)
+    except (ValueError, RecursionError):
+        return ()
+    if not isinstance(nodes, list):
+        return ()
+    return tuple(node for node in nodes if isinstance(node, str) and node)
+
+
+@judges_pod
+def policy_of(pod: Pod, max_retries: int = MAX_RETRIES) -> int | InvalidPolicy | None:
+    """The retries in force on the pod: None if it never opted in, 0 if disabled.
+
+    The webhook's stamp (a key of ours) first; then the pod's own `scheduling-retries`, which
+    is where a bare pod keeps its policy (and where releases before the stamp had its own key
+    wrote it). A pod orphaned from its ReplicaSet still carries the stamp and is forwarded;
+    update-annotations then finds no controller and reads only the pod's own key.
+    """
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    stamp = annotations.get(POLICY_STAMP_ANNOTATION)
+    if stamp is None:
+        stamp = annotations.get(POLICY_ANNOTATION)
+    return parse_retries(stamp, max_retries)
+
+
+@judges_pod
+def worth_forwarding(pod: Pod, cfg: Config) -> bool:
+    """Whether detect-failures and the sweep pass this pod's failure on.
+
+    Opted-in pods (an invalid value too: update-annotations warns about it), and pods the
+    webhook never saw when the operator asked for them (`forward_unstamped`). A pod that our
+    own exclusions keep from being scheduled is always forwarded, whatever its policy says
+    now: "0" must not leave it Pending for ever.
+    """
+    policy = policy_of(pod)
+    if policy == 0:
+        return False
+    return policy is not None or cfg.forward_unstamped
+
+
+@judges_pod
+def classify(pod: Pod, cfg: Config, now: datetime | None = None) -> Failure | None:
+    """The failure that makes this pod worth moving, or None to leave it alone.
+
+    Pod-level failures (phase Failed by the kubelet) come first, then init containers, then
+    containers, so the answer is deterministic when several things are wrong at once. ``now``
+    is the clock for the rules that need the kubelet to have kept failing for a while; None
+    means the current time (callers that own a clock pass it).
+    """
+    if skip_reason(pod, cfg) is not None:
+        return None
+    unschedulable = unschedulable_due_to_exclusions(pod, cfg)
+    if unschedulable is not None:
+        return unschedulable
+    node = pod.get("spec", {}).get("nodeName")
+    if not node:
+        return None
+    when = now if now is not None else datetime.now(UTC)
+    statuses = list(_container_statuses(pod))
+    # A container that can never start (missing Secret, invalid image, a tag that does not
+    # exist, a command the image lacks) fails on every node: moving the pod would only spend
+    # the budget, whatever else is wrong with it.
+    for _, status in statuses:
+        if fails_everywhere(status) is not None:
+            return None
+    if evicted_for_its_own_limits(pod) is not None:
+        return None
+    pod_failure = _pod_failed(pod, node, cfg)
+    if pod_failure is not None:
+        return pod_failure
+    specs = _container_specs(pod)
+    for is_init, status in statuses:
+        failure = _container_failure(pod, status, specs, is_init, node, cfg, when)
+        if failure is not None:
+            return failure
+    return None
+
+
+def fails_everywhere(status: ContainerStatus) -> str | None:
+    """Why this container would fail the same way on every node, or None.
+
+    A never-move waiting reason, or a message that blames the image or its command (see
+    IMAGE_EVERYWHERE_PATTERNS and START_EVERYWHERE_PATTERNS in shared.platform.config).
+    """
+    state = status.get("state", {})
+    waiting = state.get("waiting", {})
+    reason = waiting.get("reason", "")
+    if reason in NEVER_MOVE_REASONS:
+        return f"{reason} fails on every node"
+    if reason in _IMAGE_PULL_REASONS:
+        matched = _matches(_IMAGE_EVERYWHERE + _REGISTRY_ANSWERS, waiting.get("message", ""))
+        if matched:
+            return f"{reason}: the registry answered {matched!r}, which no node can change"
+    messages = [waiting.get("message", "")] if reason in _START_FAILURE_REASONS else []
+    for block in (state.get("terminated", {}), status.get("lastState", {}).get("terminated", {})):
+        # Only the runtime's own start failures: an application's termination message
+        # ("Error") is its own text and proves nothing about the image.
+        if block.get("reason") in _START_FAILURE_REASONS:
+            messages.append(block.get("message", ""))
+    for message in messages:
+        matched = _matches(_START_EVERYWHERE + _OWN_COMMAND_MISSING, message)
+        if matched:
+            return f"the container's command is not in its image ({matched!r})"
+        matched = _matches(_OWN_READ_ONLY_MOUNT, message)
+        if matched:
+            return f"a mount point of the pod's own spec lies in a read-only path ({matched!r})"
+    return None
+
+
+@judges_pod
+def evicted_for_its_own_limits(pod: Pod) -> str | None:
+    """Why the kubelet's eviction of this pod follows it to every node, or None.
+
+    Besides node pressure, the eviction manager evicts a pod that outgrows its own local
+    storage limits: the pod's or a container's `ephemeral-storage` limit, an emptyDir's
+    `sizeLimit` (pkg/kubelet/eviction/eviction_manager.go, localStorageEviction). Those are
+    the pod's own numbers and its usage comes with it: every node would evict it again.
+    Only the kubelet's message tells the kinds apart (reason Evicted for all of them).
+    """
+    status = pod.get("status", {})
+    if status.get("phase") != "Failed" or status.get("reason") != "Evicted":
+        return None
+    matched = _matches(_OWN_LIMIT_EVICTIONS, status.get("message", ""))
+    if matched:
+        return f"evicted for exceeding its own limit ({matched!r}), which every node enforces"
+    return None
+
+
+@judges_pod
+def unschedulable_due_to_exclusions(pod: Pod, cfg: Config) -> Failure | None:
+    """A pod the scheduler cannot place while it carries exclusions from us.
+
+    We cannot tell from the pod whether the exclusions alone are to blame (the scheduler's
+    message only counts nodes per filter), but clearing them is always safe: the next pod
+    carries none, so this cannot loop.
+    """
+    if skip_reason(pod, cfg) is not None:
+        return None
+    if pod.get("spec", {}).get("nodeName"):
+        return None
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled is None or scheduled.get("status") != "False":
+        return None
+    if scheduled.get("reason") != "Unschedulable":
+        return None
+    excluded = excluded_nodes_of(pod)
+    if not excluded:
+        return None
+    message = scheduled.get("message", "")
+    return Failure(
+        kind=FailureKind.EXCLUSIONS_UNSCHEDULABLE,
+        reason="Unschedulable",
+        message=message,
+        node=None,
+        why=(
+            f"pod cannot be scheduled while it avoids {len(excluded)} node(s) excluded by "
+            f"kn-rescheduler ({', '.join(excluded)}): {message or 'no message'}"
+        ),
+    )
+
+
+@judges_pod
+def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
+    """A pod bound to a node whose kubelet has not started it for too long.
+
+    The kubelet reports nothing while it is stuck (a hung runtime, a volume that never
+    attaches, a dead kubelet), so no event ever says so: the sweep calls this for every pod.
+    Only starting states count (no status yet, ContainerCreating, PodInitializing); a
+    running init container or any other waiting reason is progress or a failure `classify`
+    judges.
+
+    Two clocks, told apart by the kubelet's PodReadyToStartContainers condition (set True once
+    the sandbox and its network are up, before any image is pulled):
+    - sandbox not up: stuck after `pending_stuck_after` (10 minutes) since the pod was bound;
+    - sandbox up, containers still being created (an image pull in progress, the kubelet
+      reports nothing finer): stuck only after `pull_stuck_after` (1 hour) since the sandbox
+      came up, because a multi-GB image takes that long on any node.
+    The workload's `kn-rescheduler.io/stuck-after` (stamped on the pod by the webhook)
+    replaces both.
+    """
+    if skip_reason(pod, cfg) is not None:
+        return None
+    node = pod.get("spec", {}).get("nodeName")
+    status = pod.get("status", {})
+    if not node or status.get("phase", "Pending") != "Pending":
+        return None
+    waiting_reasons = []
+    for _, container in _container_statuses(pod):
+        state = container.get("state", {})
+        reason = state.get("waiting", {}).get("reason")
+        if "waiting" not in state or reason not in _STARTING_REASONS:
+            return None
+        waiting_reasons.append(reason)
+    override = _stuck_after_override(pod)
+    sandbox = _condition(pod, "PodReadyToStartContainers")
+    if sandbox is not None and sandbox.get("status") == "True":
+        since = parse_kube_time(sandbox.get("lastTransitionTime"))
+        threshold = override or cfg.pull_stuck_after
+        stage = "its sandbox is up but its containers are still being created (image pull?)"
+    else:
+        since = parse_kube_time(status.get("startTime"))
+        if since is None:
+            # startTime is set by the kubelet; a dead kubelet never sets it, so fall back to the
+            # moment the scheduler bound the pod.
+            scheduled = _condition(pod, "PodScheduled")
+            if scheduled is not None and scheduled.get("status") == "True":
+                since = parse_kube_time(scheduled.get("lastTransitionTime"))
+        threshold = override or cfg.pending_stuck_after
+        stage = "its sandbox never came up"
+    if since is None:
+        return None
+    pending_for = now - since
+    if pending_for < threshold:
+        return None
+    state_text = ", ".join(sorted(set(waiting_reasons))) or "no container status at all"
+    return Failure(
+        kind=FailureKind.NODE_FIXABLE,
+        reason=STUCK_PENDING,
+        message=f"pending on {node} for {format_duration(pending_for)}",
+        node=node,
+        ran_for_seconds=0,
+        why=(
+            f"pod has been bound to node {node} and {stage} for {format_duration(pending_for)} "
+            f"(threshold {format_duration(threshold)}): {state_text}"
+        ),
+    )
+
+
+_IMAGE_PULL_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})
+# Waiting reasons and termination reasons of a container the runtime could not start; containerd
+# reports a failed start as a termination with reason StartError (exit code 128).
+_START_FAILURE_REASONS: Final = frozenset(
+    {"RunContainerError", "CreateContainerError", "ContainerCannotRun", "StartError"}
+)
+_IMAGE_EVERYWHERE: Final = tuple(re.compile(p, re.IGNORECASE) for p in IMAGE_EVERYWHERE_PATTERNS)
+_START_EVERYWHERE: Final = tuple(re.compile(p, re.IGNORECASE) for p in START_EVERYWHERE_PATTERNS)
+# Registry answers that no other node gets differently, beyond IMAGE_EVERYWHERE_PATTERNS: DNS
+# says the registry's host does not exist (Go's resolver: "lookup <host> on <server>: no such
+# host"), or the registry refuses for its pull rate limit (429, Docker Hub's toomanyrequests),
+# which counts per client address: nodes behind one NAT share it, and moving cannot tell.
+_REGISTRY_ANSWERS: Final = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (r"lookup \S+ on \S+: no such host", r"toomanyrequests", r"\b429 Too Many Requests")
+)
+# crun (CRI-O's default runtime on many distributions) words a missing command its own way;
+# CRI-O reports it at create time: "container create failed: executable file `x` not found
+# in $PATH: No such file or directory".
+_OWN_COMMAND_MISSING: Final = (re.compile(r"executable file `[^`]*` not found in \$PATH"),)
+# runc making a mount point for a volume inside the container's own root filesystem, under a
+# path the pod's spec made read-only (a volume nested in a read-only volume): every node does
+# the same ("mkdirat /run/containerd/.../rootfs/etc/app/data: read-only file system"). A
+# read-only path outside a container's rootfs is the node's own disk and stays movable.
+_OWN_READ_ONLY_MOUNT: Final = (
+    re.compile(r"mkdirat? \S*/rootfs/\S*: read-only file system", re.IGNORECASE),
+)
+# The kubelet's messages for an eviction at the pod's own limits (pkg/kubelet/eviction/
+# helpers.go: podEphemeralStorageMessageFmt, containerEphemeralStorageMessageFmt,
+# emptyDirMessageFmt), unchanged from v1.30 to v1.36.
+_OWN_LIMIT_EVICTIONS: Final = tuple(
+    re.compile(p)
+    for p in (
+        r"Pod ephemeral local storage usage exceeds the total limit of containers",
+        r"Container \S+ exceeded its local ephemeral storage limit",
+        r'Usage of EmptyDir volume "[^"]*" exceeds the limit',
+    )
+)
+# "back-off 40s restarting failed container=app pod=..." (kuberuntime's doBackOff).
+_BACK_OFF = re.compile(r"^back-off (\S+) restarting failed container", re.IGNORECASE)
+# The kubelet's default crash-loop back-off: 10s doubling to a 5-minute cap. A back-off of
+# 10s * 2^(k-1) below the cap means k failures in a row; at the cap, 6 or more.
+_DEFAULT_BACK_OFFS: Final = {timedelta(seconds=10 * 2**k): k + 1 for k in range(5)}
+_BACK_OFF_CAP: Final = timedelta(minutes=5)
+
+
+def _matches(patterns: tuple[re.Pattern[str], ...], message: str) -> str | None:
+    for pattern in patterns:
+        found = pattern.search(message or "")
+        if found:
+            return found.group(0)
+    return None
+
+
+def _stuck_after_override(pod: Pod) -> timedelta | None:
+    raw = (pod.get("metadata", {}).get("annotations") or {}).get(STUCK_AFTER_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        # A typo must not make a pod look stuck at once (or never): the defaults apply.
+        return None
+    return value if value > timedelta(0) else None
+
+
+def _container_statuses(pod: Pod) -> Iterator[tuple[bool, ContainerStatus]]:
+    status = pod.get("status", {})
+    for init in status.get("initContainerStatuses") or []:
+        yield True, init
+    for container in status.get("containerStatuses") or []:
+        yield False, container
+
+
+def _container_specs(pod: Pod) -> dict[tuple[bool, str], Mapping[str, Any]]:
+    spec = pod.get("spec", {})
+    specs: dict[tuple[bool, str], Mapping[str, Any]] = {}
+    for is_init, key in ((True, "initContainers"), (False, "containers")):
+        for container in spec.get(key) or []:  # type: ignore[attr-defined]
+            if isinstance(container, dict):
+                specs[(is_init, str(container.get("name", "")))] = container
+    return specs
+
+
+def _condition(pod: Pod, kind: str) -> PodCondition | None:
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition
+    return None
+
+
+# The Unix epoch, what a container that never started carries as its startedAt.
+_NEVER_STARTED: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _run_length(block: Mapping[str, Any]) -> timedelta | None:
+    """How long a terminated container ran (finishedAt - startedAt), if both are known.
+
+    A container the runtime never started ran for no time at all: containerd records a failed
+    start (reason StartError) without a start time, 0 ns, and the kubelet converts that with
+    time.Unix(0, 0) (pkg/kubelet/kuberuntime/kuberuntime_container.go), so the API shows
+    `startedAt: 1970-01-01T00:00:00Z`. Read as a time it would be a 56-year run, one that
+    restarts the crash-loop series at every failure and resets the exclusions.
+    """
+    started = parse_kube_time(block.get("startedAt"))
+    finished = parse_kube_time(block.get("finishedAt"))
+    if started is None or finished is None:
+        return None
+    if started <= _NEVER_STARTED:
+        return timedelta(0)
+    if finished < started:
+        return None
+    return finished - started
+
+
+def _seconds(delta: timedelta | None) -> int | None:
+    return None if delta is None else int(delta.total_seconds())
+
+
+def _pod_failed(pod: Pod, node: str, cfg: Config) -> Failure | None:
+    status = pod.get("status", {})
+    if status.get("phase") != "Failed":
+        return None
+    reason = status.get("reason", "")
+    if reason not in cfg.failed_pod_reasons:
+        return None
+    message = status.get("message", "")
+    # The longest run any container had: an eviction after two hours of service says the node
+    # went bad, not that the pod never worked anywhere.
+    runs = [
+        length
+        for _, container in _container_statuses(pod)
+        for length in [_run_length(container.get("state", {}).get("terminated", {}))]
+        if length is not None
+    ]
+    return Failure(
+        kind=FailureKind.NODE_FIXABLE,
+        reason=reason,
+        message=message,
+        node=node,
+        ran_for_seconds=_seconds(max(runs)) if runs else None,
+        why=f"node {node} failed the pod ({reason}): {message or 'no message'}",
+    )
+
+
+def _memory_limited(pod: Pod, spec: Mapping[str, Any] | None) -> bool:
+    """Whether the container (or the whole pod) has a memory limit of its own."""
+    pod_limits = (pod.get("spec", {}).get("resources") or {}).get("limits") or {}
+    if pod_limits.get("memory"):
+        return True
+    limits = ((spec or {}).get("resources") or {}).get("limits") or {}
+    return bool(limits.get("memory"))
+
+
+def _recent_failures(
+    status: ContainerStatus, last: Mapping[str, Any], cfg: Config
+) -> tuple[int, str]:
+    """How many times in a row this container failed recently, and how we know.
+
+    `restartCount` is the pod's lifetime count: five restarts weeks ago say nothing about a
+    crash today. A last run longer than `crashloop_recent_run` starts a new series (1), as
+    the kubelet's back-off does; otherwise the back-off in the kubelet's message bounds the
+    series when it is one of the default steps (10s, 20s, 40s, 80s, 160s: 1 to 5 in a row).
+    """
+    restarts = status.get("restartCount", 0)
+    ran = _run_length(last)
+    if ran is not None and ran >= cfg.crashloop_recent_run:
+        return 1, f"its last run lasted {format_duration(ran)}, so this failure starts a series"
+    message = status.get("state", {}).get("waiting", {}).get("message", "")
+    found = _BACK_OFF.match(message or "")
+    if found:
+        try:
+            back_off = parse_duration(found.group(1))
+        except ValueError:
+            back_off = None
+        if back_off is not None and back_off < _BACK_OFF_CAP and back_off in _DEFAULT_BACK_OFFS:
+            in_a_row = _DEFAULT_BACK_OFFS[back_off]
+            if in_a_row < restarts:
+                return in_a_row, (
+                    f"{restarts} restarts in its lifetime, {in_a_row} in a row "
+                    f"(kubelet back-off {found.group(1)})"
+                )
+    return restarts, f"{restarts} restarts"
+
+
+def _container_failure(
+    pod: Pod,
+    status: ContainerStatus,
+    specs: Mapping[tuple[bool, str], Mapping[str, Any]],
+    is_init: bool,
+    node: str,
+    cfg: Config,
+    now: datetime,
+) -> Failure | None:
+    name = status.get("name", "")
+    what = f"{'init container' if is_init else 'container'} {name}"
+    restarts = status.get("restartCount", 0)
+    state = status.get("state", {})
+    waiting = state.get("waiting", {})
+    waiting_reason = waiting.get("reason", "")
+    # The termination that matters: the current one, or the previous run's while the
+    # container waits to restart. Once it runs again (or finished for good: an init container
+    # that completed on retry), lastState is history, not a reason to move a recovered pod.
+    if "terminated" in state:
+        last = state.get("terminated", {})
+    elif "waiting" in state:
+        last = status.get("lastState", {}).get("terminated", {})
+    else:
+        return None
+    ran_for = _seconds(_run_length(last)) if last else 0
+
+    def failure(reason: str, message: str, why: str) -> Failure:
+        return Failure(
+            kind=FailureKind.NODE_FIXABLE,
+            reason=reason,
+            message=message,
+            node=node,
+            container=name or None,
+            init_container=is_init,
+            restart_count=restarts,
+            why=f"{what} on node {node}: {why}",
+            ran_for_seconds=ran_for,
+        )
+
+    last_reason = last.get("reason", "")
+    if last_reason in cfg.termination_reasons:
+        exit_text = f"exit code {last.get('exitCode', '?')}"
+        if last_reason == "OOMKilled" and _memory_limited(pod, specs.get((is_init, name))):
+            # Killed at its own memory limit: the application's doing, and it follows the pod
+            # to every node. Only repeated kills count, like any crash loop (below).
+            pass
+        else:
+            cause = (
+                "without a memory limit of its own: the node ran out of memory"
+                if last_reason == "OOMKilled"
+                else "a termination reason configured to count at first sight"
+            )
+            return failure(
+                last_reason,
+                last.get("message", ""),
+                f"was {last_reason} ({exit_text}), {cause}; it has restarted {restarts} time(s)",
+            )
+    if waiting_reason == CRASH_LOOP_BACK_OFF or last_reason == "OOMKilled":
+        if not last:
+            return None
+        in_a_row, how = _recent_failures(status, last, cfg)
+        if in_a_row < cfg.crashloop_restart_threshold:
+            return None
+        cause = waiting_reason or last_reason
+        last_exit = f"; last exit: {last_reason or 'unknown'} (code {last.get('exitCode', '?')})"
+        return failure(
+            cause,
+            waiting.get("message", "") or last.get("message", ""),
+            f"{cause} after {how} (threshold {cfg.crashloop_restart_threshold}){last_exit}",
+        )
+    if waiting_reason in cfg.waiting_reasons:
+        message = waiting.get("message", "")
+        since = _failing_since(pod, last)
+        if since is None:
+            return None
+        failing_for = now - since
+        if failing_for < cfg.waiting_failure_after:
+            return None
+        return failure(
+            waiting_reason,
+            message,
+            f"waiting with {waiting_reason} for {format_duration(failing_for)} "
+            f"(threshold {format_duration(cfg.waiting_failure_after)}): "
+            f"{message or 'no message'}",
+        )
+    return None
+
+
+def _failing_since(pod: Pod, last: Mapping[str, Any]) -> datetime | None:
+    """Since when a container has been failing to start: its previous run's end, else the
+    moment its sandbox came up (the kubelet's first attempt), else the pod's start."""
+    finished = parse_kube_time(last.get("finishedAt")) if last else None
+    if finished is not None:
+        return finished
+    sandbox = _condition(pod, "PodReadyToStartContainers")
+    if sandbox is not None and sandbox.get("status") == "True":
+        since = parse_kube_time(sandbox.get("lastTransitionTime"))
+        if since is not None:
+            return since
+    return parse_kube_time(pod.get("status", {}).get("startTime"))

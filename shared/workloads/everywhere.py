@@ -1,0 +1,261 @@
+"""When moving cannot help: a workload that fails the same way wherever it runs.
+
+A move is worth its cost when another node would fix the failure. When the same workload has
+failed the same way (the same reason: CrashLoopBackOff, OOMKilled, ...) on several distinct
+nodes and none of its pods is healthy anywhere, the application is broken, or the whole
+cluster is: another move only restarts a pod somewhere else, spends the budget, and piles
+failures onto healthy nodes (enough of them and node-health marks one suspect). Measured on
+the local control plane before this rule: a Deployment of 2 replicas with
+``scheduling-retries: "3"``, crash-looping on every node, was moved 9 times across one rollout
+restart. So update-annotations stops: nothing is charged, no pod is deleted, one Warning Event
+says why, and moves resume when a pod of the workload is healthy somewhere (a node fixed it
+after all, or the application recovered) or its template changes (a Deployment's new
+ReplicaSet is a new holder with a state of its own).
+
+The evidence, and why each part:
+
+- **Same reason on distinct nodes, recorded by moves, seen by a replacement.** The holder's
+  state keeps, for each node a move of the workload was charged for, the failure that moved it
+  (``shared.workloads.state``); what counts are the recorded nodes the failing pod was kept
+  off (the webhook's excluded-nodes stamp on it) and its own node: a replacement that avoided
+  them and failed the same way again. A pod placed before those moves proves nothing (twenty
+  replicas pinned to two bad nodes are each moved once). A sibling failing now counts as a
+  witness below, not as a recorded node: it was judged on its first failure
+  (``shared.workloads.siblings``), and two bad nodes out of many must not stop a workload
+  before a single move was tried. So a stop always needs at least one move whose replacement
+  failed the same way elsewhere.
+- **Two nodes when other pods witness it, three when the workload has one pod.** With other
+  pods of the controller all failing too, the failure was seen by several pods, on several
+  nodes. A workload of one pod is one lineage: the same pod failing on two nodes in a row may
+  simply have met two bad nodes (nodes of one broken pool, the same bad image mirror), and
+  stopping there leaves the only replica down where a third node might have fixed it. A third
+  node costs one more restart; stopping too early costs an outage. So a lone pod needs three.
+- **None healthy anywhere.** Every other pod of the controller, listed with the one LIST the
+  move already makes, must have failed in its current life. A pod that is Ready, never
+  restarted, or Ready for ``crashloop_recent_run`` after its restarts, or that completed (a
+  Job's), is healthy: another node demonstrably fixed the failure, never stop. A pod that has
+  not failed yet (Pending, starting, running without a restart) is not healthy either: with a
+  replacement's failure as evidence, waiting for it would never stop a workload whose pods
+  fail in lockstep (each lineage's replacement is just starting when the other fails; measured
+  in the soak: the whole budget spent). A stop it did not deserve lasts until that pod turns
+  Ready, which lifts it at the next failure. A pod whose containers restarted and is not Ready
+  for that long has failed: a crash-looping container is Ready for the seconds between two
+  crashes when it has no readiness probe, so Ready alone says nothing about it. A pod being
+  deleted, and a pod that ended Failed (a Job keeps those, the pods we moved among them), say
+  nothing.
+- **Nobody missing.** Fewer pods than the ReplicaSet wants means a replacement is on its way,
+  perhaps to a good node: no stop until it shows what it does.
+
+Once stopped, the stop holds (for failures of its reason) until a pod is healthy: a pod that
+merely has not failed yet does not lift it, or the next scale-up would restart the cycle
+before it proved anything.
+
+This module decides (pure, clock passed in); ``shared.workloads.state.plan`` applies the
+verdict and records the stop; update-annotations lists the pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from shared.api.kubetypes import Pod
+from shared.api.times import parse_kube_time
+from shared.platform.config import Config
+from shared.workloads.classify import FailureKind, classify, controller_of
+from shared.workloads.siblings import sibling_evidence
+
+# Distinct nodes one failure reason must have been recorded on (the current one included).
+NODES_WITH_WITNESSES: Final = 2
+NODES_ALONE: Final = 3
+
+
+class Health(StrEnum):
+    """What another pod of the controller says about moving."""
+
+    # Ready (and proven so), or completed: another node fixed the failure.
+    HEALTHY = "healthy"
+    # Has not failed in its current life: it may be on a good node.
+    UNPROVEN = "unproven"
+    # Failed in its current life and not healthy since.
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Witness:
+    """Another pod of the failing pod's controller, as it is now."""
+
+    name: str
+    node: str | None
+    health: Health
+    why: str
+
+
+@dataclass(frozen=True)
+class Witnesses:
+    """The other pods of the controller, and how many more it wants than it has."""
+
+    pods: tuple[Witness, ...] = ()
+    missing: int = 0
+
+
+# A workload of one pod, known without listing (a bare pod has no siblings).
+ALONE: Final = Witnesses()
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A stop recorded in the holder's state: its failure reason, the nodes that showed it,
+    and when it was recorded."""
+
+    reason: str
+    nodes: tuple[str, ...]
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether moving can help; ``why`` says what decided it, for the plan's message."""
+
+    stop: bool
+    why: str
+    # The nodes the failure was seen on (recorded moves and the current node), in that order.
+    nodes: tuple[str, ...] = ()
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == kind:
+            return condition
+    return None
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    status = pod.get("status") or {}
+    total = 0
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            count = container.get("restartCount", 0) if isinstance(container, Mapping) else 0
+            total += count if type(count) is int and count > 0 else 0
+    return total
+
+
+def health_of(pod: Pod, cfg: Config, now: datetime) -> tuple[Health, str]:
+    """How a pod of the controller stands (see the module docstring), and why."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    node = (pod.get("spec") or {}).get("nodeName")
+    where = f"on node {node}" if node else "not bound to a node yet"
+    if phase == "Succeeded":
+        return Health.HEALTHY, f"completed {where}"
+    if phase == "Failed":
+        return Health.FAILED, f"failed {where} ({status.get('reason') or 'phase Failed'})"
+    failure = classify(pod, sibling_evidence(cfg), now)
+    if failure is not None and failure.kind is not FailureKind.EXCLUSIONS_UNSCHEDULABLE:
+        return Health.FAILED, f"failing {where} ({failure.reason})"
+    restarts = _restarts(pod)
+    ready = _condition(pod, "Ready")
+    if ready is not None and ready.get("status") == "True":
+        if restarts == 0:
+            return Health.HEALTHY, f"Ready {where}"
+        since = parse_kube_time(ready.get("lastTransitionTime"))
+        if since is not None and now - since >= cfg.crashloop_recent_run:
+            return Health.HEALTHY, f"Ready {where} since {since:%Y-%m-%dT%H:%M:%SZ}"
+        return Health.FAILED, f"Ready {where} only briefly after {restarts} restart(s)"
+    if restarts:
+        return Health.FAILED, f"not Ready {where} after {restarts} restart(s)"
+    return Health.UNPROVEN, f"not failed yet, {where}"
+
+
+def witnesses_of(
+    pod: Pod,
+    candidates: Iterable[Mapping[str, Any]],
+    cfg: Config,
+    now: datetime,
+    *,
+    replicas: int | None = None,
+) -> Witnesses:
+    """The other pods of ``pod``'s controller among ``candidates`` (the list
+    ``shared.workloads.siblings`` already makes), judged; ``replicas`` is how many pods
+    the controller wants (a ReplicaSet's spec.replicas), None when that is not a fixed
+    number (a Job)."""
+    owner = controller_of(pod)
+    owner_uid = owner.get("uid") if owner else None
+    if not owner_uid:
+        return ALONE
+    own_uid = (pod.get("metadata") or {}).get("uid")
+    found: list[Witness] = []
+    live = 1  # the failing pod itself
+    for candidate in candidates:
+        cmeta = candidate.get("metadata") or {}
+        if cmeta.get("uid") == own_uid or cmeta.get("deletionTimestamp"):
+            continue
+        other: Pod = candidate  # type: ignore[assignment]
+        cowner = controller_of(other)
+        if cowner is None or cowner.get("uid") != owner_uid:
+            continue
+        phase = (other.get("status") or {}).get("phase")
+        if phase == "Failed":
+            # History, not a witness: a Job keeps its failed pods (our evicted ones among
+            # them) until it finishes, and they are the same lineage as the failing pod.
+            continue
+        health, why = health_of(other, cfg, now)
+        # The ReplicaSet controller counts neither terminal nor deleted pods as its own
+        # (FilterActivePods): it replaces them.
+        if phase != "Succeeded":
+            live += 1
+        node = (candidate.get("spec") or {}).get("nodeName") or None
+        found.append(Witness(str(cmeta.get("name", "")), node, health, why))
+    missing = max(replicas - live, 0) if replicas is not None else 0
+    return Witnesses(tuple(sorted(found, key=lambda w: w.name)), missing)
+
+
+def judge(
+    recorded: Mapping[str, str],
+    stopped: Stopped | None,
+    node: str,
+    reason: str,
+    others: Witnesses,
+    kept_off: Iterable[str] = (),
+) -> Verdict:
+    """Whether moving a pod that failed with ``reason`` on ``node`` can help.
+
+    ``recorded`` maps each node a move was charged for to the failure that moved it (the
+    holder's state, pruned); ``stopped`` is the stop already recorded, if any; ``others`` are
+    the other pods of the controller; ``kept_off`` the nodes the failing pod was admitted
+    avoiding (the webhook's stamp).
+
+    The nodes that count are the failing pod's own node and the recorded nodes **it was kept
+    off**: a replacement that avoided the nodes the failure was recorded on and failed the same
+    way again elsewhere. A pod that was already running when the moves were recorded was never
+    given the chance: twenty replicas pinned to two bad nodes are each moved once, not stopped
+    at the second node's first failure (tests/e2e/test_rescheduling_safety.py).
+    """
+    seen = tuple(dict.fromkeys([*(n for n in kept_off if recorded.get(n) == reason), node]))
+    healthy = next((w for w in others.pods if w.health is Health.HEALTHY), None)
+    if healthy is not None:
+        return Verdict(False, f"pod {healthy.name} is {healthy.why}", seen)
+    if stopped is not None and stopped.reason == reason:
+        held = tuple(dict.fromkeys([*stopped.nodes, *seen]))
+        return Verdict(True, "moves stay stopped: no pod of the workload is healthy yet", held)
+    if others.missing:
+        return Verdict(False, f"{others.missing} pod(s) of the workload are not created yet", seen)
+    needed = NODES_WITH_WITNESSES if others.pods else NODES_ALONE
+    if len(seen) < needed:
+        return Verdict(
+            False, f"{reason} was seen on {len(seen)} node(s), fewer than {needed}", seen
+        )
+    failing = (
+        f"its other {len(others.pods)} pod(s) are failing too"
+        if others.pods
+        else "it has no other pod"
+    )
+    return Verdict(
+        True,
+        f"it failed with {reason} on {len(seen)} nodes ({', '.join(seen)}) and {failing}: "
+        "no pod of it is healthy anywhere",
+        seen,
+    )

@@ -1,0 +1,131 @@
+"""Where else a workload is failing now: the nodes a move records besides its own.
+
+When several nodes fail one workload at once (its pods prefer them, or they were simply
+placed there), the first move used to record only its own node. Its replacement was admitted
+with that one exclusion and the scheduler, free to use the other faulty nodes, often picked
+one of them (the same preference, or an emptied node scoring best): one more failure, one
+more move, one more trip to the crash-loop threshold. So when update-annotations records a
+move of a pod whose budget is the workload's (a ReplicaSet's, a Job's), it lists the pods of
+the same controller once and `shared.workloads.state.plan` excludes, without charging a move,
+every other node where one of them is failing now.
+
+What counts is what detect-failures would call a node failure (`classify`, kind
+node-fixable), with one difference: a sibling need not have repeated its failure as often or as
+long. Those thresholds (`crashloop_restart_threshold` restarts in a row,
+`waiting_failure_after` of failed pulls or starts) keep one crash from costing a move; a
+sibling's node costs no move, and the pod being moved has just crossed them, so the workload is
+failing in earnest. Waiting for the siblings to cross them too is what loses the race: the
+first pod crosses the threshold a moment before the pods on the other faulty node do, and its
+replacement is admitted in that moment. Measured on the local control plane with 12 replicas
+on two crash-looping nodes: with the thresholds kept, 2 of 3 runs still wasted a move (the
+first move found every pod on the other node one restart short). So a sibling counts from the
+first failure of its current series: in CrashLoopBackOff (or OOM-killed) now, or waiting with
+a failed pull or start. Everything else still says nothing about its node: a pod failing for a
+reason no node can fix (a missing Secret, an image that does not exist), a pod running again,
+being deleted or opted out, and a pod whose own move would not record its node (its container
+ran longer than reset-after before it failed, see `shared.workloads.state`). A pod on the failing
+pod's own node adds nothing.
+
+StatefulSets are left out: their exclusions are kept per pod name (web-0 failing on a node says
+nothing about where web-1, with its own volume and identity, may run), so a sibling's node is
+recorded when that sibling moves. A bare pod has no siblings.
+
+The list is narrowed by the failing pod's labels (the controller's template labels, with
+`pod-template-hash` or the Job's `controller-uid`); siblings are then only the pods whose
+controller reference has the failing pod's controller uid. Labels a controller sets per pod
+are left out of the selector: an Indexed Job's `batch.kubernetes.io/job-completion-index`
+differs on every index, and kept in it would find only the retries of the same index.
+
+This module decides (pure); update-annotations lists the candidates, once per move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from shared.api.kubetypes import Pod
+from shared.platform.config import Config
+from shared.workloads.classify import FailureKind, classify, controller_of
+
+# The Job controller labels (and annotates) each pod of an Indexed Job with its completion
+# index (addCompletionIndexLabel in pkg/controller/job): the one label that differs between
+# pods of the same controller.
+JOB_COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
+_PER_POD_LABELS: Final = frozenset({JOB_COMPLETION_INDEX_LABEL})
+
+
+def sibling_evidence(cfg: Config) -> Config:
+    """The classifier's settings for a sibling: the first failure of a series counts (see the
+    module docstring); every other rule is the configured one."""
+    return replace(cfg, crashloop_restart_threshold=1, waiting_failure_after=timedelta(0))
+
+
+@dataclass(frozen=True)
+class FailingSibling:
+    """Another pod of the same controller, failing now on another node."""
+
+    name: str
+    node: str
+    reason: str
+
+
+def sibling_selector(pod: Mapping[str, Any]) -> str | None:
+    """A label selector for the pods of the same controller: the pod's labels, without the
+    ones its controller sets per pod. None when nothing is left to select on."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    shared = sorted((k, v) for k, v in labels.items() if k not in _PER_POD_LABELS)
+    if not shared:
+        return None
+    return ",".join(f"{key}={value}" for key, value in shared)
+
+
+def failing_siblings(
+    pod: Pod,
+    candidates: Iterable[Mapping[str, Any]],
+    cfg: Config,
+    now: datetime,
+    *,
+    reset_after: timedelta,
+) -> tuple[FailingSibling, ...]:
+    """The other pods of ``pod``'s controller that are failing now, on a node other than
+    ``pod``'s, for a reason another node could fix; ordered by node, then name.
+
+    ``candidates`` are the pods listed by `sibling_selector` (anything else is ignored);
+    ``cfg`` is the functions' configuration (judged with `sibling_evidence`); ``reset_after``
+    is the workload's (a failure after a longer run records no node).
+    """
+    meta = pod.get("metadata") or {}
+    owner = controller_of(pod)
+    owner_uid = owner.get("uid") if owner else None
+    if not owner_uid:
+        return ()
+    own_uid, own_node = meta.get("uid"), (pod.get("spec") or {}).get("nodeName")
+    evidence = sibling_evidence(cfg)
+    found = []
+    for candidate in candidates:
+        cmeta = candidate.get("metadata") or {}
+        node = (candidate.get("spec") or {}).get("nodeName")
+        if not node or node == own_node or cmeta.get("uid") == own_uid:
+            continue
+        if cmeta.get("deletionTimestamp"):
+            continue  # already going: its move (or a person's delete) is under way
+        sibling: Pod = candidate  # type: ignore[assignment]
+        cowner = controller_of(sibling)
+        if cowner is None or cowner.get("uid") != owner_uid:
+            continue
+        failure = classify(sibling, evidence, now)
+        if failure is None or failure.kind is not FailureKind.NODE_FIXABLE or not failure.node:
+            continue
+        ran = failure.ran_for_seconds
+        if ran is not None and timedelta(seconds=ran) > reset_after:
+            continue
+        found.append(FailingSibling(str(cmeta.get("name", "")), failure.node, failure.reason))
+    return tuple(sorted(found, key=lambda s: (s.node, s.name)))
+
+
+def nodes_of(siblings: Iterable[FailingSibling]) -> tuple[str, ...]:
+    """The distinct nodes of ``siblings``, in their order."""
+    return tuple(dict.fromkeys(s.node for s in siblings))
