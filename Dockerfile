@@ -9,7 +9,7 @@
 #
 # The image holds the runtime dependencies (requirements.txt), shared/, the one function and
 # the gunicorn settings every function uses, nothing else. It starts the function exactly as
-# stack/functions.py::command() does locally (tests/e2e/test_function_commands.py compares).
+# dev/stack/functions.py::command() does locally (tests/e2e/test_function_commands.py compares).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 

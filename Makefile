@@ -49,41 +49,41 @@ fuzz: venv
 # The control plane and the whole pipeline (functions, Knative's Broker, event source, webhook), in
 # the background; `make down` stops it all.
 up: venv cluster-bins adapter-bin
-	$(PY) -m localcluster up --dir .local --nodes $(or $(NODES),4) --with stack.up:components
+	$(PY) -m dev.localcluster up --dir .local --nodes $(or $(NODES),4) --with dev.stack.up:components
 	@echo "pipeline (broker URL, function URLs, event archive, logs):"
 	@cat .local/stack.json
 
 down:
-	$(PY) -m localcluster down --dir .local
+	$(PY) -m dev.localcluster down --dir .local
 
 # Replay recorded events: make replay FILE=.local/stack/archive.jsonl ARGS="--dry-run"
 replay: venv
-	$(PY) -m tools.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
+	$(PY) -m dev.tools.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
 
 # Benchmarks against the peers (vanilla, the descheduler) on the local control plane (issue 6):
-# bench/results/<date>.json, plots, bench/RESULTS.md. bench-quick: tiny sizes, for CI.
+# dev/bench/results/<date>.json, plots, dev/bench/RESULTS.md. bench-quick: tiny sizes, for CI.
 bench: venv cluster-bins adapter-bin
-	$(PY) -m bench
+	$(PY) -m dev.bench
 
 bench-quick: venv cluster-bins adapter-bin
-	$(PY) -m bench --quick $(if $(OUT),--out $(OUT))
+	$(PY) -m dev.bench --quick $(if $(OUT),--out $(OUT))
 
 # Chaos (issue 11): a failure storm of 100 pods while update-annotations is SIGKILLed, the API
 # server and etcd restart and the network around Knative's Broker loses source events, resets
 # deliveries, duplicates and holds back requests (Knative retrying); then the invariants
-# (docs/reliability.md). Writes bench/results/chaos-<date>.json and the table in
+# (docs/reliability.md). Writes dev/bench/results/chaos-<date>.json and the table in
 # docs/reliability.md; exits 1 on any violation. SEED=n picks another fault schedule. CI runs
 # the short version (tests/e2e/test_chaos_quick.py).
 chaos: venv cluster-bins adapter-bin
-	$(PY) -m bench.chaos $(if $(SEED),--seed $(SEED))
+	$(PY) -m dev.bench.chaos $(if $(SEED),--seed $(SEED))
 
 # Soak (do no harm on a production cluster): every function for ten minutes on a local cluster
 # with what real ones have (operator labels and taints, kube-system add-ons, local volumes,
 # CronJobs, nodes joining, drained and leaving) and faulty nodes; then the invariants
-# (docs/reliability.md, "Soak"). Writes bench/results/soak-<date>.json; exits 1 on any violation.
+# (docs/reliability.md, "Soak"). Writes dev/bench/results/soak-<date>.json; exits 1 on any violation.
 # CI runs the short version (tests/e2e/test_soak_quick.py).
 soak: venv cluster-bins adapter-bin
-	$(PY) -m bench.soak
+	$(PY) -m dev.bench.soak
 
 # Images and per-function deploys to a Knative cluster (needs a container engine).
 include hack/deploy.mk
@@ -92,4 +92,4 @@ include hack/deploy.mk
 # workloads moved off the bad nodes, narrated live; ends with a summary and a timeline PNG.
 # DEMO_ARGS passes options, e.g. DEMO_ARGS="--existing" for the cluster in $KUBECONFIG.
 demo: venv cluster-bins adapter-bin
-	$(PY) -m stack.demo $(DEMO_ARGS)
+	$(PY) -m dev.stack.demo $(DEMO_ARGS)

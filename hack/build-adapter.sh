@@ -10,7 +10,7 @@
 # against (config/core/resources, config/channels/in-memory-channel/resources,
 # config/core/configmaps; the broker filter's and ingress's roles and the channel dispatcher's)
 # to config/ beside them. Locally they run as processes against the local kube-apiserver
-# (pipeline/broker.py, pipeline/source.py). Prints the directory.
+# (dev/pipeline/broker.py, dev/pipeline/source.py). Prints the directory.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

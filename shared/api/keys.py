@@ -202,6 +202,6 @@ EVENT_POD_REBALANCED: Final = "io.kn-rescheduler.pod.rebalanced"
 SIM_CPU_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu-usage"
 SIM_MEMORY_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/memory-usage"
 # What one pod actually uses (cores, bytes), in the load benchmark's usage model: a node's
-# simulated usage is its background plus the pods running on it (bench/loadaware.py).
+# simulated usage is its background plus the pods running on it (dev/bench/loadaware.py).
 SIM_POD_CPU_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu"
 SIM_POD_MEMORY_ANNOTATION: Final = "sim.kn-rescheduler.io/memory"

@@ -163,7 +163,7 @@ class Config:
     # Also taint a suspect node PreferNoSchedule (the label alone steers only opted-in pods).
     suspect_taint: bool = True
     # Weight of a preferred node affinity away from suspect nodes on opted-in pods; 0 (the
-    # default): none. Measured (bench/RESULTS.md): the taint alone gives one move per
+    # default): none. Measured (dev/bench/RESULTS.md): the taint alone gives one move per
     # recovery, and a term every healthy node matches dilutes the pod's own preferences even
     # when no node is suspect (the scheduler normalizes NodeAffinity scores by their maximum).
     suspect_affinity_weight: int = 0
@@ -243,7 +243,7 @@ class Config:
     # Also evict pods whose replacements the stock scheduler places by requests alone (no
     # kn-rescheduler-load-aware schedulerName, no load-label affinity) off an uncordoned node.
     # Turn on when the default scheduler calls score-nodes (knative/scheduler/); otherwise the
-    # replacement tends to land back on the hot node (bench/RESULTS.md, section 9).
+    # replacement tends to land back on the hot node (dev/bench/RESULTS.md, section 9).
     rebalance_any_placement: bool = False
 
     def __post_init__(self) -> None:

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
+from dev.localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
+from dev.stack import webhook as webhook_setup
+from dev.stack.functions import FunctionServer, environment
 from shared.api.keys import (
     APISERVER_UPDATE,
     LOAD_LABEL,
@@ -41,8 +43,6 @@ from shared.platform.kube import Kube
 from shared.pods.detect_failures.decide import detect
 from shared.pods.update_annotations.handler import Rescheduler
 from shared.workloads.state import WorkloadState, load_state
-from stack import webhook as webhook_setup
-from stack.functions import FunctionServer, environment
 from tests.handlers.conftest import function_client  # noqa: F401 - shared fixture
 
 FAULTY_PREFERENCE_WEIGHT = 100

@@ -19,7 +19,7 @@ from typing import Any, Final
 import yaml
 from kubernetes import client as k8s
 
-from localcluster.bins import ensure_bins
+from dev.localcluster.bins import ensure_bins
 from shared.api.keys import DEFAULT_NAMESPACE
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import flask.testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster import Cluster
+from dev.localcluster import Cluster
 from shared.api.keys import LOAD_LABEL, MAINTENANCE_LABEL, PING_EVENT_TYPE, USAGE_ANNOTATION
 from shared.nodes.usage import UsageRecord
 from shared.platform.kube import Kube

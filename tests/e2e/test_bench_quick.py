@@ -1,4 +1,5 @@
-"""The benchmark harness still works: ``python -m bench --quick`` end to end (as make bench-quick).
+"""The benchmark harness still works: ``python -m dev.bench --quick`` end to end (as make
+bench-quick).
 
 Asserts that every measurement produced numbers (present, finite, positive where they must be),
 never that they are fast: CI machines are shared and the quick sizes are tiny.
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench.common import finite_numbers
+from dev.bench.common import finite_numbers
 
 # The first test also runs the suite (module fixture): room for a first descheduler build.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
@@ -31,7 +32,7 @@ def positive(value: Any) -> bool:
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench-quick")
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "dev.bench", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -140,7 +141,7 @@ def test_load_aware_placement_has_numbers_for_every_system(results: dict[str, An
 
 def check_load(load: dict[str, Any]) -> None:
     """What ``--only load`` must produce (also run by hand on a saved results file)."""
-    from bench.loadaware import QUICK_LOAD, system_names  # noqa: PLC0415 - only this test's
+    from dev.bench.loadaware import QUICK_LOAD, system_names  # noqa: PLC0415 - only this test's
 
     systems = load["systems"]
     assert load["failures"] == {}
@@ -179,7 +180,16 @@ def check_load(load: dict[str, Any]) -> None:
 def test_the_extender_part_measures_every_size_and_verb(tmp_path: Path) -> None:
     # Named with --only (it is not part of the full suite): its own quick run, no cluster.
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "extender", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "dev.bench",
+            "--quick",
+            "--only",
+            "extender",
+            "--out",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -208,7 +218,7 @@ def test_the_broker_part_shows_a_failing_subscriber_stalling_the_next_event_only
 ) -> None:
     # Named with --only: its own quick run on a small control plane.
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "broker", "--out", str(tmp_path)],
+        [sys.executable, "-m", "dev.bench", "--quick", "--only", "broker", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

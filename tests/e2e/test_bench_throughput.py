@@ -1,4 +1,4 @@
-"""The throughput part (``python -m bench --quick --only throughput``) end to end: each
+"""The throughput part (``python -m dev.bench --quick --only throughput``) end to end: each
 scheduler bound every batch, the extender's scheduler called score-nodes for every pod and the
 other two never did, all under the one clientConnection. Asserts numbers exist, never that they
 are fast: CI machines are shared and the quick sizes are tiny."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.throughput import CLIENTS, QUICK_SIZES, SYSTEMS
+from dev.bench.throughput import CLIENTS, QUICK_SIZES, SYSTEMS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -24,7 +24,16 @@ def test_each_scheduler_binds_every_batch_and_only_the_second_calls_the_extender
     tmp_path: Path,
 ) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "throughput", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "dev.bench",
+            "--quick",
+            "--only",
+            "throughput",
+            "--out",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Knative's own Broker data plane, wired by pipeline/broker.py, on the real local API server.
+"""Knative's own Broker data plane, wired by dev/pipeline/broker.py, on the real local API server.
 
 What these tests pin down is our wiring, not Knative's code: that the statuses we write in place
 of Knative's controllers make its ingress, channel dispatcher and filter route every event to
@@ -26,8 +26,8 @@ import yaml
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from pipeline import triggers as trigger_manifests
-from pipeline.broker import DISPATCHER_PORT, KnativeBroker
+from dev.pipeline import triggers as trigger_manifests
+from dev.pipeline.broker import DISPATCHER_PORT, KnativeBroker
 from shared.api.keys import (
     APISERVER_ADD,
     APISERVER_DELETE,

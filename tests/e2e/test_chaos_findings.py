@@ -1,4 +1,4 @@
-"""What the chaos suite (bench/chaos) found, each as a focused reproduction on the real control
+"""What the chaos suite (dev/bench/chaos) found, each as a focused reproduction on the real control
 plane: update-annotations dies at one exact moment, then the event is delivered again, as the
 Broker does after a delivery that got no answer.
 
@@ -7,7 +7,7 @@ client here is the real one, raising a ``BaseException`` (nothing in the handler
 as nothing runs after a SIGKILL) at the moment the process would die. Everything before that
 moment really happened on the API server.
 
-Found by ``python -m bench.chaos`` (seed 11):
+Found by ``python -m dev.bench.chaos`` (seed 11):
 
 - a SIGKILL after the pod's removal and before its ``Rescheduled`` Event: the redelivery finds
   the pod gone (or being deleted), says "nothing to do", and the move, counted in the

@@ -1,16 +1,16 @@
-"""The short chaos run (``python -m bench.chaos --quick``, about a minute and a half) holds
+"""The short chaos run (``python -m dev.bench.chaos --quick``, about a minute and a half) holds
 every invariant, and its faults really happened.
 
 The run starts its own local control plane (six nodes, two of them faulty) and the whole
 pipeline, creates a storm of failing pods across Deployments, StatefulSets, Jobs and bare pods,
 and for 50 s SIGKILLs update-annotations (on state writes and at random), restarts
-kube-apiserver and etcd, and has the forwards of Knative's data plane (pipeline/faults.py) lose
+kube-apiserver and etcd, and has the forwards of Knative's data plane (dev/pipeline/faults.py) lose
 source events at the ingress, reset connections to the functions before a request or instead of
 its answer, repeat and hold back requests, Knative's dispatcher retrying (25 s and one more wave
 of pods at a time, twice at most, until a kill has landed between a state write and the removal
 it was for: that moment is a race). Then
 it waits for every replica to be healthy and judges the invariants on what the API server says
-(bench/chaos/invariants.py). A run that injected no fault of some kind proves nothing about
+(dev/bench/chaos/invariants.py). A run that injected no fault of some kind proves nothing about
 it, so each kind is counted here too.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from bench.chaos.invariants import INVARIANTS
+from dev.bench.chaos.invariants import INVARIANTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("chaos-quick")
     done = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "dev.bench.chaos", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

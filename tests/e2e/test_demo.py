@@ -1,6 +1,6 @@
 """`make demo` end to end: its own cluster and pipeline, its verdict, its summary, its chart.
 
-The demo runs as its users run it (``python -m stack.demo`` in a subprocess, its own control
+The demo runs as its users run it (``python -m dev.stack.demo`` in a subprocess, its own control
 plane and pipeline, nothing shared with the session's cluster), and the test then checks what
 it claims against what it wrote: summary.json (built from the API server's state and the
 Broker's archive) and the PNG. Its first act moves pods off faulty nodes and turns one of them
@@ -33,7 +33,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run_dir, png = base / "run", base / "chart" / "timeline.png"
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "stack.demo", "--run-dir", str(run_dir), "--png", str(png)],
+        [sys.executable, "-m", "dev.stack.demo", "--run-dir", str(run_dir), "--png", str(png)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -3,7 +3,7 @@ the real control plane, and no pod's literal env values reach those logs.
 
 By default a function logs one compact line per event and the whole (redacted) event only when
 it led to a reply, an API write, a 4xx or a 5xx (shared/platform/events.py). These tests take the
-lines the functions really wrote and feed them to the replay tool (tools/replay.py).
+lines the functions really wrote and feed them to the replay tool (dev/tools/replay.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
+from dev.stack.stack import Stack
+from dev.tools import replay
 from shared.api.keys import EVENT_POD_EXHAUSTED, EVENT_POD_FAILING, POLICY_ANNOTATION
 from shared.platform import logs
 from shared.platform.kube import Kube
-from stack.stack import Stack
 from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import failing_pod, only, pods, ready
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
-from tools import replay
 
 pytestmark = pytest.mark.e2e
 

@@ -34,7 +34,8 @@ import jsonpatch
 import pytest
 from kubernetes import client as k8s
 
-from localcluster.procs import Proc
+from dev.localcluster.procs import Proc
+from dev.stack.functions import FUNCTIONS, command, free_port
 from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
@@ -44,7 +45,6 @@ from shared.api.keys import (
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import classify
-from stack.functions import FUNCTIONS, command, free_port
 from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (
     NAMESPACE,

@@ -31,13 +31,13 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from bench import images
+from dev.bench import images
+from dev.stack.functions import FUNCTIONS, free_port
+from dev.stack.webhook import make_tls
 from shared.api.keys import EVENT_POD_FAILING, POLICY_ANNOTATION
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import classify
-from stack.functions import FUNCTIONS, free_port
-from stack.webhook import make_tls
 from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (
     NAMESPACE,

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dev.stack.stack import Stack
 from shared.api.keys import (
     IGNORE_DISRUPTIONS_ANNOTATION,
     POLICY_ANNOTATION,
@@ -25,7 +26,6 @@ from shared.api.keys import (
     REASON_RESCHEDULED,
 )
 from shared.platform.kube import Kube
-from stack.stack import Stack
 from tests.e2e.conftest import pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, pods
 

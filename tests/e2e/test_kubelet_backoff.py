@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from localcluster import Cluster
-from localcluster.kubelet import Timing
-from localcluster.rest import ApiError
+from dev.localcluster import Cluster
+from dev.localcluster.kubelet import Timing
+from dev.localcluster.rest import ApiError
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from localcluster import Cluster
-from localcluster.rest import ApiError
+from dev.localcluster import Cluster
+from dev.localcluster.rest import ApiError
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@
 The function runs in-process exactly as functions-framework serves it (its own module, its
 own settings from the environment), with a real API client and the real Prometheus HTTP API;
 each evaluation is one PingSource event posted to it. The rules are the local stack's
-(stack/pressure-rules.yaml: CPU over 70 % labels, under 60 % clears). Usage is set on a Node's
+(dev/stack/pressure-rules.yaml: CPU over 70 % labels, under 60 % clears). Usage is set on a Node's
 simulated node-exporter (localcluster.nodeexporter), scraped every second.
 """
 
@@ -21,7 +21,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster import Cluster
+from dev.localcluster import Cluster
+from dev.stack.functions import ROOT, command
 from shared.api.keys import (
     PING_EVENT_TYPE,
     PRESSURE_ANNOTATION,
@@ -36,13 +37,12 @@ from shared.platform import kube as kubeapi
 from shared.platform.config import Config
 from shared.platform.kube import Kube
 from shared.platform.prometheus import Prometheus
-from stack.functions import ROOT, command
 from tests.e2e.conftest import wait_for
 from tests.handlers.conftest import ClientFactory, cloudevent
 
 pytestmark = pytest.mark.e2e
 
-RULES = ROOT / "stack" / "pressure-rules.yaml"
+RULES = ROOT / "dev" / "stack" / "pressure-rules.yaml"
 CPU_RULE = '100 * (1 - avg by (node) (rate(node_cpu_seconds_total{mode="idle"}[10s])))'
 STALE_AFTER = 8.0
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import requests
 
+from dev.stack.functions import free_port
+from dev.stack.stack import Stack
+from dev.stack.up import load_aware_scheduler_config
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, LOAD_LABEL
 from shared.platform.kube import Kube
-from stack.functions import free_port
-from stack.stack import Stack
-from stack.up import load_aware_scheduler_config
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_label_nodes import reads
 

@@ -28,9 +28,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from localcluster import FAULT_ANNOTATION, Cluster
-from localcluster import pki as lpki
-from localcluster.procs import cmdline, names_path, pid_alive
+from dev.localcluster import FAULT_ANNOTATION, Cluster
+from dev.localcluster import pki as lpki
+from dev.localcluster.procs import cmdline, names_path, pid_alive
 from shared.api.keys import SIM_FAULT_LABEL
 
 pytestmark = pytest.mark.e2e
@@ -753,7 +753,7 @@ def _ours(directory: Path, bins_dir: str) -> list[int]:
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "localcluster", *args],
+        [sys.executable, "-m", "dev.localcluster", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -790,7 +790,7 @@ def test_up_then_down_leaves_no_process_behind(cluster: Cluster) -> None:
 
 _HARNESS = """
 import sys, json, time
-from localcluster import Cluster
+from dev.localcluster import Cluster
 c = Cluster(sys.argv[1], nodes=1, quiet=True).start()
 print(json.dumps(c.pids()), flush=True)
 time.sleep(600)

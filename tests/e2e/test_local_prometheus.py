@@ -23,15 +23,15 @@ from typing import Any
 import pytest
 import requests
 
-from localcluster import Cluster
-from localcluster.__main__ import cluster_processes
-from localcluster.procs import cmdline, pid_alive
-from localcluster.prometheus import LocalPrometheus, find_binary
+from dev.localcluster import Cluster
+from dev.localcluster.__main__ import cluster_processes
+from dev.localcluster.procs import cmdline, pid_alive
+from dev.localcluster.prometheus import LocalPrometheus, find_binary
+from dev.stack.functions import free_port
 from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 from shared.nodes.annotate_usage.decide import Measured
 from shared.nodes.annotate_usage.sources import PrometheusSource
 from shared.platform.prometheus import Prometheus
-from stack.functions import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -311,7 +311,7 @@ def test_stopping_the_cluster_leaves_no_prometheus_process(tmp_path: Path) -> No
 
 _HARNESS = """
 import sys, json, time
-from localcluster import Cluster
+from dev.localcluster import Cluster
 c = Cluster(sys.argv[1], nodes=1, quiet=True).start()
 print(json.dumps(c.state()["prometheus_pid"]), flush=True)
 time.sleep(600)

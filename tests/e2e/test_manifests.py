@@ -2,7 +2,7 @@
 Knative's own CRDs accepts every object of it.
 
 The first tests read the rendered manifests (kustomize) and check the contracts between them:
-the webhook registration against the local one in stack/webhook.py, the ClusterIP Service
+the webhook registration against the local one in dev/stack/webhook.py, the ClusterIP Service
 against the webhook's container port, the config against the webhook's namespaceSelector, the
 alerts and the dashboard against the metrics the functions export. The last tests install the
 real Knative CRDs into the local control plane and apply everything with a server-side dry run
@@ -25,14 +25,14 @@ import yaml
 from kubernetes import client as k8s
 from prometheus_client import Counter, Gauge, Histogram
 
+from dev.stack import webhook as local_webhook
+from dev.stack.functions import FUNCTIONS
 from shared.api.keys import OPT_OUT_LABEL, OPTED_IN_LABEL
 from shared.nodes.annotate_usage import handler as annotator
 from shared.nodes.rebalance_nodes import handler as rebalancer
 from shared.nodes.score_nodes import handler as extender_http
 from shared.platform import metrics
 from shared.platform.config import Config
-from stack import webhook as local_webhook
-from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
     KNATIVE_CRDS,
     KNATIVE_DIR,

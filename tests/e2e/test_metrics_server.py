@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from localcluster import Cluster
-from localcluster import metricsserver as ms
+from dev.localcluster import Cluster
+from dev.localcluster import metricsserver as ms
 from shared.api.keys import (
     LOAD_LABEL,
     PING_EVENT_TYPE,

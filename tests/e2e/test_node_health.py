@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from dev.stack.stack import Stack
 from shared.api.keys import (
     AVOID_PRESSURE_KEY,
     EVENT_NODE_SUSPECTED,
@@ -32,7 +33,6 @@ from shared.api.keys import (
 from shared.platform.kube import Kube
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import Failure, FailureKind
-from stack.stack import Stack
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 from tests.e2e.test_pipeline import workload as workload_body
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from dev.stack.stack import Stack
+from dev.tools import replay
 from shared.api.keys import (
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
@@ -24,10 +26,8 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.platform.kube import Kube
-from stack.stack import Stack
 from tests.e2e.conftest import pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, only, pods, ready
-from tools import replay
 
 pytestmark = pytest.mark.e2e
 

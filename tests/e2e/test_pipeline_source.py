@@ -25,9 +25,9 @@ from kubernetes import client as k8s
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from localcluster.cluster import Cluster
-from pipeline.broker import KnativeBroker
-from pipeline.source import ApiServerSource
+from dev.localcluster.cluster import Cluster
+from dev.pipeline.broker import KnativeBroker
+from dev.pipeline.source import ApiServerSource
 
 pytestmark = pytest.mark.e2e
 

@@ -26,9 +26,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from dev.stack.functions import FUNCTIONS
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
 from shared.pods.update_annotations import handler as reschedule
-from stack.functions import FUNCTIONS
 from tests.e2e.knative_manifests import (
     KNATIVE_DIR,
     NAMESPACE,

@@ -22,7 +22,7 @@ import flask.testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster import Cluster, production
+from dev.localcluster import Cluster, production
 from shared.api.keys import (
     EVENT_POD_REBALANCED,
     HOT_STREAK_ANNOTATION,

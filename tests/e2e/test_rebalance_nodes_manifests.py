@@ -17,7 +17,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from localcluster import Cluster
+from dev.localcluster import Cluster
+from dev.stack.functions import ROOT
 from shared.api.keys import (
     EVENT_POD_REBALANCED,
     HOT_STREAK_ANNOTATION,
@@ -26,7 +27,6 @@ from shared.api.keys import (
     REBALANCE_KEY,
 )
 from shared.platform.kube import Kube
-from stack.functions import ROOT
 from tests.e2e.knative_manifests import (
     NAMESPACE,
     Obj,

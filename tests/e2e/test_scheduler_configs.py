@@ -33,11 +33,11 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from localcluster.bins import ensure_bins
-from localcluster.procs import Proc
-from localcluster.rest import ApiError
+from dev.localcluster.bins import ensure_bins
+from dev.localcluster.procs import Proc
+from dev.localcluster.rest import ApiError
+from dev.stack.functions import free_port
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
-from stack.functions import free_port
 from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (
     KNATIVE_DIR,

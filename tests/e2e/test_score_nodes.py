@@ -21,12 +21,12 @@ from typing import Any, cast
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster import Cluster
-from localcluster.rest import ApiError
+from dev.localcluster import Cluster
+from dev.localcluster.rest import ApiError
+from dev.stack.functions import FunctionServer, environment, free_port
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
 from shared.api.kubetypes import Node, Pod
 from shared.nodes.usage import Estimate, Reading, UsageRecord, allocatable, estimate
-from stack.functions import FunctionServer, environment, free_port
 from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e

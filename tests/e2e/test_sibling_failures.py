@@ -27,6 +27,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
+from dev.stack.stack import Stack
 from shared.api.keys import (
     EVENT_POD_RESCHEDULED,
     POLICY_ANNOTATION,
@@ -34,7 +35,6 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.platform.kube import Kube, KubeError
-from stack.stack import Stack
 from tests.e2e.conftest import FAULTY_PREFERENCE_WEIGHT, Loop, state_of, wait_for
 from tests.e2e.test_moves import account, post
 from tests.e2e.test_pipeline import replies_for, settled

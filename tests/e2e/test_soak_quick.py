@@ -1,12 +1,12 @@
-"""The short soak (``python -m bench.soak --quick``, about three minutes) on a production-like
+"""The short soak (``python -m dev.bench.soak --quick``, about three minutes) on a production-like
 local cluster: it runs, every invariant of doing no harm looked at something, and the figures
 say how much happened.
 
 The run starts its own control plane (seven nodes, three faulty, the default scheduler calling
-score-nodes as its extender, Prometheus) with the neighbours of localcluster/production.py, the
+score-nodes as its extender, Prometheus) with the neighbours of dev/localcluster/production.py, the
 whole pipeline and rebalance-nodes, then a timeline: a node runs hot, an add-on restarts, a node
 joins, one is cordoned and drained, the joined one leaves. The invariants are judged on the
-harness's own watches (bench/soak/invariants.py). A violation is reported with its evidence;
+harness's own watches (dev/bench/soak/invariants.py). A violation is reported with its evidence;
 whether the product passes is the last test, kept apart so that a finding does not hide that
 the harness itself worked.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak.invariants import INVARIANTS
+from dev.bench.soak.invariants import INVARIANTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("soak-quick")
     done = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "dev.bench.soak", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

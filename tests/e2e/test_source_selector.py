@@ -24,8 +24,11 @@ import requests
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from pipeline.broker import KnativeBroker
-from pipeline.source import ApiServerSource
+from dev.pipeline.broker import KnativeBroker
+from dev.pipeline.source import ApiServerSource
+from dev.stack import webhook as webhook_setup
+from dev.stack.functions import ROOT, FunctionServer, environment
+from dev.stack.stack import PING_TYPE
 from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
@@ -36,9 +39,6 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.platform.kube import Kube
-from stack import webhook as webhook_setup
-from stack.functions import ROOT, FunctionServer, environment
-from stack.stack import PING_TYPE
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 
 pytestmark = pytest.mark.e2e

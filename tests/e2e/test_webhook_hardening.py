@@ -25,10 +25,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from localcluster.procs import Proc
+from dev.localcluster.procs import Proc
+from dev.stack import webhook as webhook_setup
+from dev.stack.functions import FunctionServer, environment, free_port
 from shared.api.keys import POLICY_ANNOTATION
-from stack import webhook as webhook_setup
-from stack.functions import FunctionServer, environment, free_port
 from tests.e2e.conftest import wait_for
 from tests.unit import pods
 

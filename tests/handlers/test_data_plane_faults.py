@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import requests
 
-from pipeline.faults import SOURCE, Faults, FaultSpec
-from pipeline.netns import PASS, Action, Decision, Forward, Message
+from dev.pipeline.faults import SOURCE, Faults, FaultSpec
+from dev.pipeline.netns import PASS, Action, Decision, Forward, Message
 
 
 @dataclass

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from dev.tools import replay
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.platform import logs
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 from tests.unit import pods
 from tests.unit.secret_pods import PASSWORD, SECRETS, with_secrets
-from tools import replay
 
 NAME = "web-7d9c8b6f4-x2x9z"
 SOURCE_ATTRS = {

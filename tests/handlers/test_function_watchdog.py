@@ -14,8 +14,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from localcluster.procs import pid_alive
-from stack.functions import FunctionServer, Watchdog, environment
+from dev.localcluster.procs import pid_alive
+from dev.stack.functions import FunctionServer, Watchdog, environment
 
 
 def answers(url: str) -> bool:

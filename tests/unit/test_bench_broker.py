@@ -9,10 +9,10 @@ from pathlib import Path
 import requests
 import yaml
 
-from bench import broker as bench_broker
-from bench.common import ROOT, broker_manifests
-from bench.selector import DETECT_FILTER, source_events
-from pipeline import triggers
+from dev.bench import broker as bench_broker
+from dev.bench.common import ROOT, broker_manifests
+from dev.bench.selector import DETECT_FILTER, source_events
+from dev.pipeline import triggers
 
 
 def test_the_shipped_broker_and_triggers_move_to_another_namespace(tmp_path: Path) -> None:

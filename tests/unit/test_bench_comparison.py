@@ -11,15 +11,15 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
-from bench import report
-from bench.common import ROOT
-from bench.tracker import Tracker
-from localcluster.podstatus import PodRun, on_exit, pod_status, restart_delay
-from localcluster.rest import Rest
+from dev.bench import report
+from dev.bench.common import ROOT
+from dev.bench.tracker import Tracker
+from dev.localcluster.podstatus import PodRun, on_exit, pod_status, restart_delay
+from dev.localcluster.rest import Rest
 
 JSON = dict[str, Any]
 # The committed full run (2026-11-23): the compressed clock, the prefer-faulty scenario.
-FULL_RUN = ROOT / "bench" / "results" / "2026-11-23.json"
+FULL_RUN = ROOT / "dev" / "bench" / "results" / "2026-11-23.json"
 
 
 def a_real_backoff_spread_run(tmp_path: Path) -> Path:

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bench.__main__ import main
-from bench.extender import SIZES, extender_args
+from dev.bench.__main__ import main
+from dev.bench.extender import SIZES, extender_args
 from shared.nodes.score_nodes import decide as extender
 from shared.nodes.score_nodes.handler import parse_args
 from shared.platform.config import Config

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.loadaware import (
+from dev.bench.loadaware import (
     BENCH_LABEL,
     FULL_LOAD,
     POD_CPU_ANNOTATION,
@@ -39,8 +39,8 @@ from bench.loadaware import (
     to_write,
     under_for,
 )
-from bench.report import load_section
-from bench.report import main as report_main
+from dev.bench.report import load_section
+from dev.bench.report import main as report_main
 from shared.api.keys import LOAD_AWARE_KEY, LOAD_AWARE_SCHEDULER_NAME, LOAD_LABEL, REBALANCE_KEY
 
 GI = 1024**3

@@ -1,4 +1,4 @@
-"""``python -m bench``'s partial runs: a re-measurement of some systems never takes the full
+"""``python -m dev.bench``'s partial runs: a re-measurement of some systems never takes the full
 run's results file (nor an earlier re-measurement's), a run of another scenario or kubelet
 back-off says so in its name, and ``--systems``, ``--scenario`` and ``--kubelet-backoff`` are
 refused where they would silently measure something else (or rewrite RESULTS.md with it)."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import recovery
-from bench.__main__ import NAMES, main, results_name, timing
+from dev.bench import recovery
+from dev.bench.__main__ import NAMES, main, results_name, timing
 
 DAY = "2026-11-23"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import report, selector
-from bench.selector import SECTION_END, SECTION_START
+from dev.bench import report, selector
+from dev.bench.selector import SECTION_END, SECTION_START
 
 
 def round_(changes: int, delivered: tuple[int, int], adapter: tuple[float, float]) -> Any:

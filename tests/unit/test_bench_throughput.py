@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import report
-from bench.__main__ import main
-from bench.extender import node_object
-from bench.throughput import (
+from dev.bench import report
+from dev.bench.__main__ import main
+from dev.bench.extender import node_object
+from dev.bench.throughput import (
     CLIENTS,
     FULL_SIZES,
     QUICK_SIZES,
@@ -25,11 +25,11 @@ from bench.throughput import (
     summarise,
     usage_record,
 )
+from dev.stack.up import load_aware_scheduler_config
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
 from shared.nodes.score_nodes import decide as extender
 from shared.nodes.score_nodes.handler import parse_args
 from shared.platform.config import Config
-from stack.up import load_aware_scheduler_config
 
 NOW = datetime(2026, 11, 23, 18, 0, tzinfo=UTC)
 URL = "http://127.0.0.1:8080"

@@ -1,4 +1,5 @@
-"""What pipeline/broker.py writes in place of Knative's controllers, and how it reads dead letters.
+"""What dev/pipeline/broker.py writes in place of Knative's controllers, and how it reads dead
+letters.
 
 The objects are shaped as the project's manifests and Knative's API server return them (a
 Trigger with its uid and generation); the expected subscriber entries are what Knative's Trigger
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 import requests
 
-from pipeline import cloudevent
-from pipeline.broker import (
+from dev.pipeline import cloudevent
+from dev.pipeline.broker import (
     PROBE_TYPE,
     Receiver,
     archive_line,

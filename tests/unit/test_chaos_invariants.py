@@ -17,11 +17,11 @@ from typing import Any, cast
 
 import pytest
 
-from bench.chaos import faults, invariants, observe
-from bench.chaos.invariants import Snapshot
-from localcluster.podstatus import terminated_status
-from pipeline.broker import dead_letter_line
-from pipeline.cloudevent import Event
+from dev.bench.chaos import faults, invariants, observe
+from dev.bench.chaos.invariants import Snapshot
+from dev.localcluster.podstatus import terminated_status
+from dev.pipeline.broker import dead_letter_line
+from dev.pipeline.cloudevent import Event
 from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION, event_name
 from shared.workloads.owners import Ref

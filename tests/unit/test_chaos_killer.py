@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from bench.chaos.faults import TARGET, Killer
-from localcluster.procs import Proc
+from dev.bench.chaos.faults import TARGET, Killer
+from dev.localcluster.procs import Proc
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster.cluster import Cluster
+from dev.localcluster.cluster import Cluster
 
 EXTENDER = {
     "urlPrefix": "http://127.0.0.1:8080",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stack.demo_model import Note, Timeline, Workload
+from dev.stack.demo_model import Note, Timeline, Workload
 
 WEB = Workload("Deployment", "web", 3)
 

@@ -1,4 +1,4 @@
-"""The chaos suite's fault policy (pipeline/faults.py), decision by decision: which request gets
+"""The chaos suite's fault policy (dev/pipeline/faults.py), decision by decision: which request gets
 which fault, the budget that leaves Knative's last retries to the function, and the counters."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import scenario
-from pipeline import triggers
-from pipeline.faults import SOURCE, Faults, FaultSpec, event_id, retriable
-from pipeline.netns import Action, Message
-from stack.stack import TRIGGERED_FUNCTIONS
+from dev.bench.chaos import scenario
+from dev.pipeline import triggers
+from dev.pipeline.faults import SOURCE, Faults, FaultSpec, event_id, retriable
+from dev.pipeline.netns import Action, Message
+from dev.stack.stack import TRIGGERED_FUNCTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = {

@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from localcluster.kubelet import Timing
-from localcluster.podstatus import (
+from dev.localcluster.kubelet import Timing
+from dev.localcluster.podstatus import (
     KUBELET_BACK_OFF,
     BackOffPolicy,
     Exit,

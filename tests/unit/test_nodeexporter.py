@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster.nodeexporter import (
+from dev.localcluster.nodeexporter import (
     CPU_MODES,
     DEFAULT_CPU_USAGE,
     DEFAULT_MEMORY_USAGE,
@@ -23,8 +23,8 @@ from localcluster.nodeexporter import (
     sim_node,
     usage_fraction,
 )
-from localcluster.prometheus import SECOND_JOB, argv, config, target_groups
-from localcluster.rest import Rest
+from dev.localcluster.prometheus import SECOND_JOB, argv, config, target_groups
+from dev.localcluster.rest import Rest
 from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 JSON = dict[str, Any]

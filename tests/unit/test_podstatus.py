@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from localcluster.podstatus import (
+from dev.localcluster.podstatus import (
     KUBELET_CONDITIONS,
     STATUS_UNKNOWN,
     STATUS_UNKNOWN_MESSAGE,

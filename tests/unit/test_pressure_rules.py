@@ -205,7 +205,7 @@ def test_rules_describe_themselves_for_the_logs_and_status() -> None:
 # local cluster needs anyway) over series shaped as each scrape configuration labels them.
 
 NODE_IP = "10.0.0.7"
-# A plain job (a file_sd or static target, as localcluster/prometheus.py scrapes it).
+# A plain job (a file_sd or static target, as dev/localcluster/prometheus.py scrapes it).
 PLAIN = {"job": "node-exporter", "instance": f"{NODE_IP}:9100"}
 WITH_NODE = {**PLAIN, "node": "node-a"}
 # The Prometheus community Helm chart's `kubernetes-service-endpoints` job: the endpoint's
@@ -303,7 +303,7 @@ def promtool_check(rules: Sequence[Rule], jobs: Sequence[dict[str, str]], step: 
     return output
 
 
-STACK_RULES = Path(__file__).resolve().parents[2] / "stack" / "pressure-rules.yaml"
+STACK_RULES = Path(__file__).resolve().parents[2] / "dev" / "stack" / "pressure-rules.yaml"
 
 
 @pytest.mark.parametrize("jobs", TWO_JOBS.values(), ids=TWO_JOBS.keys())

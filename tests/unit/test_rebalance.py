@@ -739,7 +739,7 @@ LOAD_AFFINITY = {
 def test_a_pod_is_evicted_only_when_its_replacement_will_not_be_placed_by_requests_alone(
     spec: dict[str, Any], cordoned: bool, cfg: Config, moved: bool
 ) -> None:
-    # Measured (bench/RESULTS.md, section 9): on a stock placement the scheduler puts the
+    # Measured (dev/bench/RESULTS.md, section 9): on a stock placement the scheduler puts the
     # replacement back by requests, onto the nodes whose pods use more than they request.
     nodes = [
         a_node("node-a", 90.0, unschedulable=cordoned, **HOT),

@@ -6,9 +6,9 @@ import io
 import json
 from pathlib import Path
 
+from dev.tools import replay
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from tests.unit import pods
-from tools import replay
 
 POD = pods.pod(containers=[pods.crash_looping(restarts=4)])
 

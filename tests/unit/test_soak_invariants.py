@@ -3,7 +3,7 @@ quiet on a clean record.
 
 Pods come from the shared builders (tests/unit/pods.py, shaped as kubelet v1.36 writes them),
 with the annotation the local kubelet stamps on every pod it admits (the fault it gave it,
-localcluster/kubelet.py). Nodes come from tests/unit/nodes.py, with ``managedFields`` shaped as
+dev/localcluster/kubelet.py). Nodes come from tests/unit/nodes.py, with ``managedFields`` shaped as
 the API server writes them for an Update (a merge patch) by a field manager. Events are named as
 the product names them (shared/pods/update_annotations/bodies.py ``event_name``).
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from bench.soak import invariants
-from bench.soak.invariants import NodeSeen, OperatorWrite, PodFacts, Record
+from dev.bench.soak import invariants
+from dev.bench.soak.invariants import NodeSeen, OperatorWrite, PodFacts, Record
 from shared.api.keys import (
     COMPONENT,
     PRESSURE_LABEL_KEY,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.source import (
+from dev.pipeline.source import (
     MANIFEST,
     ApiServerSource,
     SourceError,

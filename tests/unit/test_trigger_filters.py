@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import filters, triggers
-from pipeline.filters import Result
+from dev.pipeline import filters, triggers
+from dev.pipeline.filters import Result
 
 ROOT = Path(__file__).resolve().parents[2]
 

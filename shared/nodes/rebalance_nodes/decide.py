@@ -743,7 +743,7 @@ def _eligible(
     if skip:
         return None, None, skip
     if not (cfg.rebalance_any_placement or cordoned or placed_by_load(pod)):
-        # Measured (bench/RESULTS.md, section 9): the stock scheduler places replacements by
+        # Measured (dev/bench/RESULTS.md, section 9): the stock scheduler places replacements by
         # requests, back onto the nodes whose pods use more than they request; evicting then
         # moves pods in circles. A cordoned node cannot take the replacement back.
         return (

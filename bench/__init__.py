@@ -1,6 +1,0 @@
-"""Benchmarks of kn-rescheduler against its peers on the local control plane (issue 6).
-
-``python -m bench [--quick] [--only NAME]`` runs the measurements (see ``bench.__main__``),
-writes ``bench/results/<date>.json`` and plots, and ``bench.report`` turns one results file
-into ``bench/RESULTS.md``.
-"""

@@ -1,0 +1,321 @@
+"""``python -m dev.bench [--quick] [--only NAME ...] [--systems SYSTEM ...] [--scenario NAME]
+[--kubelet-backoff compressed|real] [--out DIR]``: run the benchmarks.
+
+Measurements, in the order they run (``--only`` takes these names):
+
+- ``recovery``: time to recovery, moves per recovery and API cost, per system (vanilla, the
+  descheduler, kn-rescheduler), plus API cost of healthy pod updates;
+- ``detect``: detect-failures throughput, in-process (one core) and over HTTP;
+- ``webhook``: mutate-admission latency in-process and over TLS; pod-creation latency with and
+  without the webhook registered;
+- ``cold-start``: process start to first answered event, per function;
+- ``load``: load-aware placement and rebalancing: a burst of pods with heterogeneous simulated
+  usage, per system (the stock scheduler, the descheduler's LowNodeUtilization on Prometheus,
+  score-nodes as an extender and the load labels, each without and with rebalance-nodes): max
+  node CPU usage, its spread, nodes over 80 %, evictions, time until every node is under 80 %;
+- ``scale``: many nodes and pods, 2% of the nodes turning faulty at once.
+
+Only when named with ``--only``:
+
+- ``source-selector``: events and CPU per 1,000 pod changes with 10 % of the pods opted in,
+  the ApiServerSource without and with its label selector, side by side.
+- ``extender``: score-nodes' latency per scheduler call (filter, prioritize) with 20, 100 and
+  240 Node objects in the request, p50 and p99, over HTTP to the function as it ships; no
+  cluster.
+- ``throughput``: scheduling throughput (pods/s) of the cluster's scheduler, the second
+  scheduler calling score-nodes and the same without the extender (``bench.throughput``).
+- ``broker``: event latency through Knative's Broker data plane (ingress hop, adapter to
+  subscriber) p50/p99, and what one failing subscriber does to the next event, with the
+  channel's ``async-handler`` false and true (``bench.broker``).
+- ``images``: the functions' image sizes (OCI archive, unpacked) and the cold start of a
+  function in its container (podman, as its Service runs it) beside the bare process
+  (``bench.images``; builds the image it needs, needs the tools of hack/install-packages.sh).
+
+``--systems`` (with ``--only recovery``) measures recovery for only these systems (vanilla,
+descheduler-2m, descheduler-10s, kn-rescheduler), on the same scenario: re-measuring
+kn-rescheduler alone takes 3-5 minutes, the whole recovery run about 18, since vanilla and the
+descheduler never recover and each wait out the 300 s bound.
+
+``--scenario spread`` (with ``--only recovery``) places the recovery workloads with no node
+preference (``bench.recovery``: the committed scenario, ``prefer-faulty``, points every
+Deployment at a faulty node). ``--kubelet-backoff real`` (with ``--only``) gives every cluster of
+the run a real kubelet's crash-loop back-off (10 s, 20 s, 40 s ... up to 5 min) instead of the
+fake kubelet's restart every 3 s: the restart threshold then comes 30-45 s after the first
+failure instead of about 7 s. Both are recorded in the results and name the results file.
+
+The first five share one cluster of ``Scales.nodes`` nodes; ``scale`` and ``source-selector``
+start their own. The results go to ``DIR/<date>.json`` (``DIR/<date>-<names>.json`` with
+``--only``, ``DIR/<date>-<names>-<systems>.json`` with ``--systems``; ``dev/bench/results`` unless
+quick: a quick run writes to a temporary directory unless ``--out`` is given), the plots beside
+it. A partial run (``--only``) never overwrites a file: a second one the same day is
+``...-2.json``, and so on; a non-default scenario or back-off adds ``-spread`` or
+``-real-backoff`` to the name. A full run rewrites ``dev/bench/RESULTS.md`` (keeping the
+source-selector section); a source-selector run that is not quick rewrites that section; no
+other partial run touches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dev.bench import (
+    broker,
+    coldstart,
+    detect,
+    extender,
+    images,
+    loadaware,
+    recovery,
+    report,
+    scale,
+    selector,
+    throughput,
+    webhook,
+)
+from dev.bench.common import (
+    FULL,
+    JSON,
+    QUICK,
+    RESULTS_DIR,
+    ROOT,
+    Scales,
+    code_version,
+    machine,
+    scales_dict,
+    write_json,
+)
+from dev.localcluster.cluster import Cluster
+from dev.localcluster.kubelet import Timing
+
+NAMES = ("recovery", "detect", "webhook", "cold-start", "load", "scale")
+# Run only when named with --only.
+EXTRA_NAMES = ("source-selector", "extender", "throughput", "broker", "images")
+# The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
+BACKOFFS = ("compressed", "real")
+# The shortest recovery window with a real kubelet's back-off (seconds).
+REAL_BACKOFF_MIN_BOUND = 150.0
+
+
+def timing(backoff: str) -> Timing:
+    """The fake kubelet's timing for ``--kubelet-backoff``."""
+    if backoff not in BACKOFFS:
+        raise ValueError(f"unknown back-off {backoff!r}; known: {BACKOFFS}")
+    return Timing.real() if backoff == "real" else Timing()
+
+
+def _log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Run:
+    """One benchmark run: its scales, work directory and the shared cluster (started lazily)."""
+
+    def __init__(
+        self, scales: Scales, workdir: Path, out: Path, quick: bool, timing: Timing | None = None
+    ) -> None:
+        self.scales = scales
+        self.workdir = workdir
+        self.out = out
+        self.quick = quick
+        self.timing = timing or Timing()
+        self._cluster: Cluster | None = None
+
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            _log(f"starting a {self.scales.nodes}-node cluster")
+            self._cluster = Cluster(
+                self.workdir / "cluster",
+                nodes=self.scales.nodes,
+                timing=self.timing,
+                quiet=True,
+                keep_workdir=True,
+            ).start()
+        return self._cluster
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.stop()
+            self._cluster = None
+
+
+def results_name(
+    out: Path,
+    day: str,
+    names: list[str],
+    only: list[str] | None,
+    systems: list[str] | None,
+    quick: bool,
+    variant: list[str] | None = None,
+) -> str:
+    """The results file's name in ``out``, without ``.json``.
+
+    A full run is the day's (a second one replaces it, as it replaces RESULTS.md). A partial run
+    must not overwrite the full run of the same day, nor an earlier partial run: it names what
+    it measured (and ``variant``: its non-default scenario or back-off) and takes the first
+    number not yet used."""
+    base = day
+    if only:
+        base += "-" + "-".join(names)
+    if variant:
+        base += "-" + "-".join(variant)
+    if systems:
+        base += "-" + "-".join(systems)
+    suffix = "-quick" if quick else ""
+    if not only:
+        return base + suffix
+    name, n = base + suffix, 1
+    while (out / f"{name}.json").exists():
+        n += 1
+        name = f"{base}-{n}{suffix}"
+    return name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dev.bench", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    parser.add_argument(
+        "--only", action="append", choices=NAMES + EXTRA_NAMES, help="run only this (repeatable)"
+    )
+    parser.add_argument(
+        "--systems",
+        action="append",
+        metavar="SYSTEM",
+        help="with --only recovery: only these systems (repeatable or comma-separated; "
+        "default all)",
+    )
+    parser.add_argument(
+        "--scenario",
+        choices=recovery.SCENARIOS,
+        default=recovery.SCENARIOS[0],
+        help="with --only recovery: where the workloads prefer to run (default: each prefers "
+        "a faulty node; spread: no preference)",
+    )
+    parser.add_argument(
+        "--kubelet-backoff",
+        choices=BACKOFFS,
+        default=BACKOFFS[0],
+        help="with --only: the fake kubelet restarts crash-looping containers every 3 s "
+        "(compressed, the default) or after a real kubelet's back-off, 10 s doubling to 5 min",
+    )
+    parser.add_argument("--out", type=Path, help="where results and plots go")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args(argv)
+    scales = QUICK if args.quick else FULL
+    names = [n for n in NAMES + EXTRA_NAMES if (n in args.only if args.only else n in NAMES)]
+    systems: list[str] | None = None
+    if args.systems:
+        if not args.only or "recovery" not in args.only:
+            parser.error("--systems needs --only recovery (a full run measures every system)")
+        given = {s for value in args.systems for s in value.split(",") if s}
+        known = recovery.system_names(scales)
+        if given - set(known):
+            parser.error(f"--systems: unknown {sorted(given - set(known))}; known: {known}")
+        systems = [s for s in known if s in given]
+    # A full run rewrites RESULTS.md, whose figures are the committed scenario's.
+    if args.scenario != recovery.SCENARIOS[0] and (not args.only or "recovery" not in args.only):
+        parser.error("--scenario needs --only recovery (a full run measures the committed one)")
+    if args.kubelet_backoff != BACKOFFS[0] and not args.only:
+        parser.error("--kubelet-backoff needs --only (a full run measures the committed clock)")
+    if args.kubelet_backoff == "real":
+        # The restart threshold alone comes 30-45 s after the first failure, and a wasted move
+        # costs as much again: the quick window (45 s) would end before the first move.
+        scales = dataclasses.replace(
+            scales, recovery_bound=max(scales.recovery_bound, REAL_BACKOFF_MIN_BOUND)
+        )
+    variant = [
+        *([args.scenario] if args.scenario != recovery.SCENARIOS[0] else []),
+        *([f"{args.kubelet_backoff}-backoff"] if args.kubelet_backoff != BACKOFFS[0] else []),
+    ]
+    out: Path = args.out or (
+        Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-quick-")) if args.quick else RESULTS_DIR
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-"))
+    started = time.monotonic()
+    stamp = datetime.datetime.now(datetime.UTC)
+    results: JSON = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "machine": machine(),
+        "code": code_version(),
+        "scales": scales_dict(scales),
+        "kubelet_backoff": args.kubelet_backoff,
+        "measurements": {},
+        "errors": {},
+    }
+    run = Run(scales, workdir, out, args.quick, timing(args.kubelet_backoff))
+    steps: dict[str, Callable[[], Any]] = {
+        # A subset of systems, another scenario or another clock keeps the full run's event
+        # corpus (dev/bench/corpus): detect's input.
+        "recovery": lambda: recovery.measure(
+            run.cluster(),
+            scales,
+            workdir / "recovery",
+            save_events=not args.quick and systems is None and not variant,
+            log=_log,
+            only=systems,
+            scenario=args.scenario,
+        ),
+        "detect": lambda: detect.measure(scales, workdir / "detect", log=_log),
+        "webhook": lambda: webhook.measure(run.cluster(), scales, workdir / "webhook", log=_log),
+        "cold-start": lambda: coldstart.measure(run.cluster(), scales, workdir / "cold", log=_log),
+        "load": lambda: loadaware.measure(
+            run.cluster(), workdir / "load", quick=args.quick, log=_log
+        ),
+        "scale": lambda: scale.measure(
+            scales, workdir / "scale", log=_log, before=run.close, timing=run.timing
+        ),
+        "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
+        "extender": lambda: extender.measure(workdir / "extender", quick=args.quick, log=_log),
+        "broker": lambda: broker.measure(workdir / "broker", quick=args.quick, log=_log),
+        "images": lambda: images.measure(workdir / "images", quick=args.quick, log=_log),
+        "throughput": lambda: throughput.measure(
+            workdir / "throughput", quick=args.quick, log=_log
+        ),
+    }
+    try:
+        for name in names:
+            t = time.monotonic()
+            _log(f"== {name}")
+            try:
+                results["measurements"][name] = steps[name]()
+            except Exception as exc:
+                traceback.print_exc()
+                results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            results.setdefault("durations_s", {})[name] = round(time.monotonic() - t, 1)
+    finally:
+        run.close()
+    results["runtime_s"] = round(time.monotonic() - started, 1)
+    name = results_name(
+        out, stamp.strftime("%Y-%m-%d"), names, args.only, systems, args.quick, variant
+    )
+    path = out / f"{name}.json"
+    write_json(path, results)
+    if "recovery" in results["measurements"]:
+        recovery.plot_cdf(results["measurements"]["recovery"], out / f"{name}-recovery-cdf.png")
+    results_md = ROOT / "dev" / "bench" / "RESULTS.md"
+    if not args.quick and not args.only:
+        report.write(results, path, results_md)
+    if not args.quick and "source-selector" in results["measurements"]:
+        selector.write_section(results, path, results_md)
+    _log(f"results: {path} ({results['runtime_s']} s)")
+    if args.keep:
+        _log(f"work directory kept: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Measurement 6: many nodes and pods, 2% of the nodes turning faulty at once.
+
+A cluster of ``scale_nodes`` kwok nodes runs the whole pipeline (kn-rescheduler's functions,
+Knative's Broker data plane and ApiServerSource adapter, the webhook registered). One
+Deployment per node, ``scale_pods / scale_nodes`` replicas each, ``scheduling-retries: "3"``,
+preferring its "home" node (preferred node affinity), is rolled out: ``scale_pods`` pods, every
+one admitted by the webhook and every status change of every pod classified by
+detect-failures.
+
+Then ``scale_faulty_share`` of the nodes turn faulty at once. The fake kubelet decides a pod's
+fate when the pod is bound (a real node's failure hits the containers already running; this
+simulation cannot), so the harness models "the node's runtime broke under its pods" by
+labelling the nodes ``crashloop`` and deleting every pod on them at the same moment (those
+removals are the harness's, not counted as moves). The ReplicaSets recreate the pods, which
+prefer their home node, land there again and crash-loop, as the old ones would have; from then
+on only kn-rescheduler acts. Measured: the time from the fault until every affected replica is
+Ready on a healthy node, the moves it took and how many of them were *wasted* (the replacement
+landed on another faulty node: with 2 % of the nodes emptied at once, those are the emptiest
+nodes in the cluster, which the scheduler's default scores prefer), and the CPU seconds the
+function processes, the ApiServerSource adapter and Knative's Broker data plane (ingress,
+filter, channel dispatcher) used (from /proc), during the rollout and during the recovery.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dev.bench.common import (
+    JSON,
+    KN_USER,
+    Scales,
+    cpu_of,
+    cpu_seconds,
+    create_namespace,
+    delta,
+    identity_kubeconfig,
+    list_all,
+    ratio,
+    scrape,
+    summary,
+)
+from dev.bench.recovery import deployment
+from dev.bench.tracker import Tracker
+from dev.localcluster import cluster as cluster_module
+from dev.localcluster.cluster import Cluster
+from dev.localcluster.kubelet import Timing
+from dev.stack.stack import Stack
+
+NAMESPACE = "bench-scale"
+
+
+def _function_pids(stack: Stack) -> dict[str, int]:
+    pids = {name: s.proc.pid for name, s in stack.servers.items() if s.proc is not None}
+    proc = getattr(stack.source, "_proc", None) if stack.source else None
+    if proc is not None:
+        pids["apiserversource-adapter"] = int(proc.pid)
+    # Knative's Broker data plane: processes of their own, where the former router was a part
+    # of the harness process.
+    for p in stack.broker.procs if stack.broker else []:
+        pids["knative-" + p.name.replace("_", "-")] = int(p.proc.pid)
+    return pids
+
+
+def measure(
+    scales: Scales,
+    workdir: Path,
+    *,
+    log: Callable[[str], None],
+    before: Callable[[], None],
+    timing: Timing | None = None,
+) -> JSON:
+    before()  # the shared cluster makes room
+    nodes, pods = scales.scale_nodes, scales.scale_pods
+    replicas = max(pods // nodes, 1)
+    faulty_count = max(round(nodes * scales.scale_faulty_share), 1)
+    log(f"scale: starting a {nodes}-node cluster")
+    t = time.monotonic()
+    # Cluster.start() gives a cluster START_TIMEOUT to be ready, sized for a handful of nodes;
+    # registering and initialising a thousand takes longer on two cores.
+    default_timeout = cluster_module.START_TIMEOUT
+    cluster_module.START_TIMEOUT = max(default_timeout, 120.0 + nodes * 0.6)  # type: ignore[misc]
+    try:
+        # No Prometheus: nothing here reads node metrics, and scraping every node each second
+        # (the local default) costs the 2 cores a run of this size needs.
+        cluster = Cluster(
+            workdir / "cluster",
+            nodes=nodes,
+            timing=timing,
+            quiet=True,
+            keep_workdir=True,
+            prometheus=False,
+        ).start()
+    finally:
+        cluster_module.START_TIMEOUT = default_timeout  # type: ignore[misc]
+    result: JSON = {
+        "nodes": nodes,
+        "pods": replicas * nodes,
+        "deployments": nodes,
+        "replicas_per_deployment": replicas,
+        "faulty_nodes": faulty_count,
+        "cluster_start_s": round(time.monotonic() - t, 1),
+    }
+    deadline = time.monotonic() + scales.scale_budget
+    try:
+        kubeconfig = identity_kubeconfig(cluster, KN_USER, workdir / "identity")
+        stack = Stack(
+            kubeconfig, cluster.api_client(), workdir / "stack", workdir / "logs", sweep_every=None
+        ).start()
+        try:
+            result.update(_run(cluster, stack, scales, replicas, faulty_count, deadline, log))
+        finally:
+            stack.stop()
+    finally:
+        cluster.stop()
+    return result
+
+
+def _run(
+    cluster: Cluster,
+    stack: Stack,
+    scales: Scales,
+    replicas: int,
+    faulty_count: int,
+    deadline: float,
+    log: Callable[[str], None],
+) -> JSON:
+    rest = cluster.rest
+    create_namespace(rest, NAMESPACE)
+    # One watch of the namespace from before the first pod: Ready pods during the rollout (the
+    # Deployments' readyReplicas lag far behind under load), then the recovery chains.
+    faulty: set[str] = set()
+    tracker = Tracker(rest, NAMESPACE, faulty).start()
+    try:
+        return _phases(cluster, stack, scales, replicas, faulty_count, deadline, log, tracker)
+    finally:
+        tracker.stop()
+
+
+def _phases(
+    cluster: Cluster,
+    stack: Stack,
+    scales: Scales,
+    replicas: int,
+    faulty_count: int,
+    deadline: float,
+    log: Callable[[str], None],
+    tracker: Tracker,
+) -> JSON:
+    rest = cluster.rest
+    out: JSON = {}
+    pids = _function_pids(stack)
+    harness = os.getpid()
+    cpu0 = cpu_of(pids)
+    harness0 = cpu_seconds(harness)
+    t0 = time.monotonic()
+    for i, node in enumerate(cluster.nodes):
+        rest.post(
+            f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
+            deployment(f"home-{i}", replicas, node, []),
+        )
+    expected = replicas * len(cluster.nodes)
+    log(f"scale: rolling out {expected} pods")
+    ready = 0
+    last_log = time.monotonic()
+    while time.monotonic() < deadline:
+        ready = tracker.ready_count()
+        if ready >= expected:
+            break
+        if time.monotonic() - last_log > 60:
+            log(f"  {ready}/{expected} Ready after {time.monotonic() - t0:.0f} s")
+            last_log = time.monotonic()
+        time.sleep(1)
+    rollout = time.monotonic() - t0
+    stack.wait_idle(max(deadline - time.monotonic(), 1.0))
+    cpu1 = cpu_of(pids)
+    harness1 = cpu_seconds(harness)
+    out["rollout"] = {
+        "ready": ready,
+        "expected": expected,
+        "complete": ready >= expected,
+        "seconds": round(rollout, 1),
+        "pipeline_drained_s": round(time.monotonic() - t0, 1),
+        "function_cpu_s": {k: round(cpu1[k] - cpu0.get(k, 0.0), 2) for k in cpu1},
+        "harness_cpu_s": round(harness1 - harness0, 2),
+        "broker": stack.broker.stats() if stack.broker else {},
+    }
+    log(f"  rollout: {ready}/{expected} Ready in {rollout:.0f} s")
+    if ready < expected:
+        out["recovery"] = {"skipped": "the rollout did not finish within the budget"}
+        return out
+
+    faulty = tracker.faulty
+    faulty.update(cluster.nodes[-faulty_count:])
+    requests0 = scrape(cluster)
+    cpu2 = cpu_of(pids)
+    harness2 = cpu_seconds(harness)
+    t_fault = time.monotonic()
+    for node in faulty:
+        cluster.set_fault(node, "crashloop")
+    removed = 0
+    for node in faulty:
+        on_node = list_all(
+            rest, f"/api/v1/namespaces/{NAMESPACE}/pods", {"fieldSelector": f"spec.nodeName={node}"}
+        )
+        for pod in on_node:
+            tracker.driver_removed.add(pod["metadata"]["uid"])
+            rest.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}")
+            removed += 1
+    log(f"scale: {faulty_count} nodes faulty, {removed} pods on them restarted")
+    done = False
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        if time.monotonic() - t_fault > 10 and tracker.all_recovered():
+            done = True
+            break
+    elapsed = time.monotonic() - t_fault
+    stack.wait_idle(30)
+    cpu3 = cpu_of(pids)
+    harness3 = cpu_seconds(harness)
+    requests1 = scrape(cluster)
+    chains = tracker.snapshot()
+    affected = [c for c in chains if c.start is not None]
+    recovered = [c for c in affected if c.recovered is not None]
+    last = max((c.recovered for c in recovered if c.recovered), default=None)
+    requests = delta(requests0, requests1)
+    moves = sum(c.moves for c in affected)
+    wasted = sum(c.wasted for c in affected)
+    out["recovery"] = {
+        "pods_restarted_by_fault": removed,
+        "affected_replicas": len(affected),
+        "recovered": len(recovered),
+        "all_recovered": done,
+        "time_to_all_healthy_s": round(last - t_fault, 2) if done and last else None,
+        "waited_s": round(elapsed, 1),
+        "recovery_from_failure": summary(
+            [c.recovered - c.start for c in recovered if c.recovered and c.start]
+        ),
+        "recovery_from_threshold": summary(
+            [c.recovered - c.threshold for c in recovered if c.recovered and c.threshold]
+        ),
+        "moves": moves,
+        # Moves whose replacement landed on another faulty node (bench.tracker).
+        "wasted_moves": wasted,
+        "wasted_share": ratio(wasted, moves),
+        "moves_per_recovery": ratio(sum(c.moves for c in recovered), len(recovered)),
+        "replicas_moved_more_than_once": sum(1 for c in recovered if c.moves > 1),
+        "moves_histogram": {
+            str(k): sum(1 for c in recovered if c.moves == k)
+            for k in sorted({c.moves for c in recovered})
+        },
+        "function_cpu_s": {k: round(cpu3[k] - cpu2.get(k, 0.0), 2) for k in cpu3},
+        "harness_cpu_s": round(harness3 - harness2, 2),
+        "pipeline_requests": requests.get(f"fs:{KN_USER}", 0.0),
+        "all_requests": requests["total"],
+    }
+    log(
+        f"  recovered {len(recovered)}/{len(affected)} in "
+        f"{out['recovery']['time_to_all_healthy_s']} s; {moves} moves, {wasted} wasted"
+    )
+    return out

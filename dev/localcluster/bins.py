@@ -1,0 +1,75 @@
+"""Finds (building on first use) the control-plane binaries.
+
+``hack/build-bins.sh`` compiles etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+kubectl and kwok from their pinned Go modules into a cache keyed by version and prints that
+directory; a second call answers at once. Its progress goes to our stderr, because the first
+build takes minutes and a silent wait looks like a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Final
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-bins.sh"
+BINARIES: Final = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+)
+# Points at an existing directory of binaries and skips the build (for machines that have them).
+ENV_BINS_DIR: Final = "KN_RESCHEDULER_BINS"
+
+
+class BinsError(RuntimeError):
+    """The binaries could not be built or are incomplete."""
+
+
+def missing(directory: Path) -> list[str]:
+    """The binaries absent (or not executable) in ``directory``."""
+    return [b for b in BINARIES if not os.access(directory / b, os.X_OK)]
+
+
+def run_build_script(script: Path) -> str:
+    """Runs one of hack/'s build scripts, its progress on our stderr, and returns the last line
+    it prints (the path of what it built or found cached). Raises BinsError on failure."""
+    with subprocess.Popen(
+        ["bash", str(script)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        # The script's stdout is one line at the very end, so reading stderr to its end
+        # first cannot block on a full stdout pipe.
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        out = proc.stdout.read()
+        code = proc.wait()
+    name = f"hack/{script.name}"
+    if code != 0:
+        raise BinsError(f"{name} failed with exit code {code}")
+    lines = out.strip().splitlines()
+    if not lines:
+        raise BinsError(f"{name} printed no path")
+    return lines[-1]
+
+
+def ensure_bins() -> Path:
+    """The directory holding every binary; builds them first when needed."""
+    override = os.environ.get(ENV_BINS_DIR)
+    directory = Path(override) if override else Path(run_build_script(BUILD_SCRIPT))
+    absent = missing(directory)
+    if absent:
+        raise BinsError(f"{directory} lacks {', '.join(absent)}")
+    return directory

@@ -1,0 +1,130 @@
+"""Serving mutate-admission over TLS and registering it with the API server.
+
+The API server calls webhooks over HTTPS only. Locally the webhook runs on 127.0.0.1 with a
+serving certificate from a CA made at start-up; the registration names it by URL and carries
+that CA in caBundle, so it is the real API server that calls it on every pod CREATE.
+
+``make_client_tls`` makes what client-certificate authentication of the API server needs: a CA
+of its own for webhook clients (the webhook's TLS_CLIENT_CA_FILE) and a client certificate
+from it (what the API server's AdmissionConfiguration kubeconfig presents).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from kubernetes import client as k8s
+
+from dev.localcluster.pki import issue, make_ca
+from shared.api.keys import DEFAULT_NAMESPACE, OPT_OUT_LABEL
+
+NAME: Final = "kn-rescheduler-mutate-admission"
+# The identity the API server presents to the webhook (a name, no groups: the webhook checks
+# the signature only).
+CLIENT_NAME: Final = "kube-apiserver-webhook-client"
+
+
+def make_tls(directory: Path) -> tuple[Path, Path, Path]:
+    """(ca.crt, tls.crt, tls.key) for a server on 127.0.0.1."""
+    ca = make_ca("kn-rescheduler-webhook-ca")
+    ca_crt, _ = ca.write(directory, "webhook-ca")
+    crt, key = issue(
+        ca, "127.0.0.1", ip_addresses=("127.0.0.1",), dns_names=("localhost",), server=True
+    ).write(directory, "webhook")
+    return ca_crt, crt, key
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """A CA for the webhook's clients, and a client certificate it signed."""
+
+    ca: Path
+    crt: Path
+    key: Path
+
+
+def make_client_tls(directory: Path, common_name: str = CLIENT_NAME) -> ClientTLS:
+    """A CA used for nothing but webhook clients (so no other certificate of the cluster is
+    accepted) and a client certificate from it."""
+    ca = make_ca("kn-rescheduler-webhook-client-ca")
+    ca_crt, _ = ca.write(directory, "webhook-client-ca")
+    crt, key = issue(ca, common_name, client=True).write(directory, "webhook-client")
+    return ClientTLS(ca_crt, crt, key)
+
+
+def configuration(
+    url: str, ca_crt: Path, *, name: str = NAME, timeout_seconds: int = 5
+) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration, as knative/ ships it but reached by URL."""
+    pods = _webhook("pods.kn-rescheduler.io", url, ca_crt, timeout_seconds, "", "pods")
+    # The same function, for Jobs being created (a Job asking for free moves gets its pod
+    # failure policy; see shared/workloads/jobs.py). A separate webhook, so each rule stays
+    # obvious.
+    jobs = _webhook("jobs.kn-rescheduler.io", url, ca_crt, timeout_seconds, "batch", "jobs")
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [pods, jobs],
+    }
+
+
+def _webhook(
+    name: str, url: str, ca_crt: Path, timeout_seconds: int, group: str, resource: str
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "clientConfig": {
+            "url": url,
+            "caBundle": base64.b64encode(ca_crt.read_bytes()).decode(),
+        },
+        "rules": [
+            {
+                "apiGroups": [group],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": [resource],
+                "scope": "Namespaced",
+            }
+        ],
+        # Never block pod creation: a webhook that is down or slow is skipped.
+        "failurePolicy": "Ignore",
+        "timeoutSeconds": timeout_seconds,
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "reinvocationPolicy": "Never",
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": ["kube-system", DEFAULT_NAMESPACE],
+                }
+            ]
+        },
+        "objectSelector": {
+            "matchExpressions": [{"key": OPT_OUT_LABEL, "operator": "DoesNotExist"}]
+        },
+    }
+
+
+def register(api_client: k8s.ApiClient, body: dict[str, Any]) -> None:
+    """Create (or replace) the registration named in ``body``."""
+    api = k8s.AdmissionregistrationV1Api(api_client)
+    try:
+        api.delete_mutating_webhook_configuration(body["metadata"]["name"])
+    except k8s.ApiException as exc:
+        if exc.status != 404:
+            raise
+    api.create_mutating_webhook_configuration(body)  # type: ignore[arg-type]
+
+
+def unregister(api_client: k8s.ApiClient, name: str = NAME) -> None:
+    try:
+        k8s.AdmissionregistrationV1Api(api_client).delete_mutating_webhook_configuration(name)
+    except k8s.ApiException as exc:
+        if exc.status != 404:
+            raise

@@ -1,0 +1,377 @@
+"""Replay recorded CloudEvents into a function, and show what it decided.
+
+Input: the local Broker's archive (one structured CloudEvent per line) or the functions' own
+logs (``kubectl logs`` of a Knative Service: JSON lines whose ``cloudevent`` field holds the
+event received), from a file or stdin. Other lines are skipped and counted.
+
+By default a function logs the full event only for events that led to something (a reply, an
+API write, a 4xx or 5xx), redacted (literal env values and managedFields dropped, which no
+decision reads); other events get a compact line without the event, which is skipped here. So
+the logs replay every event that led to an action; ``KN_RESCHEDULER_LOG_EVENTS=all`` on the
+function logs (and so replays) every event.
+
+Events are sent in their recorded order, optionally at their recorded pace, either
+
+- to a running function (``--to URL``), in binary mode like a Broker; or
+- to the functions loaded in this process (``--in-process``, the default): each event goes
+  to the function whose Trigger in ``knative/`` matches it, exactly as the Broker would route
+  it. No server is needed and a debugger works.
+
+``--dry-run`` turns every Kubernetes write into a server-side dry run (the API server
+validates and admits, nothing is stored); sent to a running function it travels as the
+``knrdryrun`` event extension. The output is a decision trace per event: the classification,
+the plan, each API call made (or that would be made) and the reply. The exit status is 1 when
+any event was not handled (an answer other than 2xx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import requests
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent
+
+from dev.pipeline import triggers as trigger_manifests
+from shared.api.times import parse_kube_time
+from shared.nodes.assess_nodes.handler import Assessor
+from shared.platform import events, kube
+from shared.platform.config import Config
+from shared.pods.detect_failures.decide import detect
+from shared.pods.update_annotations.handler import Rescheduler, last_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    event: events.Event
+    time: datetime | None
+    line: int
+
+
+def _event_from(raw: Any) -> events.Event | None:
+    if not isinstance(raw, dict):
+        return None
+    if isinstance(raw.get("cloudevent"), dict):  # a function's "event received" log line
+        raw = raw["cloudevent"]
+    if not all(isinstance(raw.get(k), str) and raw.get(k) for k in ("id", "source", "type")):
+        return None
+    attributes = {k: str(v) for k, v in raw.items() if k != "data" and not k.startswith("_")}
+    return events.Event(raw["id"], raw["source"], raw["type"], attributes, raw.get("data"))
+
+
+def read(lines: Iterable[str]) -> tuple[list[Recorded], int]:
+    """The events in ``lines`` and how many lines were not events."""
+    found: list[Recorded] = []
+    skipped = 0
+    for number, text in enumerate(lines, 1):
+        line = text.strip()
+        if not line:
+            continue
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        event = _event_from(raw)
+        if event is None:
+            skipped += 1
+            continue
+        stamp = raw.get("time") if "cloudevent" in raw else raw.get("_received")
+        when = _parse_time(stamp or event.attributes.get("time"))
+        found.append(Recorded(event, when, number))
+    return found, skipped
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return parse_kube_time(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Selection:
+    types: Sequence[str] = ()
+    subjects: Sequence[str] = ()
+    ids: Sequence[str] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __call__(self, item: Recorded) -> bool:
+        e = item.event
+        if self.types and e.type not in self.types:
+            return False
+        if self.subjects and not any(s in e.subject for s in self.subjects):
+            return False
+        if self.ids and e.id not in self.ids:
+            return False
+        if self.since and (item.time is None or item.time < self.since):
+            return False
+        return not (self.until and (item.time is None or item.time > self.until))
+
+
+@dataclass
+class Outcome:
+    """What one replayed event led to."""
+
+    event: events.Event
+    function: str
+    status: int
+    reply: dict[str, Any] | None = None
+    decision: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.event.id,
+            "type": self.event.type,
+            "subject": self.event.subject,
+            "function": self.function,
+            "status": self.status,
+            "decision": self.decision,
+            "calls": self.calls,
+            "reply": self.reply,
+            "error": self.error,
+        }
+
+    def as_text(self, index: int, total: int) -> str:
+        out = [f"[{index}/{total}] {self.event.type} {self.event.subject} (id {self.event.id})"]
+        out.append(
+            f"  -> {self.function}: HTTP {self.status}" + (f" {self.error}" if self.error else "")
+        )
+        out += [f"     decision: {d}" for d in self.decision]
+        out += [f"     api: {c}" for c in self.calls]
+        if self.reply:
+            out.append(f"     reply: {self.reply['type']} {self.reply.get('subject', '')}")
+        return "\n".join(out)
+
+
+def _reply_of(response: Any) -> dict[str, Any] | None:
+    headers = {k.lower(): v for k, v in response.headers.items()}
+    if "ce-type" not in headers:
+        return None
+    body = response.data if hasattr(response, "data") else response.content
+    return {
+        "type": headers["ce-type"],
+        "subject": headers.get("ce-subject", ""),
+        "data": json.loads(body) if body else None,
+    }
+
+
+class InProcess:
+    """The functions loaded here, routed by the Triggers in knative/."""
+
+    def __init__(self, cfg: Config, api: Callable[[], kube.Kube], triggers_dir: Path) -> None:
+        self.cfg = cfg
+        self._api = api
+        self._rescheduler: Rescheduler | None = None
+        self._assessor: Assessor | None = None
+        self.triggers, _ = trigger_manifests.load(
+            triggers_dir, namespace="kn-rescheduler", broker="default"
+        )
+
+    def functions_for(self, event: events.Event) -> list[str]:
+        return [
+            t.subscriber.service or t.name
+            for t in self.triggers
+            if t.filter(event.attributes).delivers
+        ]
+
+    def rescheduler(self) -> Rescheduler:
+        if self._rescheduler is None:
+            self._rescheduler = Rescheduler(self._api(), self.cfg)
+        return self._rescheduler
+
+    def assessor(self) -> Assessor:
+        if self._assessor is None:
+            self._assessor = Assessor(self._api(), self.cfg)
+        return self._assessor
+
+    def send(self, event: events.Event, dry_run: bool) -> list[Outcome]:
+        outcomes = []
+        for function in self.functions_for(event) or ["(no trigger matches)"]:
+            outcomes.append(self._one(function, event, dry_run))
+        return outcomes
+
+    def _one(self, function: str, event: events.Event, dry_run: bool) -> Outcome:
+        decision: list[str] = []
+
+        def handler(e: events.Event) -> events.Reply | None:
+            if function == "detect-failures":
+                reply = detect(e, self.cfg)
+                decision.append(
+                    f"failing: {reply.data['reason']} on {reply.data['node']}: {reply.data['why']}"
+                    if reply
+                    else "not failing, not opted in, or not a pod add/update"
+                )
+                return reply
+            if function == "update-annotations":
+                try:
+                    return self.rescheduler().handle(e)
+                finally:
+                    trace = last_trace()
+                    if trace is not None:
+                        decision.extend(trace.steps)
+            if function == "assess-nodes":
+                reply = self.assessor().handle(e)
+                decision.append(
+                    f"node {reply.data['node']} turns suspect" if reply else "no node turns suspect"
+                )
+                return reply
+            decision.append("no in-process handler for this function")
+            return None
+
+        with kube.recording() as calls, kube.forced_dry_run(dry_run):
+            response = events.dispatch(event, handler, function=function)
+        error = ""
+        if response.status_code >= 300:
+            error = json.loads(response.data or b"{}").get("error", "")
+        return Outcome(
+            event,
+            function,
+            response.status_code,
+            _reply_of(response),
+            decision,
+            [c.describe() for c in calls],
+            error,
+        )
+
+
+class Remote:
+    """A running function, reached over HTTP(S) like a Broker reaches it."""
+
+    def __init__(self, url: str, verify: str | bool = True) -> None:
+        self.url = url
+        self.verify = verify
+
+    def send(self, event: events.Event, dry_run: bool) -> list[Outcome]:
+        attributes = dict(event.attributes)
+        if dry_run:
+            attributes[events.DRY_RUN_EXTENSION] = "true"
+        headers, body = to_binary(CloudEvent(attributes, event.data))
+        try:
+            response = requests.post(
+                self.url, data=body, headers=headers, timeout=30, verify=self.verify
+            )
+        except requests.RequestException as exc:
+            return [Outcome(event, self.url, 0, error=str(exc))]
+        error = "" if response.ok else response.text[:300]
+        return [Outcome(event, self.url, response.status_code, _reply_of(response), error=error)]
+
+
+def replay(
+    items: Sequence[Recorded],
+    target: InProcess | Remote,
+    *,
+    dry_run: bool,
+    recorded_speed: bool,
+    out: TextIO,
+    as_json: bool,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    previous: datetime | None = None
+    for index, item in enumerate(items, 1):
+        if recorded_speed and previous and item.time and item.time > previous:
+            sleep((item.time - previous).total_seconds())
+        previous = item.time or previous
+        for outcome in target.send(item.event, dry_run):
+            outcomes.append(outcome)
+            if as_json:
+                out.write(json.dumps(outcome.as_json(), default=str) + "\n")
+            else:
+                out.write(outcome.as_text(index, len(items)) + "\n")
+    return outcomes
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    parser = argparse.ArgumentParser(prog="replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("file", nargs="?", default="-", help="archive or log file (- for stdin)")
+    parser.add_argument("--type", action="append", default=[], help="only this event type")
+    parser.add_argument("--subject", action="append", default=[], help="subject contains this")
+    parser.add_argument("--id", action="append", default=[], help="only this event id")
+    parser.add_argument("--since", help="only events at or after this time (ISO 8601)")
+    parser.add_argument("--until", help="only events at or before this time (ISO 8601)")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--to", metavar="URL", help="send to a running function")
+    target.add_argument(
+        "--in-process", action="store_true", help="load the functions here (the default)"
+    )
+    parser.add_argument("--ca-file", help="CA bundle for an https --to URL")
+    parser.add_argument("--triggers", default=str(ROOT / "knative"), help="Trigger manifests")
+    parser.add_argument("--dry-run", action="store_true", help="server-side dry run of writes")
+    parser.add_argument("--recorded-speed", action="store_true", help="keep recorded gaps")
+    parser.add_argument("--json", action="store_true", help="one JSON object per outcome")
+    args = parser.parse_args(argv)
+
+    since, until = _parse_time(args.since), _parse_time(args.until)
+    for flag, raw, parsed in (("--since", args.since, since), ("--until", args.until, until)):
+        if raw and parsed is None:
+            parser.error(f"{flag}: not an ISO 8601 time: {raw!r}")
+    try:
+        stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        parser.error(f"cannot read {args.file}: {exc.strerror}")
+    with stream:
+        items, skipped = read(stream)
+    chosen = [i for i in items if Selection(args.type, args.subject, args.id, since, until)(i)]
+    if skipped:
+        print(
+            f"replay: skipped {skipped} line(s) that hold no CloudEvent (functions log the "
+            "whole event only when it led to an action, unless KN_RESCHEDULER_LOG_EVENTS=all)",
+            file=sys.stderr,
+        )
+    if not chosen:
+        print("replay: no event matches", file=sys.stderr)
+        return 0
+
+    sender: InProcess | Remote
+    if args.to:
+        sender = Remote(args.to, verify=args.ca_file or True)
+    else:
+        cfg = Config.from_env(os.environ)
+        sender = InProcess(cfg, kube.Kube.from_environment, Path(args.triggers))
+    outcomes = replay(
+        chosen,
+        sender,
+        dry_run=args.dry_run,
+        recorded_speed=args.recorded_speed,
+        out=out,
+        as_json=args.json,
+    )
+    failed = [o for o in outcomes if not o.ok]
+    if not args.json:
+        print(
+            f"replayed {len(chosen)} event(s): {len(outcomes) - len(failed)} handled, "
+            f"{len(failed)} failed" + (" (dry run)" if args.dry_run else ""),
+            file=out,
+        )
+    return 1 if failed else 0
+
+
+def lines_of(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as f:
+        yield from f
+
+
+if __name__ == "__main__":
+    sys.exit(main())
