@@ -1,6 +1,6 @@
 // Pins Knative Eventing's data plane, run locally as processes against the local control plane:
 // the ApiServerSource receive adapter, the Broker's ingress and filter, and the in-memory channel
-// dispatcher (hack/build-adapter.sh builds them, pipeline/broker.py runs them).
+// dispatcher (hack/build-adapter.sh builds them, dev/pipeline/broker.py runs them).
 module github.com/kn-rescheduler/kn-rescheduler/hack/adapter
 
 go 1.25.0

@@ -1,4 +1,4 @@
-// Pins the descheduler the benchmarks compare against (bench/, hack/build-descheduler.sh).
+// Pins the descheduler the benchmarks compare against (dev/bench/, hack/build-descheduler.sh).
 // `go install sigs.k8s.io/descheduler/cmd/descheduler@VERSION` refuses it: the descheduler's
 // go.mod has a replace directive (k8s.io/kube-openapi), which a dependency's go.mod may not
 // impose, so the same replace is repeated here and the command is built from this module.

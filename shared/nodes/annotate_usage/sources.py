@@ -1,6 +1,6 @@
 """Where node usage comes from: Prometheus (node-exporter's metrics) or the Metrics API.
 
-Both answer the same question, cores and bytes in use per Node (`annotate.Measured`); the
+Both answer the same question, cores and bytes in use per Node (`decide.Measured`); the
 annotator turns them into percent of the node's allocatable. They differ in what they know:
 
 - Prometheus keeps history, so it gives the current usage (a rate over 1 minute), the 5-minute
