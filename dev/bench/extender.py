@@ -31,7 +31,7 @@ import requests
 from dev.bench.common import JSON, summary
 from dev.stack.functions import FunctionServer
 from shared.api.keys import USAGE_ANNOTATION
-from shared.nodes.usage import Estimate, Reading, UsageRecord
+from shared.api.usage import Estimate, Reading, UsageRecord
 
 SIZES: Final = (20, 100, 240)
 CALLS: Final = 300

@@ -47,7 +47,7 @@ from dev.localcluster.cluster import Cluster
 from dev.stack.functions import FunctionServer, environment, free_port
 from dev.stack.up import load_aware_scheduler_config
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, USAGE_ANNOTATION
-from shared.nodes.usage import Estimate, Reading, UsageRecord
+from shared.api.usage import Estimate, Reading, UsageRecord
 
 SYSTEMS: Final = ("default", "extender", "second-no-extender")
 # clientConnection per setting: kube-scheduler's defaults, written out, and limits no batch

@@ -40,9 +40,9 @@ from dev.stack.functions import FunctionServer, environment
 from dev.stack.webhook import make_tls
 from shared.admission.handler import Admitter
 from shared.api.keys import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.api.state import WorkloadState, dump_state
 from shared.platform.config import Config
 from shared.platform.kube import Kube
-from shared.workloads.state import WorkloadState, dump_state
 
 NAMESPACE = "bench-webhook"
 REGISTRATION = webhook_setup.NAME + "-bench"

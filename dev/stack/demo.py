@@ -68,12 +68,12 @@ from shared.api.keys import (
     SUSPECT_LABEL,
     SUSPECT_VALUE,
 )
+from shared.api.state import StateError, load_state
 from shared.api.times import format_duration
 from shared.nodes.label_nodes.rules import Rule, load_rules
 from shared.platform.config import Config
 from shared.platform.kube import Kube, KubeError, NotFound
 from shared.workloads.policy import OwnerKind, Policy, parse_retries
-from shared.workloads.state import StateError, load_state
 
 JSON = dict[str, Any]
 

@@ -57,11 +57,12 @@ from shared.api.kubetypes import (
     PodSpec,
     PreferredSchedulingTerm,
 )
+from shared.api.state import is_valid_node_name
 from shared.platform.config import MAX_RETRIES
 from shared.workloads.policy import (
     parse_retries,
 )
-from shared.workloads.state import MAX_EXCLUDED_NODES, is_valid_node_name
+from shared.workloads.state import MAX_EXCLUDED_NODES
 
 # The API server refuses an object whose annotation keys and values add up to more than this
 # (apimachinery's TotalAnnotationSizeLimitB), and failurePolicy Ignore does not save the pod.

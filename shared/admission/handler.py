@@ -50,13 +50,14 @@ from shared.api.keys import (
     SUSPECT_VALUE,
 )
 from shared.api.kubetypes import Job, Pod
+from shared.api.state import StateError, load_state_lenient
 from shared.platform import kube, metrics
 from shared.platform.config import Config
 from shared.workloads.classify import controller_of
 from shared.workloads.jobs import JobMutation, ignore_disruptions
 from shared.workloads.owners import Holder, resolve
 from shared.workloads.policy import OwnerKind, parse_retries
-from shared.workloads.state import StateError, exclusions_for, foreign_copy, load_state_lenient
+from shared.workloads.state import exclusions_for, foreign_copy
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,12 @@ A record we cannot read is never trusted and never overwritten blindly: the hand
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from shared.api import records
+from shared.api.records import RecordError
 from shared.api.times import format_time, parse_time
 from shared.api.workloadid import family
 
@@ -32,9 +33,16 @@ MAX_FAILURES: Final = 32
 # The annotation stays far below the API's 256 KiB limit on all annotations of an object.
 MAX_RECORD_BYTES: Final = 16 * 1024
 
-
-class RecordError(ValueError):
-    """The annotation holds something that is not a node-health record we can read."""
+FORMAT: Final = records.Format(
+    name="node-health record",
+    version_key="version",
+    version=RECORD_VERSION,
+    # Written as well as read: a record over it would be refused by every later read, and the
+    # node's events would all go to the dead-letter sink.
+    max_bytes=MAX_RECORD_BYTES,
+    sort_keys=True,
+    not_json="the node-health record is not JSON: {error}",
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -94,30 +102,21 @@ class NodeHealth:
         return replace(self, failures=self.recent(now, window))
 
     def to_json(self) -> str:
-        out: dict[str, Any] = {
-            "version": RECORD_VERSION,
-            "failures": [seen.to_json() for seen in self.failures],
-        }
+        """The annotation; RecordError when it would be over ``MAX_RECORD_BYTES``."""
+        out: dict[str, Any] = {"failures": [seen.to_json() for seen in self.failures]}
         if self.suspect_since is not None:
             out["suspect"] = {
                 "since": format_time(self.suspect_since),
                 "workloads": list(self.suspect_workloads),
             }
-        return json.dumps(out, separators=(",", ":"), sort_keys=True)
+        return records.dump(out, FORMAT)
 
 
 def load(raw: str | None) -> NodeHealth:
     """The record in the annotation; an empty one when there is none."""
     if raw is None or raw == "":
         return NodeHealth()
-    if len(raw) > MAX_RECORD_BYTES:
-        raise RecordError(f"the node-health record is {len(raw)} bytes, over {MAX_RECORD_BYTES}")
-    try:
-        data = json.loads(raw)
-    except ValueError as err:
-        raise RecordError(f"the node-health record is not JSON: {err}") from err
-    if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
-        raise RecordError(f"not a version {RECORD_VERSION} node-health record")
+    _, data = records.load(raw, FORMAT)
     entries = data.get("failures")
     if not isinstance(entries, list):
         raise RecordError("the node-health record has no list of failures")

@@ -1,10 +1,7 @@
-"""The usage record on a Node, and the requests that estimate load not measured yet.
+"""The requests that estimate load not measured yet, for the usage record on a Node.
 
-annotate-usage samples each node's CPU and memory usage and writes it onto the Node as one
-versioned JSON annotation (``kn-rescheduler.io/usage``), so the scheduler extender and
-rebalance-nodes read usage from Node objects they already have and never call Prometheus on a
-hot path. Values are percent of the node's allocatable (what the scheduler places against), as
-the current usage, the 5-minute average and the 1-hour maximum.
+annotate-usage writes each node's measured usage onto the Node (the record and its format are
+``shared.api.usage``), percent of the node's allocatable (what the scheduler places against).
 
 Herding: a measured usage lags the pods placed on a node (a container needs time to start and
 to load, and a rate over a minute needs a minute). The record therefore also carries an
@@ -20,157 +17,16 @@ requests, when set, replace the containers'.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any
 
 from shared.api import quantity
-from shared.api.keys import USAGE_ANNOTATION
 from shared.api.kubetypes import Node, Pod
-from shared.api.times import format_time, parse_time
-
-RECORD_VERSION: Final = 1
-# A percentage kept to one decimal: finer says nothing and churns the annotation.
-_DECIMALS: Final = 1
-
-
-class UsageError(ValueError):
-    """The annotation holds something that is not a usage record we can read."""
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One resource's usage, percent of allocatable: now, 5-minute average, 1-hour maximum."""
-
-    now: float
-    avg5m: float | None = None
-    max1h: float | None = None
-
-    def to_json(self) -> dict[str, float]:
-        out = {"now": round(self.now, _DECIMALS)}
-        if self.avg5m is not None:
-            out["avg5m"] = round(self.avg5m, _DECIMALS)
-        if self.max1h is not None:
-            out["max1h"] = round(self.max1h, _DECIMALS)
-        return out
-
-    @classmethod
-    def from_json(cls, raw: object) -> Reading:
-        if not isinstance(raw, Mapping):
-            raise TypeError(f"expected a reading, got {raw!r}")
-        return cls(
-            now=_percent(raw.get("now")),
-            avg5m=None if raw.get("avg5m") is None else _percent(raw.get("avg5m")),
-            max1h=None if raw.get("max1h") is None else _percent(raw.get("max1h")),
-        )
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Requests of pods bound too recently to show in the usage, percent of allocatable."""
-
-    cpu: float = 0.0
-    memory: float = 0.0
-    pods: int = 0
-
-    def to_json(self) -> dict[str, float | int]:
-        return {
-            "cpu": round(self.cpu, _DECIMALS),
-            "memory": round(self.memory, _DECIMALS),
-            "pods": self.pods,
-        }
-
-    @classmethod
-    def from_json(cls, raw: object) -> Estimate:
-        if raw is None:
-            return cls()
-        if not isinstance(raw, Mapping):
-            raise TypeError(f"expected an estimate, got {raw!r}")
-        pods = raw.get("pods", 0)
-        if isinstance(pods, bool) or not isinstance(pods, int) or pods < 0:
-            raise TypeError(f"expected a pod count, got {pods!r}")
-        return cls(
-            cpu=_percent(raw.get("cpu", 0)), memory=_percent(raw.get("memory", 0)), pods=pods
-        )
-
-
-@dataclass(frozen=True)
-class UsageRecord:
-    """What the usage annotation on a Node says."""
-
-    sampled_at: datetime
-    source: str
-    cpu: Reading
-    memory: Reading
-    estimate: Estimate = field(default_factory=Estimate)
-
-    @property
-    def estimated_cpu(self) -> float:
-        """Measured CPU plus the estimate of what is bound but not measured yet."""
-        return self.cpu.now + self.estimate.cpu
-
-    @property
-    def estimated_memory(self) -> float:
-        return self.memory.now + self.estimate.memory
-
-    def age(self, now: datetime) -> timedelta:
-        return now - self.sampled_at
-
-    def is_stale(self, now: datetime, limit: timedelta) -> bool:
-        """Older than ``limit`` (or from the future by more than it: a skewed clock)."""
-        return abs(self.age(now)) > limit
-
-    def to_json(self) -> str:
-        out: dict[str, Any] = {
-            "v": RECORD_VERSION,
-            "sampledAt": format_time(self.sampled_at),
-            "source": self.source,
-            "cpu": self.cpu.to_json(),
-            "memory": self.memory.to_json(),
-        }
-        if self.estimate != Estimate():
-            out["estimate"] = self.estimate.to_json()
-        return json.dumps(out, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> UsageRecord:
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise UsageError(f"not JSON: {err}") from err
-        if not isinstance(data, dict) or data.get("v") != RECORD_VERSION:
-            raise UsageError(f"not a version {RECORD_VERSION} usage record")
-        try:
-            return cls(
-                sampled_at=parse_time(data.get("sampledAt")),
-                source=str(data.get("source") or ""),
-                cpu=Reading.from_json(data.get("cpu")),
-                memory=Reading.from_json(data.get("memory")),
-                estimate=Estimate.from_json(data.get("estimate")),
-            )
-        except (TypeError, ValueError) as err:
-            raise UsageError(f"unreadable usage record: {err}") from err
-
-
-def read_usage(node: Node) -> UsageRecord | None:
-    """The Node's usage record; None when it has none. Raises UsageError when unreadable."""
-    raw = (node.get("metadata") or {}).get("annotations", {}).get(USAGE_ANNOTATION)
-    if raw is None:
-        return None
-    return UsageRecord.from_json(raw)
-
-
-def _percent(raw: object) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise TypeError(f"expected a percentage, got {raw!r}")
-    value = float(raw)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"expected a percentage of 0 or more, got {raw!r}")
-    return value
-
+from shared.api.times import parse_time
+from shared.api.usage import Estimate
 
 # -- requests and allocatable ---------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from shared.api.kubetypes import Pod
+from shared.api.state import Stopped
 from shared.api.times import parse_kube_time
 from shared.platform.config import Config
 from shared.workloads.classify import FailureKind, classify, controller_of
@@ -104,16 +105,6 @@ class Witnesses:
 
 # A workload of one pod, known without listing (a bare pod has no siblings).
 ALONE: Final = Witnesses()
-
-
-@dataclass(frozen=True)
-class Stopped:
-    """A stop recorded in the holder's state: its failure reason, the nodes that showed it,
-    and when it was recorded."""
-
-    reason: str
-    nodes: tuple[str, ...]
-    at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -17,20 +17,8 @@ requirement that makes every new pod invalid at creation, which the webhook's `f
 Ignore` does not cover. The webhook reads states with `load_state_lenient`, which skips such
 names and keeps the rest, and `shared.admission.decide` checks every name again before it patches.
 
-Format, version 2 (version 1, written by the previous release, is still read: its per-pod
-entries have no timestamp and take the state's own `updatedAt`, which is at least as recent as
-any change to them, so they are never pruned earlier than they should be; a version we do not
-know is refused, since acting on it could undo a newer release's bookkeeping)::
-
-    {"version": 2, "holderUid": "<uid of the object it was written for>", "moves": 3,
-     "excludedNodes": ["node-a"], "handled": ["<pod uid>", ...],
-     "exhaustedRecorded": false, "updatedAt": "2026-03-14T09:26:53Z",
-     "failedOn": {"node-a": "CrashLoopBackOff"},
-     "stopped": {"reason": "CrashLoopBackOff", "nodes": ["node-a", "node-b"], "at": "..."},
-     "pods": {"db-0": {"moves": 2, "excludedNodes": ["node-c"], "updatedAt": "..."}}}
-
-Per-pod entries (StatefulSets only) leave out an empty `excludedNodes` and a false
-`exhaustedRecorded`, so a thousand pods fit easily.
+The record itself (its versions, fields and how strictly it is read) is `shared.api.state`;
+this module decides with it.
 
 What a move records. A move charges one move and excludes the node the pod failed on. For a
 budget kept for the whole workload (a ReplicaSet, a Job) it also excludes, free of charge, the
@@ -48,9 +36,7 @@ unschedulable keeps it, since where the workload failed is still true; a reset d
 sibling's node, excluded free of charge, records nothing). That is the evidence
 `shared.workloads.everywhere` weighs to stop moving a workload that fails the same way on
 every node; when it stops, `stopped` records it (so its Warning is said once), and the next
-move clears it. Both are optional within version 2 and left out when
-empty; like `holderUid`, a release that predates them refuses a state that carries them
-rather than drop what it does not understand.
+move clears it.
 
 Whose state. Annotations get copied: `kubectl rollout undo` copies a ReplicaSet's annotations
 onto its Deployment, and the Deployment controller copies a Deployment's annotations onto the
@@ -94,14 +80,12 @@ and clearing only shrinks the state.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from types import MappingProxyType
-from typing import Any, Final
+from typing import Final
 
 from shared.api.keys import (
     REASON_EXCLUSIONS_CLEARED,
@@ -110,103 +94,35 @@ from shared.api.keys import (
     REASON_RETRIES_EXHAUSTED,
 )
 from shared.api.kubetypes import Pod
-from shared.api.times import format_duration, format_time, parse_kube_time
+from shared.api.state import (
+    MAX_REASON_LENGTH,
+    MAX_STATE_BYTES,
+    PodEntry,
+    Stopped,
+    WorkloadState,
+    dump_state,
+    entry_bytes,
+    is_valid_node_name,
+    quoted_names,
+)
+from shared.api.times import format_duration
 from shared.workloads.classify import Failure, FailureKind, excluded_nodes_of
-from shared.workloads.everywhere import Stopped, Witnesses, judge
+from shared.workloads.everywhere import Witnesses, judge
 from shared.workloads.policy import (
     BudgetScope,
     OwnerKind,
     Policy,
 )
 
-# The version `dump_state` writes, and every version `load_state` reads.
-STATE_VERSION: Final = 2
-READABLE_VERSIONS: Final = frozenset({1, 2})
 DEFAULT_HANDLED_LIMIT: Final = 64
 # Excluded nodes kept per scope (the workload, or one StatefulSet pod), most recent last. Each is
 # a required NotIn on every new pod of the scope; a pod that failed on 32 different nodes has a
 # problem no other node fixes, and 32 names of at most 253 bytes keep a scope under 8.5 KiB.
 MAX_EXCLUDED_NODES: Final = 32
-# Our own cap on the serialized state: a quarter of the API server's 256 KiB for all the
-# annotations of an object (see the module docstring for what happens past it).
-MAX_STATE_BYTES: Final = 64 * 1024
-
-# Kubernetes node names are DNS-1123 subdomains (ValidateNodeName is NameIsDNSSubdomain), and a
-# node field selector validates its values with exactly that rule.
-MAX_NODE_NAME_LENGTH: Final = 253
-_DNS1123_SUBDOMAIN: Final = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
 # How the StatefulSet controller reads a pod's ordinal (statefulPodRegex in its utils).
 _STATEFUL_POD: Final = re.compile(r"(.*)-([0-9]+)")
 _MAX_INT32: Final = 2**31 - 1
 _LONG_AGO: Final = datetime.min.replace(tzinfo=UTC)
-# The longest failure reason kept in `failedOn` and `stopped` (the kubelet's are short words).
-MAX_REASON_LENGTH: Final = 128
-
-
-def is_valid_node_name(name: object) -> bool:
-    """Whether the API server accepts `name` as a node name (and so in a NotIn requirement)."""
-    return (
-        isinstance(name, str)
-        and 0 < len(name) <= MAX_NODE_NAME_LENGTH
-        and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
-    )
-
-
-class StateError(ValueError):
-    """The stored state cannot be read; the caller must log it and refuse to act."""
-
-
-@dataclass(frozen=True)
-class PodEntry:
-    """Per-pod counters, used for StatefulSet pods (keyed by pod name)."""
-
-    moves: int = 0
-    excluded_nodes: tuple[str, ...] = ()
-    exhausted_recorded: bool = False
-    # When `plan` last changed the entry; None when unknown (never pruned for its age then).
-    updated_at: datetime | None = None
-
-
-def _freeze(entries: Mapping[str, PodEntry]) -> Mapping[str, PodEntry]:
-    return MappingProxyType(dict(sorted(entries.items())))
-
-
-@dataclass(frozen=True)
-class WorkloadState:
-    # Every move of the workload; for a StatefulSet the budget is per pod (per_pod) and this is
-    # only the total.
-    moves: int = 0
-    # Nodes to keep the workload's next pods off (unused for StatefulSets: see per_pod).
-    excluded_nodes: tuple[str, ...] = ()
-    per_pod: Mapping[str, PodEntry] = field(
-        default_factory=lambda: _freeze({}), hash=False, compare=True
-    )
-    # Uids of pods we decided to move, oldest first, bounded.
-    handled: tuple[str, ...] = ()
-    # Set when RetriesExhausted was recorded, so it is recorded once, not on every event.
-    exhausted_recorded: bool = False
-    updated_at: datetime | None = None
-    # The uid of the object the state was written for; empty when unknown (written before the
-    # field existed). See "Whose state" in the module docstring.
-    holder_uid: str = ""
-    # The failure reason of each excluded node a move was charged for (workload scope only).
-    failed_on: Mapping[str, str] = field(
-        default_factory=lambda: MappingProxyType({}), hash=False, compare=True
-    )
-    # Moves stopped because the workload fails the same way everywhere (shared.workloads.
-    # everywhere); None while moves are allowed.
-    stopped: Stopped | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.per_pod, MappingProxyType):
-            object.__setattr__(self, "per_pod", _freeze(self.per_pod))
-        if not isinstance(self.failed_on, MappingProxyType):
-            object.__setattr__(self, "failed_on", MappingProxyType(dict(self.failed_on)))
-
-    def entry(self, pod_name: str) -> PodEntry:
-        return self.per_pod.get(pod_name, PodEntry())
 
 
 @dataclass(frozen=True)
@@ -232,231 +148,6 @@ class StatefulSetRange:
     def wants(self, pod_name: str) -> bool:
         ordinal = self.ordinal_of(pod_name)
         return ordinal is not None and self.start <= ordinal < self.start + self.replicas
-
-
-@dataclass(frozen=True)
-class LenientState:
-    """A state read for the webhook: node names Kubernetes would refuse are left out."""
-
-    state: WorkloadState
-    skipped_nodes: tuple[str, ...] = ()
-
-
-def load_state(annotation_value: str | None) -> WorkloadState:
-    """Read the state annotation; missing or empty means a workload never touched.
-
-    Raises StateError for anything we cannot read exactly, invalid node names included.
-    """
-    return _load(annotation_value, None)
-
-
-def load_state_lenient(annotation_value: str | None) -> LenientState:
-    """Read the state like `load_state`, but skip (and report) node names Kubernetes would
-    refuse instead of raising: the webhook must keep the valid exclusions and never patch an
-    invalid one into a pod. Any other damage still raises StateError."""
-    skipped: list[str] = []
-    state = _load(annotation_value, skipped)
-    return LenientState(state, tuple(skipped))
-
-
-def _load(annotation_value: str | None, skipped: list[str] | None) -> WorkloadState:
-    if not annotation_value:
-        return WorkloadState()
-    try:
-        data = json.loads(annotation_value)
-    except (ValueError, RecursionError) as err:
-        raise StateError(f"state annotation is not valid JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise StateError("state annotation must be a JSON object")
-    version = data.get("version")
-    if type(version) is not int:
-        raise StateError("state annotation has no integer version")
-    if version not in READABLE_VERSIONS:
-        # Written by a newer (or older, incompatible) release: acting on it could undo its
-        # bookkeeping, so refuse until the functions are upgraded too.
-        readable = ", ".join(str(v) for v in sorted(READABLE_VERSIONS))
-        raise StateError(
-            f"state version {version} is not supported (this release reads {readable})"
-        )
-    _only_keys(data, _TOP_KEYS_V1 if version == 1 else _TOP_KEYS, "state")
-    updated_at = _time(data, "updatedAt", "state field updatedAt")
-    holder_uid = data.get("holderUid", "")
-    if not isinstance(holder_uid, str):
-        raise StateError(f"state field holderUid must be a string, got {holder_uid!r}")
-    per_pod_raw = data.get("pods", {})
-    if not isinstance(per_pod_raw, dict):
-        raise StateError("state field pods must be an object")
-    pod_keys = _POD_KEYS_V1 if version == 1 else _POD_KEYS
-    per_pod = {}
-    for name, raw in per_pod_raw.items():
-        if not isinstance(raw, dict):
-            raise StateError(f"state entry for pod {name} must be an object")
-        what = f"state entry for pod {name}"
-        _only_keys(raw, pod_keys, what)
-        per_pod[name] = PodEntry(
-            moves=_count(raw, "moves"),
-            excluded_nodes=_nodes(raw, "excludedNodes", skipped),
-            exhausted_recorded=_flag(raw, "exhaustedRecorded"),
-            # Version 1 kept no time per entry: the state's last write bounds it from above.
-            updated_at=updated_at if version == 1 else _time(raw, "updatedAt", what),
-        )
-    return WorkloadState(
-        moves=_count(data, "moves"),
-        excluded_nodes=_nodes(data, "excludedNodes", skipped),
-        per_pod=per_pod,
-        handled=_names(data, "handled"),
-        exhausted_recorded=_flag(data, "exhaustedRecorded"),
-        updated_at=updated_at,
-        holder_uid=holder_uid,
-        failed_on=_failed_on(data, skipped),
-        stopped=_stopped(data, skipped),
-    )
-
-
-def dump_state(state: WorkloadState) -> str:
-    """Compact JSON with sorted keys: the same state always gives the same annotation.
-
-    Always the current version, whatever version the state was read from.
-    """
-    data: dict[str, Any] = {
-        "version": STATE_VERSION,
-        "moves": state.moves,
-        "excludedNodes": list(state.excluded_nodes),
-        "handled": list(state.handled),
-        "exhaustedRecorded": state.exhausted_recorded,
-    }
-    if state.per_pod:
-        data["pods"] = {name: _entry_data(entry) for name, entry in state.per_pod.items()}
-    if state.updated_at is not None:
-        data["updatedAt"] = format_time(state.updated_at)
-    if state.holder_uid:
-        data["holderUid"] = state.holder_uid
-    if state.failed_on:
-        data["failedOn"] = dict(state.failed_on)
-    if state.stopped is not None:
-        stopped: dict[str, Any] = {
-            "reason": state.stopped.reason,
-            "nodes": list(state.stopped.nodes),
-        }
-        if state.stopped.at is not None:
-            stopped["at"] = format_time(state.stopped.at)
-        data["stopped"] = stopped
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def _entry_data(entry: PodEntry) -> dict[str, Any]:
-    data: dict[str, Any] = {"moves": entry.moves}
-    if entry.excluded_nodes:
-        data["excludedNodes"] = list(entry.excluded_nodes)
-    if entry.exhausted_recorded:
-        data["exhaustedRecorded"] = True
-    if entry.updated_at is not None:
-        data["updatedAt"] = format_time(entry.updated_at)
-    return data
-
-
-_TOP_KEYS_V1: Final = frozenset(
-    {"version", "moves", "excludedNodes", "pods", "handled", "exhaustedRecorded", "updatedAt"}
-)
-# holderUid, failedOn and stopped are optional within version 2: states written before them
-# are the holder's own, with nothing recorded about failures.
-_TOP_KEYS: Final = _TOP_KEYS_V1 | {"holderUid", "failedOn", "stopped"}
-_STOPPED_KEYS: Final = frozenset({"reason", "nodes", "at"})
-_POD_KEYS_V1: Final = frozenset({"moves", "excludedNodes", "exhaustedRecorded"})
-_POD_KEYS: Final = _POD_KEYS_V1 | {"updatedAt"}
-
-
-def _only_keys(data: dict[str, Any], known: frozenset[str], what: str) -> None:
-    # A key we do not know means a hand edit or a writer we do not understand; dropping it on
-    # the next write would lose information, so refuse instead.
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise StateError(f"{what} has unknown field(s): {', '.join(unknown)}")
-
-
-def _count(data: dict[str, Any], key: str) -> int:
-    value = data.get(key, 0)
-    if type(value) is not int or value < 0:
-        raise StateError(f"state field {key} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _names(data: dict[str, Any], key: str) -> tuple[str, ...]:
-    value = data.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise StateError(f"state field {key} must be a list of names, got {value!r}")
-    return tuple(value)
-
-
-def _nodes(data: dict[str, Any], key: str, skipped: list[str] | None) -> tuple[str, ...]:
-    names = data.get(key, [])
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-        raise StateError(f"state field {key} must be a list of node names, got {names!r}")
-    invalid = [name for name in names if not is_valid_node_name(name)]
-    if invalid and skipped is None:
-        raise StateError(
-            f"state field {key} lists name(s) that are not valid node names "
-            f"(lowercase DNS-1123 subdomains of at most {MAX_NODE_NAME_LENGTH} characters): "
-            f"{_quoted(invalid)}"
-        )
-    if skipped is not None:
-        skipped.extend(invalid)
-    return tuple(name for name in names if is_valid_node_name(name))
-
-
-def _quoted(names: list[str], limit: int = 5, width: int = 64) -> str:
-    """A bounded rendering of untrusted names, for messages and logs."""
-    shown = [repr(name if len(name) <= width else name[:width] + "...") for name in names[:limit]]
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(shown) + more
-
-
-def _reason(value: object, what: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_REASON_LENGTH:
-        raise StateError(
-            f"{what} must be a failure reason of 1 to {MAX_REASON_LENGTH} characters, "
-            f"got {_quoted([str(value)])}"
-        )
-    return value
-
-
-def _failed_on(data: dict[str, Any], skipped: list[str] | None) -> Mapping[str, str]:
-    raw = data.get("failedOn", {})
-    if not isinstance(raw, dict):
-        raise StateError("state field failedOn must be an object")
-    nodes = _nodes({"failedOn": list(raw)}, "failedOn", skipped)
-    return {node: _reason(raw[node], f"state field failedOn of node {node}") for node in nodes}
-
-
-def _stopped(data: dict[str, Any], skipped: list[str] | None) -> Stopped | None:
-    raw = data.get("stopped")
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise StateError("state field stopped must be an object")
-    _only_keys(raw, _STOPPED_KEYS, "state field stopped")
-    return Stopped(
-        reason=_reason(raw.get("reason"), "state field stopped.reason"),
-        nodes=_nodes(raw, "nodes", skipped),
-        at=_time(raw, "at", "state field stopped.at"),
-    )
-
-
-def _flag(data: dict[str, Any], key: str) -> bool:
-    value = data.get(key, False)
-    if not isinstance(value, bool):
-        raise StateError(f"state field {key} must be true or false, got {value!r}")
-    return value
-
-
-def _time(data: dict[str, Any], key: str, what: str) -> datetime | None:
-    raw = data.get(key)
-    if raw is None:
-        return None
-    parsed = parse_kube_time(raw) if isinstance(raw, str) else None
-    if parsed is None:
-        raise StateError(f"{what} is not a timestamp: {raw!r}")
-    return parsed
 
 
 def foreign_copy(state: WorkloadState, owner_kind: OwnerKind | str, holder_uid: str) -> str | None:
@@ -537,7 +228,8 @@ def prune(
     if gone:
         notes.append(
             f"dropped {len(gone)} entr{'y' if len(gone) == 1 else 'ies'} of pods "
-            f"{statefulset.name if statefulset else ''} no longer has ({_quoted(gone, width=253)})"
+            f"{statefulset.name if statefulset else ''} no longer has "
+            f"({quoted_names(gone, width=253)})"
         )
     if aged:
         notes.append(
@@ -596,7 +288,7 @@ def _fit(state: WorkloadState, keep_pod: str | None) -> tuple[WorkloadState, str
             break
         entry = entries[name]
         lighter = replace(entry, excluded_nodes=())
-        size -= len(_entry_json(entry)) - len(_entry_json(lighter))
+        size -= entry_bytes(entry) - entry_bytes(lighter)
         entries[name] = lighter
         cleared += 1
     fitted = replace(state, per_pod=entries)
@@ -607,10 +299,6 @@ def _fit(state: WorkloadState, keep_pod: str | None) -> tuple[WorkloadState, str
         else None
     )
     return fitted, note, len(dump_state(fitted).encode()) <= MAX_STATE_BYTES
-
-
-def _entry_json(entry: PodEntry) -> bytes:
-    return json.dumps(_entry_data(entry), sort_keys=True, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dev.localcluster import Cluster
 from shared.api.keys import LOAD_LABEL, MAINTENANCE_LABEL, PING_EVENT_TYPE, USAGE_ANNOTATION
-from shared.nodes.usage import UsageRecord
+from shared.api.usage import UsageRecord
 from shared.platform.kube import Kube
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_label_nodes import cpu_by_node, reads

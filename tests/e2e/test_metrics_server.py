@@ -27,7 +27,7 @@ from shared.api.keys import (
     SIM_MEMORY_USAGE_ANNOTATION,
     USAGE_ANNOTATION,
 )
-from shared.nodes.usage import UsageRecord
+from shared.api.usage import UsageRecord
 from tests.handlers.conftest import cloudevent
 
 pytestmark = pytest.mark.e2e

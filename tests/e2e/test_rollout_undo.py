@@ -24,9 +24,9 @@ import pytest
 from kubernetes import config as k8s_config
 
 from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.api.state import load_state
 from shared.platform.kube import Kube
 from shared.pods.update_annotations.handler import last_trace
-from shared.workloads.state import load_state
 from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
 from tests.e2e.knative_manifests import kubeconfig_for, service_account_token
 from tests.e2e.test_rescheduling import events_for, failing_pod, pods, ready, required_exclusions

@@ -26,7 +26,8 @@ from dev.localcluster.rest import ApiError
 from dev.stack.functions import FunctionServer, environment, free_port
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
 from shared.api.kubetypes import Node, Pod
-from shared.nodes.usage import Estimate, Reading, UsageRecord, allocatable, estimate
+from shared.api.usage import Estimate, Reading, UsageRecord
+from shared.nodes.usage import allocatable, estimate
 from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -33,10 +33,10 @@ from shared.api.keys import (
     STUCK_AFTER_ANNOTATION,
 )
 from shared.api.kubetypes import Pod
+from shared.api.state import MAX_NODE_NAME_LENGTH
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import classify, unschedulable_due_to_exclusions
-from shared.workloads.state import MAX_NODE_NAME_LENGTH
 from tests.unit import pods
 from tests.unit.pods import NOW
 

@@ -24,8 +24,8 @@ from shared.api.keys import (
     STUCK_AFTER_ANNOTATION,
 )
 from shared.api.kubetypes import Pod
+from shared.api.state import is_valid_node_name
 from shared.workloads.policy import parse_retries
-from shared.workloads.state import is_valid_node_name
 from tests.fuzz import strategies as s
 from tests.unit import pods
 from tests.unit.apivalidation import api_server_errors

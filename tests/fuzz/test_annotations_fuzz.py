@@ -12,6 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.api.keys import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, POLICY_STAMP_ANNOTATION
+from shared.api.state import (
+    PodEntry,
+    StateError,
+    WorkloadState,
+    dump_state,
+    is_valid_node_name,
+    load_state,
+    load_state_lenient,
+)
 from shared.api.times import parse_duration, parse_kube_time
 from shared.platform.config import MAX_RETRIES
 from shared.pods.failing import FailingPod
@@ -22,15 +31,6 @@ from shared.workloads.policy import (
     ResetAfter,
     parse_reset_after,
     parse_retries,
-)
-from shared.workloads.state import (
-    PodEntry,
-    StateError,
-    WorkloadState,
-    dump_state,
-    is_valid_node_name,
-    load_state,
-    load_state_lenient,
 )
 from tests.fuzz import strategies as s
 from tests.fuzz.contract import refusing_only_malformed

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING, EXCLUDED_NODES_ANNOTATION
+from shared.api.state import PodEntry, StateError, WorkloadState, dump_state, load_state
 from shared.api.times import parse_kube_time
 from shared.platform import events, logs
 from shared.platform.config import Config
@@ -32,7 +33,6 @@ from shared.workloads.podshape import MalformedPod, judged, malformed
 from shared.workloads.policy import (
     parse_retries,
 )
-from shared.workloads.state import PodEntry, StateError, WorkloadState, dump_state, load_state
 from tests.fuzz.strategies import nested
 from tests.handlers.conftest import ClientFactory, cloudevent
 from tests.unit import pods

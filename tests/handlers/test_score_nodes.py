@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_ANNOTATION
-from shared.nodes.usage import Reading, UsageRecord
+from shared.api.usage import Reading, UsageRecord
 from shared.platform.config import ConfigError
 from tests.handlers.conftest import ClientFactory
 

@@ -24,8 +24,8 @@ from shared.api.keys import (
     USAGE_ANNOTATION,
 )
 from shared.api.kubetypes import Node, Pod
+from shared.api.usage import Estimate, Reading, UsageRecord
 from shared.nodes.score_nodes import decide as extender
-from shared.nodes.usage import Estimate, Reading, UsageRecord
 from shared.platform.config import Config
 from tests.unit.nodes import node
 from tests.unit.pods import mirror, pod

@@ -18,7 +18,8 @@ from shared.api.keys import (
     REASON_RESCHEDULED,
     SUSPECT_LABEL,
 )
-from shared.api.nodehealth import MAX_FAILURES, NodeHealth, RecordError, Seen, load
+from shared.api.nodehealth import MAX_FAILURES, NodeHealth, Seen, load
+from shared.api.records import RecordError
 from shared.api.workloadid import family
 from shared.nodes.assess_nodes.decide import (
     Blame,

@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 import pytest
 
 from shared.api.keys import LOAD_LABEL, NODE_OPT_OUT_LABEL, USAGE_ANNOTATION, opted_out
+from shared.api.usage import Estimate, Reading, UsageRecord
 from shared.nodes.annotate_usage.decide import Measured, decide_node
 from shared.nodes.assess_nodes.decide import NodeFacts
 from shared.nodes.rebalance_nodes.decide import assess
-from shared.nodes.usage import Estimate, Reading, UsageRecord, allocatable
+from shared.nodes.usage import allocatable
 from shared.platform.config import Config
 from tests.unit.nodes import node
 

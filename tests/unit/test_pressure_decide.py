@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared.api.keys import PRESSURE_ANNOTATION
+from shared.api.pressure import Record
+from shared.api.records import RecordError
 from shared.nodes.label_nodes.decide import (
     Action,
     Decision,
     NodeView,
     Observations,
-    Record,
-    RecordError,
     decide,
     hands_off,
 )

@@ -26,6 +26,8 @@ from shared.api.keys import (
     USAGE_ANNOTATION,
 )
 from shared.api.kubetypes import Node, Pod
+from shared.api.rebalance import Streak, read_streak
+from shared.api.usage import Estimate, Reading, UsageRecord
 from shared.nodes.rebalance_nodes.decide import (
     CPU_ABOVE_MEAN,
     CPU_OVER_THRESHOLD,
@@ -33,14 +35,11 @@ from shared.nodes.rebalance_nodes.decide import (
     MEMORY_OVER_THRESHOLD,
     Claim,
     Plan,
-    Streak,
     Workload,
     assess,
     placement_refusal,
     plan,
-    read_streak,
 )
-from shared.nodes.usage import Estimate, Reading, UsageRecord
 from shared.platform.config import Config, ConfigError
 from shared.workloads.jobs import JobFacts
 from tests.unit.nodes import node

@@ -12,26 +12,29 @@ import pytest
 
 from shared.api.keys import REASON_MOVES_STOPPED
 from shared.api.kubetypes import Pod
-from shared.platform.config import Config
-from shared.workloads.classify import Failure, FailureKind, classify
-from shared.workloads.everywhere import ALONE, Health, Stopped, Witness, Witnesses
-from shared.workloads.policy import OwnerKind, Policy
-from shared.workloads.state import (
-    MAX_EXCLUDED_NODES,
+from shared.api.state import (
     MAX_STATE_BYTES,
-    Action,
-    FailureFacts,
-    Plan,
     PodEntry,
     StateError,
-    StatefulSetRange,
+    Stopped,
     WorkloadState,
     dump_state,
-    exclusions_for,
-    foreign_copy,
     is_valid_node_name,
     load_state,
     load_state_lenient,
+)
+from shared.platform.config import Config
+from shared.workloads.classify import Failure, FailureKind, classify
+from shared.workloads.everywhere import ALONE, Health, Witness, Witnesses
+from shared.workloads.policy import OwnerKind, Policy
+from shared.workloads.state import (
+    MAX_EXCLUDED_NODES,
+    Action,
+    FailureFacts,
+    Plan,
+    StatefulSetRange,
+    exclusions_for,
+    foreign_copy,
     plan,
 )
 

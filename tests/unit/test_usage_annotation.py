@@ -18,8 +18,9 @@ from shared.api.keys import (
     NODE_OPT_OUT_LABEL,
     USAGE_ANNOTATION,
 )
+from shared.api.usage import Estimate, Reading, UsageRecord
 from shared.nodes.annotate_usage.decide import Measured, bucket_for, decide_node, to_record
-from shared.nodes.usage import Estimate, Reading, UsageRecord, allocatable
+from shared.nodes.usage import allocatable
 from shared.platform.config import Config
 from tests.unit.nodes import node
 

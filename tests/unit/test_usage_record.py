@@ -17,17 +17,13 @@ import pytest
 from shared.api import quantity
 from shared.api.keys import USAGE_ANNOTATION
 from shared.api.kubetypes import Node, Pod
+from shared.api.usage import Estimate, Reading, UsageError, UsageRecord, read_usage
 from shared.nodes.usage import (
-    Estimate,
-    Reading,
     Resources,
-    UsageError,
-    UsageRecord,
     allocatable,
     estimate,
     percent_of,
     pod_requests,
-    read_usage,
     scheduled_at,
 )
 from tests.unit.nodes import node

@@ -36,14 +36,8 @@ from shared.api.keys import (
     opted_out,
 )
 from shared.api.kubetypes import Node
-from shared.nodes.usage import (
-    Estimate,
-    Reading,
-    Resources,
-    UsageError,
-    UsageRecord,
-    read_usage,
-)
+from shared.api.usage import Estimate, Reading, UsageError, UsageRecord, read_usage
+from shared.nodes.usage import Resources
 from shared.platform.config import Config
 
 # Write when this share of usage_stale_after has passed since the record's sample, even if

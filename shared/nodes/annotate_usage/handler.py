@@ -27,9 +27,10 @@ from prometheus_client import Counter, Gauge
 
 from shared.api.keys import opted_out
 from shared.api.kubetypes import Node, Pod
+from shared.api.usage import Estimate
 from shared.nodes.annotate_usage.decide import Measured, NodeDecision, decide_node
 from shared.nodes.annotate_usage.sources import Source, SourceDown
-from shared.nodes.usage import Estimate, allocatable, estimate
+from shared.nodes.usage import allocatable, estimate
 from shared.platform import kube as kubeapi
 from shared.platform.config import Config
 from shared.platform.kube import Kube

@@ -39,7 +39,7 @@ from shared.api.keys import (
     REASON_SUSPECT_CAP_REACHED,
     SUSPECT_LABEL,
 )
-from shared.api.nodehealth import RecordError
+from shared.api.records import RecordError
 from shared.api.times import format_duration, format_time
 from shared.nodes.assess_nodes import decide
 from shared.nodes.assess_nodes.decide import (

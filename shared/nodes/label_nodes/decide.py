@@ -52,77 +52,20 @@ The rules of the decision:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
-from shared.api.times import format_time, parse_time
+from shared.api.pressure import Record
+from shared.api.times import format_time
 from shared.nodes.label_nodes.rules import Fires, Rule
 from shared.platform.config import Config
 
-RECORD_VERSION: Final = 1
 # `seen` is renewed once it is older than this share of pressure_stale_after.
 REFRESH_SHARE: Final = 0.25
-
-
-class RecordError(ValueError):
-    """The annotation holds something that is not a pressure record we can read."""
-
-
-@dataclass(frozen=True)
-class Record:
-    """What the pressure annotation on a Node says."""
-
-    rule: str = ""
-    value: float | None = None
-    since: datetime | None = None
-    seen: datetime | None = None
-    pending: Mapping[str, datetime] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        out: dict[str, Any] = {"v": RECORD_VERSION}
-        if self.rule:
-            out["rule"] = self.rule
-        if self.value is not None:
-            out["value"] = self.value
-        if self.since is not None:
-            out["since"] = format_time(self.since)
-        if self.seen is not None:
-            out["seen"] = format_time(self.seen)
-        if self.pending:
-            out["pending"] = {rule: format_time(at) for rule, at in sorted(self.pending.items())}
-        return json.dumps(out, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Record:
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise RecordError(f"not JSON: {err}") from err
-        if not isinstance(data, dict) or data.get("v") != RECORD_VERSION:
-            raise RecordError(f"not a version {RECORD_VERSION} pressure record")
-        try:
-            value = data.get("value")
-            pending = data.get("pending") or {}
-            if not isinstance(pending, dict):
-                raise TypeError("pending is not a mapping")
-            return cls(
-                rule=str(data.get("rule") or ""),
-                value=None if value is None else float(value),
-                since=_time(data.get("since")),
-                seen=_time(data.get("seen")),
-                pending={str(rule): parse_time(at) for rule, at in pending.items()},
-            )
-        except (TypeError, ValueError) as err:
-            raise RecordError(f"unreadable pressure record: {err}") from err
-
-
-def _time(raw: object) -> datetime | None:
-    return None if raw is None else parse_time(raw)
 
 
 @dataclass(frozen=True)

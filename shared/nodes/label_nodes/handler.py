@@ -43,6 +43,8 @@ from shared.api.keys import (
     PRESSURE_LABEL_VALUE,
     opted_out,
 )
+from shared.api.pressure import Record
+from shared.api.records import RecordError
 from shared.api.times import format_time
 from shared.nodes.label_nodes.decide import (
     Action,
@@ -50,8 +52,6 @@ from shared.nodes.label_nodes.decide import (
     NodeDecision,
     NodeView,
     Observations,
-    Record,
-    RecordError,
     decide,
     stale_limit,
 )

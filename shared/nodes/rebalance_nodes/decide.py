@@ -62,7 +62,6 @@ less. PodDisruptionBudgets are the Eviction API's to enforce.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +70,6 @@ from typing import Any, Final, cast
 
 from shared.api import quantity
 from shared.api.keys import (
-    HOT_STREAK_ANNOTATION,
     LOAD_AWARE_SCHEDULER_NAME,
     LOAD_LABEL,
     MAINTENANCE_LABEL,
@@ -79,22 +77,14 @@ from shared.api.keys import (
     opted_out,
 )
 from shared.api.kubetypes import Node, Pod
-from shared.api.times import format_time, parse_time
-from shared.nodes.usage import (
-    Resources,
-    UsageError,
-    UsageRecord,
-    allocatable,
-    percent_of,
-    pod_requests,
-    read_usage,
-)
+from shared.api.rebalance import Streak, read_streak
+from shared.api.times import format_time
+from shared.api.usage import UsageError, UsageRecord, read_usage
+from shared.nodes.usage import Resources, allocatable, percent_of, pod_requests
 from shared.platform.config import Config
 from shared.workloads.classify import controller_of, skip_reason
 from shared.workloads.jobs import JobFacts, Outcome, judge_removal
 
-# 2: the streak counts samples (the record's sampledAt it last counted), not evaluations.
-STREAK_VERSION: Final = 2
 # The taint the node lifecycle controller puts on a cordoned node; a pod that tolerates it may
 # be placed there (the NodeUnschedulable plugin).
 UNSCHEDULABLE_TAINT: Final = "node.kubernetes.io/unschedulable"
@@ -107,68 +97,6 @@ CPU_OVER_THRESHOLD: Final = "cpu-over-threshold"
 MEMORY_OVER_THRESHOLD: Final = "memory-over-threshold"
 CPU_ABOVE_MEAN: Final = "cpu-above-mean"
 MEMORY_ABOVE_MEAN: Final = "memory-above-mean"
-
-
-# -- the hot streak on a Node ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Streak:
-    """How many samples in a row found the node hot, since when, and the sample last counted.
-
-    ``sample`` is the ``sampledAt`` of the usage record last counted: a record is read by every
-    evaluation while it stays fresh (``usage_stale_after``), and annotate-usage rewrites it
-    only when a value moved or before it would go stale, so the count advances only on a
-    record sampled after this one. After acting, the count is 0 and ``sample`` holds the
-    record acted on, which then counts for nothing.
-    """
-
-    hot: int = 0
-    since: datetime | None = None
-    sample: datetime | None = None
-
-    def to_json(self) -> str:
-        out: dict[str, Any] = {"v": STREAK_VERSION, "hot": self.hot}
-        if self.since is not None:
-            out["since"] = format_time(self.since)
-        if self.sample is not None:
-            out["sample"] = format_time(self.sample)
-        return json.dumps(out, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Streak:
-        """The streak an annotation holds; an unreadable one counts as none (it is ours, and
-        only ever a count: starting again from zero costs a few samples, nothing more). So
-        does a version 1 streak, which counted evaluations rather than samples."""
-        try:
-            data = json.loads(text)
-            hot = data["hot"]
-            if data.get("v") != STREAK_VERSION or type(hot) is not int or hot < 0:
-                return cls()
-            raw = data.get("since")
-            since = parse_time(raw) if isinstance(raw, str) else None
-            raw = data.get("sample")
-            sample = parse_time(raw) if isinstance(raw, str) else None
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return cls()
-        return cls(hot, since, sample)
-
-    def counted(self, record: UsageRecord, now: datetime) -> Streak:
-        """The streak after a hot evaluation of ``record``: one more when the record was
-        sampled after the one last counted, else unchanged."""
-        if self.sample is not None and record.sampled_at <= self.sample:
-            return self
-        return Streak(self.hot + 1, self.since or now, record.sampled_at)
-
-    def acted_on(self) -> Streak | None:
-        """The streak once the node was acted on: no count, the sample remembered."""
-        return None if self.sample is None else Streak(0, None, self.sample)
-
-
-def read_streak(node: Node) -> Streak | None:
-    """The streak on the Node; None when it carries none."""
-    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(HOT_STREAK_ANNOTATION)
-    return None if raw is None else Streak.from_json(raw)
 
 
 # -- nodes ------------------------------------------------------------------------------------

@@ -50,13 +50,13 @@ from shared.api.keys import (
     REBALANCE_VALUE,
 )
 from shared.api.kubetypes import Node, Pod
+from shared.api.rebalance import Streak
 from shared.api.times import format_time
 from shared.nodes.rebalance_nodes.decide import (
     Claim,
     Eviction,
     NodeState,
     Plan,
-    Streak,
     Workload,
     assess,
     choose,

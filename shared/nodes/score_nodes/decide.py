@@ -77,14 +77,8 @@ from shared.api.keys import (
     opted_out,
 )
 from shared.api.kubetypes import Node, Pod
-from shared.nodes.usage import (
-    Resources,
-    UsageError,
-    UsageRecord,
-    allocatable,
-    percent_of,
-    pod_requests,
-)
+from shared.api.usage import UsageError, UsageRecord
+from shared.nodes.usage import Resources, allocatable, percent_of, pod_requests
 from shared.platform.config import Config
 from shared.workloads.classify import MIRROR_POD_ANNOTATION
 

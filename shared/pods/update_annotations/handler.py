@@ -68,6 +68,7 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.api.kubetypes import Pod
+from shared.api.state import StateError, dump_state, load_state
 from shared.platform import events, kube, metrics, recorder
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
@@ -97,15 +98,7 @@ from shared.workloads.policy import (
     parse_retries,
 )
 from shared.workloads.siblings import failing_siblings, nodes_of, sibling_selector
-from shared.workloads.state import (
-    Action,
-    FailureFacts,
-    Plan,
-    StateError,
-    dump_state,
-    load_state,
-    plan,
-)
+from shared.workloads.state import Action, FailureFacts, Plan, plan
 
 log = logging.getLogger(__name__)
 
