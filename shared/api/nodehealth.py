@@ -38,7 +38,7 @@ FORMAT: Final = records.Format(
     version_key="version",
     version=RECORD_VERSION,
     # Written as well as read: a record over it would be refused by every later read, and the
-    # node's events would all go to the dead-letter sink.
+    # node's events would all go to the dead-letter sink (the writer drops old failures instead).
     max_bytes=MAX_RECORD_BYTES,
     sort_keys=True,
     not_json="the node-health record is not JSON: {error}",
@@ -102,14 +102,28 @@ class NodeHealth:
         return replace(self, failures=self.recent(now, window))
 
     def to_json(self) -> str:
-        """The annotation; RecordError when it would be over ``MAX_RECORD_BYTES``."""
-        out: dict[str, Any] = {"failures": [seen.to_json() for seen in self.failures]}
-        if self.suspect_since is not None:
-            out["suspect"] = {
-                "since": format_time(self.suspect_since),
-                "workloads": list(self.suspect_workloads),
-            }
-        return records.dump(out, FORMAT)
+        """The annotation, within ``MAX_RECORD_BYTES``: the oldest failures give way first.
+
+        Names and reasons come from events and can be long (a namespace of 63 characters, a
+        workload and a pod of 253 each): 32 such failures are over the cap. Refusing to write
+        would fail every later event about the node the same way, and a record over the cap
+        would be refused by every read; dropping the oldest is what ``MAX_FAILURES`` does
+        already. RecordError only if the suspicion alone is over the cap.
+        """
+        failures = self.failures
+        while True:
+            out: dict[str, Any] = {"failures": [seen.to_json() for seen in failures]}
+            if self.suspect_since is not None:
+                out["suspect"] = {
+                    "since": format_time(self.suspect_since),
+                    "workloads": list(self.suspect_workloads),
+                }
+            try:
+                return records.dump(out, FORMAT)
+            except records.RecordError:
+                if not failures:
+                    raise
+                failures = failures[1:]
 
 
 def load(raw: str | None) -> NodeHealth:

@@ -166,18 +166,23 @@ def test_a_state_over_its_cap_is_still_read_and_written_since_clearing_may_write
     assert load_state(dump_state(state)) == state
 
 
-def test_a_node_health_record_too_large_to_read_back_is_refused_when_written() -> None:
-    # The reasons come from events; at the previous release, 32 long ones made a record its own
-    # reader refused, and every later event about the node went to the dead-letter sink.
+def test_a_node_health_record_too_large_for_its_cap_drops_its_oldest_failures_when_written() -> (
+    None
+):
+    # The reasons and names come from events; at the previous release, 32 long ones made a
+    # record its own reader refused, and every later event about the node went to the
+    # dead-letter sink. Refusing the write would fail every later event the same way.
     at = datetime(2026, 11, 20, tzinfo=UTC)
-    health = NodeHealth(
-        tuple(
-            Seen(at + timedelta(seconds=n), f"Deployment shop/web-{n}", f"uid-{n}", "x" * 600)
-            for n in range(MAX_FAILURES)
-        )
+    failures = tuple(
+        Seen(at + timedelta(seconds=n), f"Deployment shop/web-{n}", f"uid-{n}", "x" * 600)
+        for n in range(MAX_FAILURES)
     )
-    with pytest.raises(RecordError, match=r"node-health record is [0-9]+ bytes, over 16384"):
-        health.to_json()
+    written = NodeHealth(failures, suspect_since=at).to_json()
+    read = nodehealth.load(written)
+    assert len(written.encode()) <= MAX_RECORD_BYTES
+    assert 0 < len(read.failures) < MAX_FAILURES
+    assert read.failures == failures[-len(read.failures) :]
+    assert read.suspect_since == at
 
 
 def test_the_helper_writes_the_version_first_or_sorted_and_compact() -> None:
