@@ -522,7 +522,13 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         return MovePlan(
             None,
             (
-                RecordEvent(where, REASON_INVALID_POLICY, retries.reason, "say why", warning=True),
+                RecordEvent(
+                    where,
+                    REASON_INVALID_POLICY,
+                    retries.reason,
+                    "said where the policy is written, for the person who wrote it",
+                    warning=True,
+                ),
                 Answer(None, "a policy we cannot read moves nothing"),
             ),
             notes=(f"invalid scheduling-retries: {retries.reason}",),
