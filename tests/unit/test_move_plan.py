@@ -11,7 +11,7 @@ them, holders as the controllers made them, and the report as detect-failures se
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -31,8 +31,9 @@ from shared.api.keys import (
     SUSPECT_VALUE,
 )
 from shared.api.kubetypes import Pod
+from shared.platform import kube
 from shared.platform.config import Config
-from shared.platform.events import Event
+from shared.platform.events import Event, Reply
 from shared.pods.detect_failures.decide import detect
 from shared.pods.failing import FailingPod
 from shared.pods.update_annotations import decide
@@ -54,6 +55,7 @@ from shared.pods.update_annotations.decide import (
     Request,
     WriteState,
 )
+from shared.pods.update_annotations.handler import Rescheduler
 from shared.workloads.owners import BARE, JOB, REPLICASET, STATEFUL, Resolution, holder_of
 from shared.workloads.state import Action, WorkloadState, dump_state, load_state
 from tests.unit import pods
@@ -559,3 +561,126 @@ def test_a_terminal_failure_redirects_the_early_replacement_once_the_pod_is_dele
 
 def test_the_plan_is_the_same_for_the_same_reads() -> None:
     assert rs_move() == rs_move()
+
+
+# -- the executor: refusals mapped as before ------------------------------------------------------
+
+
+class Scripted(kube.Kube):
+    """An API server answering update-annotations' calls from ``objects`` and ``refusals``
+    (by call, e.g. ``"patch"``: the error to raise), recording every call. A real server gives
+    a lost write or a pod removed between two calls only under timings no test controls; the
+    end-to-end tests (tests/e2e/test_moves.py, test_rescheduling_safety.py) cover the rest."""
+
+    def __init__(
+        self, objects: Mapping[str, Mapping[str, Any]], refusals: Mapping[str, kube.KubeError]
+    ) -> None:
+        self.objects = objects
+        self.refusals = refusals
+        self.calls: list[str] = []
+
+    def _call(self, call: str) -> None:
+        self.calls.append(call)
+        if call in self.refusals:
+            raise self.refusals[call]
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        self._call(f"get {kind}")
+        if kind not in self.objects:
+            raise kube.NotFound(f"{kind} {name} not found", 404, "NotFound")
+        return copy.deepcopy(dict(self.objects[kind]))
+
+    def list_all(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        self._call(f"list {kind}")
+        return iter(())
+
+    def merge_patch(
+        self, kind: str, namespace: str | None, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._call("patch")
+        return {}
+
+    def create(self, kind: str, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        self._call(f"create {kind}")
+        return body
+
+    def delete(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+        grace_seconds: int | None = None,
+    ) -> dict[str, Any]:
+        self._call(f"delete {kind}")
+        return {}
+
+    def evict(self, namespace: str, name: str, *, uid: str | None = None) -> dict[str, Any]:
+        self._call("evict")
+        return {}
+
+    def with_options(
+        self, *, dry_run: bool | None = None, timeout: float | None = None
+    ) -> Scripted:
+        return self
+
+
+def deliver(api: Scripted, cfg: Config = CFG, live: Pod = CRASHING) -> Reply | None:
+    failing = report(live, cfg)
+    event = Event("2", "/kn-rescheduler/detect-failures", "failing", {}, failing.to_data())
+    return Rescheduler(api, cfg, clock=lambda: NOW, max_attempts=3).handle(event)
+
+
+def conflict() -> kube.Conflict:
+    return kube.Conflict("the object has been modified", 409, "Conflict")
+
+
+def test_a_write_that_keeps_losing_its_race_is_re_planned_a_bounded_number_of_times() -> None:
+    api = Scripted({"Pod": CRASHING, "ReplicaSet": replicaset()}, {"patch": conflict()})
+    with pytest.raises(kube.Conflict):
+        deliver(api)
+    assert api.calls.count("patch") == 3
+    # Each re-plan reads the holder again; nothing is removed without a record.
+    assert api.calls.count("get ReplicaSet") == 1 + 2
+    assert "delete Pod" not in api.calls
+
+
+def test_a_pod_a_budget_protects_is_deferred_and_its_move_not_charged() -> None:
+    refused = kube.DisruptionBudgetRefused(
+        "Cannot evict pod as it would violate the pod's disruption budget.",
+        429,
+        "TooManyRequests",
+        ("The disruption budget web needs 1 healthy pods and has 1 currently",),
+    )
+    api = Scripted({"Pod": CRASHING, "ReplicaSet": replicaset()}, {"evict": refused})
+    assert deliver(api, Config(use_eviction=True)) is None
+    # The dry run was refused: nothing written, the refusal said on the pod.
+    assert api.calls.count("evict") == 1
+    assert "patch" not in api.calls
+    assert "create Event" in api.calls
+
+
+@pytest.mark.parametrize("said_already", [False, True])
+def test_a_pod_gone_before_its_delete_is_said_and_replied_once(said_already: bool) -> None:
+    refusals: dict[str, kube.KubeError] = {
+        "delete Pod": kube.NotFound("pods not found", 404, "NotFound")
+    }
+    if said_already:
+        # Another delivery recorded the Rescheduled Event keyed by this pod's uid.
+        refusals["create Event"] = kube.AlreadyExists("exists", 409, "AlreadyExists")
+    api = Scripted({"Pod": CRASHING, "ReplicaSet": replicaset()}, refusals)
+    reply = deliver(api)
+    assert api.calls.index("patch") < api.calls.index("delete Pod")
+    if said_already:
+        assert reply is None
+    else:
+        assert reply is not None and reply.type == EVENT_POD_RESCHEDULED
