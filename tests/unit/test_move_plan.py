@@ -684,3 +684,30 @@ def test_a_pod_gone_before_its_delete_is_said_and_replied_once(said_already: boo
         assert reply is None
     else:
         assert reply is not None and reply.type == EVENT_POD_RESCHEDULED
+
+
+# -- a pod already gone: its move said late, or nothing ------------------------------------------
+
+
+def test_a_pod_gone_whose_move_we_recorded_is_said_once_and_nothing_else() -> None:
+    failing = report(CRASHING)
+    holder = holder_of(REPLICASET, replicaset())
+    recorded = WorkloadState(moves=1, excluded_nodes=("node-b",), handled=(failing.uid,))
+    made = decide.said_late(failing, dump_state(recorded), holder.ref)
+    assert kinds(made) == [RecordEvent, Answer]
+    said = first(made, RecordEvent)
+    assert (said.reason, said.key, said.repeat) == (REASON_RESCHEDULED, failing.uid, False)
+    assert made.requests[-1] == Answer(None, "said only: the reply was the earlier delivery's")
+
+
+def test_a_pod_someone_else_removed_plans_nothing() -> None:
+    failing = report(CRASHING)
+    holder = holder_of(REPLICASET, replicaset())
+    made = decide.said_late(failing, dump_state(WorkloadState(moves=1)), holder.ref)
+    assert kinds(made) == [Answer]
+    assert "not moved by us" in made.notes[0]
+
+
+def test_a_gone_bare_pods_move_is_looked_for_on_its_replacement() -> None:
+    live = bare_pod()
+    assert decide.replacement_name_of(report(live)) == replacement_name(live)

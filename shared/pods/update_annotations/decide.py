@@ -221,6 +221,8 @@ class RecordEvent:
     key: str | None = None
     repeat: bool = True
     gate: bool = False
+    # Said in the trace when this call created the Event.
+    noted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -673,6 +675,43 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
     if not isinstance(after, tuple):
         return after
     return MovePlan(decided, (*requests, *after), tuple(notes), failure, cost)
+
+
+def replacement_name_of(failing: FailingPod) -> str:
+    """The name a bare pod's replacement has (``bodies.replacement_name``), from the report."""
+    snapshot = {"metadata": {**dict((failing.pod or {}).get("metadata") or {})}}
+    snapshot["metadata"].update({"name": failing.name, "uid": failing.uid})
+    return bodies.replacement_name(snapshot)
+
+
+def said_late(failing: FailingPod, state: str | None, involved: Ref) -> MovePlan:
+    """The pod is gone (or going). If its move is recorded (its uid in ``state``, the
+    holder's, or for a bare pod its replacement's), an earlier delivery removed it and may have
+    died before recording the ``Rescheduled`` Event: record it now, once (keyed by the uid).
+    Otherwise someone else removed it, and there is nothing to do."""
+    ns, name = failing.namespace, failing.name
+    if failing.uid not in handled_uids(state):
+        return _nothing(f"pod {ns}/{name} was not moved by us: nothing to do")
+    failure = failing.failure
+    message = (
+        f"moved pod {name} off node {failure.node} after {failure.reason}; recorded and "
+        "removed earlier by a delivery that ended before saying so"
+    )
+    return MovePlan(
+        None,
+        (
+            RecordEvent(
+                involved,
+                REASON_RESCHEDULED,
+                message,
+                "an earlier delivery removed it and may have ended before saying so",
+                key=failing.uid,
+                repeat=False,
+                noted=f"pod {ns}/{name}: its recorded move is now said",
+            ),
+            Answer(None, "said only: the reply was the earlier delivery's"),
+        ),
+    )
 
 
 def _nothing(note: str) -> MovePlan:

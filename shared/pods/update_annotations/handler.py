@@ -57,14 +57,13 @@ from shared.api.keys import (
     REASON_REPLACEMENT_NOT_ALLOWED,
     REASON_REPLACEMENT_REDIRECTED,
     REASON_REPLACEMENT_REFUSED,
-    REASON_RESCHEDULED,
     STATE_ANNOTATION,
 )
 from shared.api.kubetypes import Pod
 from shared.platform import events, kube, metrics, recorder
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
-from shared.pods.update_annotations import bodies, decide, rollouts
+from shared.pods.update_annotations import decide, rollouts
 from shared.pods.update_annotations.replacements import label_selector, redirects
 from shared.workloads import jobs
 from shared.workloads.classify import FailureKind
@@ -254,19 +253,15 @@ class Rescheduler:
     # -- a pod already gone: say the move an earlier delivery recorded and made ----------------
 
     def _said_if_ours(self, failing: FailingPod, trace: Trace) -> events.Reply | None:
-        """The pod is gone (or going). If its move is recorded (its uid in the holder's
-        ``handled``), an earlier delivery removed it and may have died before recording the
-        `Rescheduled` Event: record it now, once (keyed by the uid). Otherwise someone else
-        removed it, and there is nothing to do."""
+        """The pod is gone (or going): read where its move would be recorded (the holder; a
+        bare pod's state went with it onto its replacement), and say the move if it is ours
+        (``decide.said_late``)."""
         ns, name = failing.namespace, failing.name
         view = failing.as_failed_pod()
         owner = next((o for o in failing.owner_references if o.get("controller")), None)
         try:
             if owner is None:
-                # A bare pod's state went with it onto its replacement (deterministic name).
-                snapshot = {"metadata": {**dict((failing.pod or {}).get("metadata") or {})}}
-                snapshot["metadata"].update({"name": name, "uid": failing.uid})
-                replacement = self.api.get("Pod", ns, bodies.replacement_name(snapshot))
+                replacement = self.api.get("Pod", ns, decide.replacement_name_of(failing))
                 raw = (replacement.get("metadata", {}).get("annotations") or {}).get(
                     STATE_ANNOTATION
                 )
@@ -280,17 +275,12 @@ class Rescheduler:
         except kube.NotFound:
             trace.note(f"pod {ns}/{name}: nothing records its move: nothing to do")
             return None
-        if failing.uid not in decide.handled_uids(raw):
-            trace.note(f"pod {ns}/{name} was not moved by us: nothing to do")
-            return None
-        failure = failing.failure
-        message = (
-            f"moved pod {name} off node {failure.node} after {failure.reason}; recorded and "
-            "removed earlier by a delivery that ended before saying so"
-        )
-        if self._event(ref, REASON_RESCHEDULED, message, key=failing.uid, repeat=False):
-            trace.note(f"pod {ns}/{name}: its recorded move is now said")
-        return None
+        made = decide.said_late(failing, raw, ref)
+        for note in made.notes:
+            trace.note(note)
+        sent = self._send(view, made, made.requests, trace)
+        assert not isinstance(sent, kube.Conflict)  # it writes nothing
+        return sent
 
     # -- terminal failures: the controller replaced the pod before we recorded it ---------------
 
@@ -424,7 +414,7 @@ class Rescheduler:
                 trace.job_cost = made.job_cost
             for note in made.notes:
                 trace.note(note)
-            sent = self._send(given, made, made.requests, trace)
+            sent = self._send(given.live, made, made.requests, trace, attempt=given.attempt)
             if not isinstance(sent, kube.Conflict):
                 return sent
             if given.attempt >= self.max_attempts:
@@ -449,15 +439,16 @@ class Rescheduler:
 
     def _send(
         self,
-        given: decide.Inputs,
+        live: Pod,
         made: decide.MovePlan,
         requests: tuple[decide.Request, ...],
         trace: Trace,
+        *,
+        attempt: int = 1,
     ) -> events.Reply | kube.Conflict | None:
         """Send ``requests`` in order, stopping at the first refusal: a removal refused for
         now is deferred (202, said on the pod), a write that lost a race is returned for a
         re-plan, a pod already gone ends with what its ``gone`` requests say."""
-        live = given.live
         for request in requests:
             if isinstance(request, decide.DryRunCreate | decide.DryRunEvict):
                 refused = self._dry_run(live, request, trace)
@@ -478,7 +469,7 @@ class Rescheduler:
                     f"plan: {decided.action} ({decided.reason}): {decided.message}",
                     action=str(decided.action),
                     holder=ref.describe(),
-                    attempts=given.attempt,
+                    attempts=attempt,
                 )
             elif isinstance(request, decide.Count):
                 metrics.DECISIONS.labels(action=request.action).inc()
@@ -491,6 +482,8 @@ class Rescheduler:
                     key=request.key,
                     repeat=request.repeat,
                 )
+                if created and request.noted:
+                    trace.note(request.noted)
                 if request.gate and not created:
                     return None
             elif isinstance(request, decide.CreateReplacement):
@@ -504,7 +497,7 @@ class Rescheduler:
                     self._defer(live, removed, trace)
                     return None
                 if removed is Removal.GONE:
-                    return self._send(given, made, request.gone, trace)
+                    return self._send(live, made, request.gone, trace, attempt=attempt)
             elif isinstance(request, decide.Redirect):
                 self._redirect_replacements(
                     request.failed, request.node, request.holder, trace, namesake=request.namesake
