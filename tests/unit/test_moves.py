@@ -24,12 +24,12 @@ from shared.api.keys import (
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.pods.update_annotations.bodies import event_name
+from shared.pods.update_annotations.decide import moved
 from shared.pods.update_annotations.handler import (
     BARE_POD_CLUSTER_ROLE,
     Rescheduler,
     Step,
     deferral_for,
-    moved,
 )
 from shared.workloads.classify import Failure, FailureKind
 from shared.workloads.owners import Ref
