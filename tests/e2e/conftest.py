@@ -37,12 +37,13 @@ from shared.api.keys import (
     SUSPECT_LABEL,
     USAGE_ANNOTATION,
 )
+from shared.api.state import WorkloadState, load_state
 from shared.platform import events
 from shared.platform.config import Config
 from shared.platform.kube import Kube
 from shared.pods.detect_failures.decide import detect
 from shared.pods.update_annotations.handler import Rescheduler
-from shared.workloads.state import WorkloadState, load_state
+from tests import builders
 from tests.handlers.conftest import function_client  # noqa: F401 - shared fixture
 
 FAULTY_PREFERENCE_WEIGHT = 100
@@ -53,7 +54,9 @@ LOCAL = Config.from_env(LOCAL_FUNCTION_SETTINGS)
 def wait_for(
     what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.25
 ) -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test with ``what`` if not."""
+    """Poll ``check`` every ``every`` seconds until it returns something truthy; fail the test
+    with ``what`` and the last answer (its first 2,000 characters) if not within ``timeout``.
+    The e2e tests' one wait: files that wait differently bind their timeout and interval."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -61,7 +64,9 @@ def wait_for(
         if last:
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r:.2000})"
+    )
 
 
 @dataclass
@@ -287,13 +292,8 @@ def preferring(node: str) -> dict[str, Any]:
 
 
 def pod_template(labels: dict[str, str], node: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"labels": labels},
-        "spec": {
-            "affinity": preferring(node),
-            "containers": [{"name": "app", "image": "registry.example.com/shop/web:1.4.2"}],
-            # kwok pods end instantly; a real grace period only slows the tests down.
-            "terminationGracePeriodSeconds": 0,
-            **spec,
-        },
-    }
+    """The tests' pod template (tests/builders.py) preferring ``node``; ``spec`` adds fields
+    or replaces them."""
+    made = builders.template(labels, affinity=preferring(node))
+    made["spec"].update(spec)
+    return made

@@ -20,6 +20,7 @@ from shared.api.keys import (
     STUCK_AFTER_ANNOTATION,
 )
 from shared.platform.kube import Kube
+from tests import builders
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 from tests.e2e.test_rescheduling import required_exclusions
 
@@ -27,23 +28,6 @@ pytestmark = pytest.mark.e2e
 
 # As the previous release wrote it (version 1), after a hand edit slipped in a bad name.
 HAND_EDITED_STATE = '{"excludedNodes":["Bad_Name!","node-1"],"handled":[],"moves":1,"version":1}'
-
-
-def replicaset(api: Kube, namespace: str, annotations: dict[str, str], node: str) -> dict[str, Any]:
-    return api.create(
-        "ReplicaSet",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {"name": "web", "annotations": annotations},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": pod_template({"app": "web"}, node),
-            },
-        },
-    )
 
 
 def the_pod(api: Kube, namespace: str) -> dict[str, Any]:
@@ -58,7 +42,11 @@ def test_a_replicaset_state_with_an_invalid_node_name_still_gets_its_pods(
     cluster: Any, namespace: str, api: Kube, webhook: Webhook
 ) -> None:
     node = cluster.nodes[0]
-    replicaset(api, namespace, {POLICY_ANNOTATION: "3", STATE_ANNOTATION: HAND_EDITED_STATE}, node)
+    hand_edited = {STATE_ANNOTATION: HAND_EDITED_STATE}
+    web = builders.replicaset(
+        retries="3", annotations=hand_edited, template=pod_template({"app": "web"}, node)
+    )
+    api.create("ReplicaSet", namespace, web)
     pod = the_pod(api, namespace)
     assert required_exclusions(pod) == {"node-1"}
     assert pod["metadata"]["annotations"][EXCLUDED_NODES_ANNOTATION] == '["node-1"]'
@@ -85,7 +73,9 @@ def test_a_policy_of_zero_keeps_recorded_exclusions_off_new_pods(
     cluster: Any, namespace: str, api: Kube, webhook: Webhook
 ) -> None:
     state = '{"excludedNodes":["node-1"],"handled":[],"moves":1,"version":1}'
-    replicaset(api, namespace, {POLICY_ANNOTATION: "0", STATE_ANNOTATION: state}, cluster.nodes[0])
+    template = pod_template({"app": "web"}, cluster.nodes[0])
+    web = builders.replicaset(retries="0", annotations={STATE_ANNOTATION: state}, template=template)
+    api.create("ReplicaSet", namespace, web)
     pod = the_pod(api, namespace)
     annotations = pod["metadata"]["annotations"]
     assert annotations[POLICY_STAMP_ANNOTATION] == "0"

@@ -26,15 +26,16 @@ from typing import Any
 
 import pytest
 
-from shared.api.keys import POLICY_ANNOTATION, REASON_RESCHEDULED
+from shared.api.keys import REASON_RESCHEDULED
 from shared.platform.kube import Kube
 from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION
+from tests import builders
 from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
 
 pytestmark = pytest.mark.e2e
 
-RETRIES = {POLICY_ANNOTATION: "3"}
+RETRIES = "3"
 
 
 class Killed(BaseException):
@@ -54,37 +55,6 @@ class DiesBeforeTheMovesEvent(Kube):
         return super().create(kind, namespace, body, **kw)
 
 
-def bare_pod(api: Kube, namespace: str, bad: str) -> None:
-    template = pod_template({"app": "solo"}, bad)
-    api.create(
-        "Pod",
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "solo", "annotations": RETRIES, **template["metadata"]},
-            "spec": template["spec"],
-        },
-    )
-
-
-def deployment(api: Kube, namespace: str, bad: str) -> None:
-    api.create(
-        "Deployment",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web", "annotations": RETRIES},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": pod_template({"app": "web"}, bad),
-            },
-        },
-    )
-
-
 @pytest.mark.parametrize("kind", ["Deployment", "bare Pod"])
 def test_a_move_whose_process_died_before_its_event_still_gets_its_event_on_redelivery(
     kind: str,
@@ -96,7 +66,18 @@ def test_a_move_whose_process_died_before_its_event_still_gets_its_event_on_rede
 ) -> None:
     bad = cluster.nodes[0]
     faults("crashloop", bad)
-    (deployment if kind == "Deployment" else bare_pod)(api, namespace, bad)
+    if kind == "Deployment":
+        api.create(
+            "Deployment",
+            namespace,
+            builders.deployment(retries=RETRIES, template=pod_template({"app": "web"}, bad)),
+        )
+    else:
+        api.create(
+            "Pod",
+            namespace,
+            builders.bare_pod("solo", retries=RETRIES, template=pod_template({"app": "solo"}, bad)),
+        )
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     meta = pod["metadata"]
     event = loop.failing_event(pod)
@@ -151,7 +132,13 @@ def test_a_bare_pod_redelivered_after_its_replacement_moved_on_is_not_replaced_t
 ) -> None:
     # Every node fails pods: the replacement fails too, wherever it lands.
     faults("crashloop", *cluster.nodes)
-    bare_pod(api, namespace, cluster.nodes[0])
+    api.create(
+        "Pod",
+        namespace,
+        builders.bare_pod(
+            "solo", retries=RETRIES, template=pod_template({"app": "solo"}, cluster.nodes[0])
+        ),
+    )
     solo = wait_for("solo failing", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(solo)
     assert event is not None

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from shared.api.keys import POLICY_ANNOTATION, REASON_MOVES_STOPPED, REASON_RETRIES_EXHAUSTED
+from shared.api.keys import REASON_MOVES_STOPPED, REASON_RETRIES_EXHAUSTED
+from shared.api.state import WorkloadState
 from shared.platform.kube import Kube
-from shared.workloads.state import WorkloadState
+from tests import builders
 from tests.e2e.conftest import Loop, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, only, pods, ready
 
@@ -30,26 +31,6 @@ REPLICAS = 2
 RETRIES = 3
 # After the stop, failing pods keep being sent this long: no move may follow.
 QUIET = 20.0
-
-
-def deployment(name: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: str(RETRIES)}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [{"name": "app", "image": "registry.example.com/shop/web:1.4.2"}],
-                    # kwok pods end instantly; a real grace period only slows the test down.
-                    "terminationGracePeriodSeconds": 0,
-                },
-            },
-        },
-    }
 
 
 def pump_until(
@@ -68,7 +49,9 @@ def test_a_deployment_crash_looping_on_every_node_stops_being_moved_until_a_pod_
     cluster: Any, namespace: str, api: Kube, loop: Loop, faults: Callable[..., None]
 ) -> None:
     faults("crashloop", *cluster.nodes)
-    api.create("Deployment", namespace, deployment("web", REPLICAS))
+    api.create(
+        "Deployment", namespace, builders.deployment("web", replicas=REPLICAS, retries=str(RETRIES))
+    )
     rs = wait_for("the ReplicaSet", lambda: list(api.list_all("ReplicaSet", namespace)))[0]
     name = rs["metadata"]["name"]
 

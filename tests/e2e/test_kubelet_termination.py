@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from kubernetes import client as k8s
 
 from dev.localcluster import Cluster
 from dev.localcluster.rest import ApiError
+from tests.e2e import conftest as e2e
 
 pytestmark = pytest.mark.e2e
 
@@ -30,15 +32,8 @@ JOB_TRACKING = "batch.kubernetes.io/job-tracking"
 JOB_BACKOFF = 10.0
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {str(last)[:2000]}")
+# Half the e2e suite's patience, polled fast enough to catch a pod's short-lived states.
+wait_for = partial(e2e.wait_for, timeout=30.0, every=0.1)
 
 
 @dataclass

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from dev.localcluster import FAULT_ANNOTATION, Cluster
 from dev.localcluster import pki as lpki
 from dev.localcluster.procs import cmdline, names_path, pid_alive
 from shared.api.keys import SIM_FAULT_LABEL
+from tests.e2e import conftest as e2e
 
 pytestmark = pytest.mark.e2e
 
@@ -53,15 +55,8 @@ JSON = dict[str, Any]
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[:2000]}")
+# The harness answers within seconds: half the e2e suite's patience, polled a little faster.
+wait_for = partial(e2e.wait_for, timeout=30.0, every=0.2)
 
 
 def get_pod(cluster: Cluster, namespace: str, name: str) -> JSON:

@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATIO
 from shared.nodes.annotate_usage.decide import Measured
 from shared.nodes.annotate_usage.sources import PrometheusSource
 from shared.platform.prometheus import Prometheus
+from tests.e2e import conftest as e2e
 
 pytestmark = pytest.mark.e2e
 
@@ -45,15 +47,8 @@ QUIET_CPU = 0.1
 QUIET_MEMORY = 0.2
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+# Prometheus scrapes within seconds: half the e2e suite's patience is plenty.
+wait_for = partial(e2e.wait_for, timeout=30.0)
 
 
 def _http() -> requests.Session:

@@ -24,12 +24,12 @@ import pytest
 from shared.api.keys import (
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
-    POLICY_ANNOTATION,
     STATE_ANNOTATION,
 )
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.platform.kube import Kube
+from tests import builders
 from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
 from tests.e2e.knative_manifests import kubeconfig_for, service_account_token
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
@@ -37,42 +37,11 @@ from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 
 pytestmark = pytest.mark.e2e
 
-RETRIES = {POLICY_ANNOTATION: "3"}
+RETRIES = "3"
 PDB_PATH = "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def bare_pod(api: Kube, namespace: str, name: str, bad: str) -> dict[str, Any]:
-    template = pod_template({"app": name}, bad)
-    return api.create(
-        "Pod",
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "annotations": RETRIES, **template["metadata"]},
-            "spec": template["spec"],
-        },
-    )
-
-
-def deployment(api: Kube, namespace: str, name: str, bad: str) -> None:
-    api.create(
-        "Deployment",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "annotations": RETRIES},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": name}},
-                "template": pod_template({"app": name}, bad),
-            },
-        },
-    )
 
 
 def pdb(api: Kube, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
@@ -178,7 +147,11 @@ def test_a_bare_pod_debugged_with_an_ephemeral_container_is_replaced_once_withou
 ) -> None:
     bad = cluster.nodes[1]
     faults("crashloop", bad)
-    bare_pod(api, namespace, "solo", bad)
+    api.create(
+        "Pod",
+        namespace,
+        builders.bare_pod("solo", retries=RETRIES, template=pod_template({"app": "solo"}, bad)),
+    )
     wait_for(
         "solo bound to the faulty node",
         lambda: api.get("Pod", namespace, "solo")["spec"].get("nodeName") == bad,
@@ -242,7 +215,11 @@ def test_a_pod_disruption_budget_defers_a_move_without_charging_it(
 ) -> None:
     bad = cluster.nodes[2]
     faults("crashloop", bad)
-    deployment(api, namespace, "web", bad)
+    api.create(
+        "Deployment",
+        namespace,
+        builders.deployment(retries=RETRIES, template=pod_template({"app": "web"}, bad)),
+    )
     # No disruption at all: even the crash-looping (unready) pod is protected, since the
     # default unhealthyPodEvictionPolicy (IfHealthyBudget) only lets unready pods go while
     # the application has all the healthy pods it needs.
@@ -327,7 +304,11 @@ def test_an_eviction_refused_after_the_move_was_charged_finishes_later_without_a
 ) -> None:
     bad = cluster.nodes[3]
     faults("crashloop", bad)
-    deployment(api, namespace, "web", bad)
+    api.create(
+        "Deployment",
+        namespace,
+        builders.deployment(retries=RETRIES, template=pod_template({"app": "web"}, bad)),
+    )
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(pod)
     assert event is not None
@@ -378,7 +359,11 @@ def test_a_bare_pod_whose_namespace_did_not_opt_in_to_replacement_is_not_charged
 ) -> None:
     bad = cluster.nodes[0]
     faults("crashloop", bad)
-    bare_pod(api, namespace, "solo", bad)
+    api.create(
+        "Pod",
+        namespace,
+        builders.bare_pod("solo", retries=RETRIES, template=pod_template({"app": "solo"}, bad)),
+    )
     pod = wait_for("solo failing", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(pod)
     assert event is not None
@@ -428,16 +413,7 @@ def test_an_event_is_counted_on_one_object_and_counting_needs_no_more_than_creat
     api.create(
         "ReplicaSet",
         namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {"name": "web", "annotations": {POLICY_ANNOTATION: "lots"}},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": pod_template({"app": "web"}, bad),
-            },
-        },
+        builders.replicaset(retries="lots", template=pod_template({"app": "web"}, bad)),
     )
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(pod)

@@ -16,7 +16,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +29,15 @@ from werkzeug.wrappers import Request, Response
 from dev.localcluster.cluster import Cluster
 from dev.pipeline.broker import KnativeBroker
 from dev.pipeline.source import ApiServerSource
+from tests.e2e import conftest as e2e
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+# The adapter delivers within seconds: half the e2e suite's patience, polled faster.
+wait_for = partial(e2e.wait_for, timeout=30.0, every=0.1)
 
 
 @pytest.fixture(scope="module")

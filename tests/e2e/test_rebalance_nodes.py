@@ -32,8 +32,9 @@ from shared.api.keys import (
     REBALANCE_KEY,
     USAGE_ANNOTATION,
 )
-from shared.nodes.usage import Reading, UsageRecord
+from shared.api.usage import Reading, UsageRecord
 from shared.platform.kube import Kube
+from tests import builders
 from tests.e2e.conftest import preferring, wait_for
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 
@@ -106,7 +107,7 @@ def since(
     return {k: v - before.get(k, 0) for k, v in evictions(client).items() if v - before.get(k, 0)}
 
 
-def deployment(
+def create_deployment(
     api: Kube,
     namespace: str,
     name: str,
@@ -114,33 +115,14 @@ def deployment(
     replicas: int,
     annotations: dict[str, str] | None = None,
 ) -> None:
-    api.create(
-        "Deployment",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "annotations": annotations or {}},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {
-                        "affinity": preferring(node),
-                        "containers": [
-                            {
-                                "name": "app",
-                                "image": "registry.example.com/shop/web:1.4.2",
-                                "resources": {"requests": {"cpu": POD_CPU, "memory": "256Mi"}},
-                            }
-                        ],
-                        "terminationGracePeriodSeconds": 0,
-                    },
-                },
-            },
-        },
+    """The Deployment ``name``: ``replicas`` pods preferring ``node``, each requesting
+    ``POD_CPU``, which is what rebalance-nodes weighs."""
+    requesting = builders.container(requests={"cpu": POD_CPU, "memory": "256Mi"})
+    template = builders.template({"app": name}, affinity=preferring(node), containers=[requesting])
+    body = builders.deployment(
+        name, replicas=replicas, annotations=annotations or {}, template=template
     )
+    api.create("Deployment", namespace, body)
 
 
 def running(api: Kube, namespace: str, app: str) -> dict[str, str]:
@@ -201,7 +183,7 @@ def test_a_node_hot_for_three_evaluations_sheds_pods_that_land_elsewhere_and_the
 ) -> None:
     hot, *others = cluster.nodes
     # Opted in on the Deployment: its controller copies the annotation onto the ReplicaSet.
-    deployment(api, namespace, "web", hot, 4, {REBALANCE_KEY: "true"})
+    create_deployment(api, namespace, "web", hot, 4, {REBALANCE_KEY: "true"})
     before = settle(api, namespace, "web", 4, hot)
     cordon(cluster, hot)
     client = rebalance(KN_RESCHEDULER_REBALANCE_MAX_PER_WORKLOAD="2")
@@ -276,8 +258,8 @@ def test_a_workload_not_opted_in_is_never_touched(
     cluster: Cluster, api: Kube, namespace: str, rebalance: ClientFactory
 ) -> None:
     hot, *others = cluster.nodes
-    deployment(api, namespace, "web", hot, 2, {REBALANCE_KEY: "true"})
-    deployment(api, namespace, "legacy", hot, 2)
+    create_deployment(api, namespace, "web", hot, 2, {REBALANCE_KEY: "true"})
+    create_deployment(api, namespace, "legacy", hot, 2)
     settle(api, namespace, "web", 2, hot)
     legacy = settle(api, namespace, "legacy", 2, hot)
     cordon(cluster, hot)
@@ -311,7 +293,7 @@ def test_a_disruption_budget_holds_a_maintenance_drain_until_it_allows_it(
     cluster.rest.patch(
         f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {REBALANCE_KEY: "true"}}}
     )
-    deployment(api, namespace, "db", draining, 2)
+    create_deployment(api, namespace, "db", draining, 2)
     before = settle(api, namespace, "db", 2, draining)
     api.request(
         "POST",
@@ -377,7 +359,7 @@ def test_a_dry_run_decides_and_evicts_nothing(
     cluster: Cluster, api: Kube, namespace: str, rebalance: ClientFactory
 ) -> None:
     hot, *others = cluster.nodes[2:] + cluster.nodes[:2]
-    deployment(api, namespace, "web", hot, 2, {REBALANCE_KEY: "true"})
+    create_deployment(api, namespace, "web", hot, 2, {REBALANCE_KEY: "true"})
     before = settle(api, namespace, "web", 2, hot)
     cordon(cluster, hot)
     client = rebalance(KN_RESCHEDULER_DRY_RUN="true")
@@ -485,7 +467,7 @@ def test_a_statefulset_pod_on_a_local_volume_stays_on_its_hot_node(
             },
         },
     )
-    deployment(api, namespace, "web", hot, 2, {REBALANCE_KEY: "true"})
+    create_deployment(api, namespace, "web", hot, 2, {REBALANCE_KEY: "true"})
     (db,) = settle(api, namespace, "db", 1, hot)
     settle(api, namespace, "web", 2, hot)
     # Not cordoned, placed by the stock scheduler, a single replica: the settings let such

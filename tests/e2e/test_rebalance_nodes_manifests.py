@@ -39,7 +39,7 @@ from tests.e2e.knative_manifests import (
 from tests.e2e.test_manifests import knative_crds  # noqa: F401 - the shared fixture
 from tests.e2e.test_rebalance_nodes import (
     cordon,
-    deployment,
+    create_deployment,
     rebalanced_events,
     running,
     settle,
@@ -212,7 +212,7 @@ def test_signed_in_as_its_service_account_it_drains_a_node_in_maintenance(
 ) -> None:
     admin = Kube(cluster.api_client())
     draining, hot, *others = cluster.nodes
-    deployment(admin, namespace, "web", draining, 2, {REBALANCE_KEY: "true"})
+    create_deployment(admin, namespace, "web", draining, 2, {REBALANCE_KEY: "true"})
     before = settle(admin, namespace, "web", 2, draining)
     cordon(cluster, draining, **{MAINTENANCE_LABEL: "true"})
     # Another node hot (but not for long enough): its streak is written with the account too.

@@ -13,23 +13,11 @@ import pytest
 from shared.api.keys import POLICY_ANNOTATION
 from shared.platform.config import Config
 from shared.platform.kube import Kube
+from tests import builders
 from tests.e2e.conftest import Loop, Webhook, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
 
 pytestmark = pytest.mark.e2e
-
-
-def deployment(name: str, retries: str, template: dict[str, Any], replicas: int = 1) -> dict:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: retries}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": template,
-        },
-    }
 
 
 def required_on(*nodes: str) -> dict[str, Any]:
@@ -51,7 +39,11 @@ def test_twenty_failures_handled_by_eight_threads_at_once_lose_no_update(
     bad = cluster.nodes[:2]
     faults("imagepull", *bad)
     template = pod_template({"app": "crowd"}, bad[0], affinity=required_on(*bad))
-    api.create("Deployment", namespace, deployment("crowd", "5", template, replicas=20))
+    api.create(
+        "Deployment",
+        namespace,
+        builders.deployment("crowd", retries="5", template=template, replicas=20),
+    )
 
     def twenty_failing() -> list[Any] | None:
         found = [e for e in (loop.failing_event(p) for p in pods(api, namespace)) if e]
@@ -76,7 +68,11 @@ def test_duplicate_and_reordered_events_end_as_one_clean_delivery(
 ) -> None:
     bad = cluster.nodes[3]
     faults("crashloop", bad)
-    api.create("Deployment", namespace, deployment("web", "3", pod_template({"app": "web"}, bad)))
+    api.create(
+        "Deployment",
+        namespace,
+        builders.deployment("web", retries="3", template=pod_template({"app": "web"}, bad)),
+    )
     first = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     uid = first["metadata"]["uid"]
 
@@ -115,7 +111,9 @@ def test_when_every_node_is_excluded_the_exclusions_are_cleared_and_the_count_ke
 ) -> None:
     faults("imagepull", *cluster.nodes)
     api.create(
-        "Deployment", namespace, deployment("web", "10", pod_template({"app": "web"}, "node-0"))
+        "Deployment",
+        namespace,
+        builders.deployment("web", retries="10", template=pod_template({"app": "web"}, "node-0")),
     )
     rs = wait_for("the ReplicaSet", lambda: list(api.list_all("ReplicaSet", namespace)))
     rs_name = rs[0]["metadata"]["name"]
@@ -163,7 +161,9 @@ def test_an_exhausted_budget_stops_moving_and_says_so_once(
 ) -> None:
     faults("imagepull", *cluster.nodes)
     api.create(
-        "Deployment", namespace, deployment("web", "1", pod_template({"app": "web"}, "node-0"))
+        "Deployment",
+        namespace,
+        builders.deployment("web", retries="1", template=pod_template({"app": "web"}, "node-0")),
     )
     rs = wait_for("the ReplicaSet", lambda: list(api.list_all("ReplicaSet", namespace)))
     rs_name = rs[0]["metadata"]["name"]
@@ -191,7 +191,11 @@ def test_an_invalid_policy_warns_on_the_workload_and_moves_nothing(
 ) -> None:
     bad = cluster.nodes[0]
     faults("imagepull", bad)
-    api.create("Deployment", namespace, deployment("web", "1e9", pod_template({"app": "web"}, bad)))
+    api.create(
+        "Deployment",
+        namespace,
+        builders.deployment("web", retries="1e9", template=pod_template({"app": "web"}, bad)),
+    )
     pod = wait_for("a failing pod", lambda: failing_pod(api, loop, namespace))
     event = loop.failing_event(pod)
     assert event is not None
@@ -234,7 +238,11 @@ def test_with_eviction_a_pod_disruption_budget_delays_the_move_and_charges_it_on
 ) -> None:
     bad = cluster.nodes[1]
     faults("crashloop", bad)
-    api.create("Deployment", namespace, deployment("web", "3", pod_template({"app": "web"}, bad)))
+    api.create(
+        "Deployment",
+        namespace,
+        builders.deployment("web", retries="3", template=pod_template({"app": "web"}, bad)),
+    )
     api.request(
         "POST",
         f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",

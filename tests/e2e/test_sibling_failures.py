@@ -35,6 +35,7 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.platform.kube import Kube, KubeError
+from tests import builders
 from tests.e2e.conftest import FAULTY_PREFERENCE_WEIGHT, Loop, state_of, wait_for
 from tests.e2e.test_moves import account, post
 from tests.e2e.test_pipeline import replies_for, settled
@@ -137,27 +138,6 @@ def preferring_faulty(mode: str) -> dict[str, Any]:
                 }
             ]
         }
-    }
-
-
-def deployment(name: str, mode: str) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: RETRIES}},
-        "spec": {
-            "replicas": REPLICAS,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "affinity": preferring_faulty(mode),
-                    "containers": [{"name": "app", "image": "registry.example.com/shop/web:1.4.2"}],
-                    "terminationGracePeriodSeconds": 0,
-                },
-            },
-        },
     }
 
 
@@ -414,9 +394,14 @@ def test_replicas_on_two_faulty_nodes_are_each_moved_exactly_once(
     assert good, "the scenario needs healthy nodes"
     faults("crashloop", *bad)
 
+    web = builders.template({"app": "web"}, affinity=preferring_faulty("crashloop"))
     with Bindings(core, namespace) as bindings:
         started = time.monotonic()
-        api.create("Deployment", namespace, deployment("web", "crashloop"))
+        api.create(
+            "Deployment",
+            namespace,
+            builders.deployment("web", replicas=REPLICAS, retries=RETRIES, template=web),
+        )
         settled(api, namespace, REPLICAS, good, f"{REPLICAS} pods Ready on good nodes", SETTLE)
         took = time.monotonic() - started
         stack.wait_idle(10)

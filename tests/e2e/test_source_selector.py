@@ -34,11 +34,11 @@ from shared.api.keys import (
     EVENT_POD_FAILING,
     EXCLUDED_NODES_ANNOTATION,
     OPTED_IN_LABEL,
-    POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,
     STATE_ANNOTATION,
 )
 from shared.platform.kube import Kube
+from tests import builders
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -160,27 +160,9 @@ def pipeline(
             server.stop()
 
 
-def deployment(name: str, node: str, policy: str | None, **labels: str) -> dict[str, Any]:
-    template = pod_template({"app": name, **labels}, node)
-    body: dict[str, Any] = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template},
-    }
-    if policy is not None:
-        body["metadata"]["annotations"] = {POLICY_ANNOTATION: policy}
-    return body
-
-
-def bare_pod(name: str, node: str, annotations: dict[str, str]) -> dict[str, Any]:
-    template = pod_template({"app": name}, node)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations, **template["metadata"]},
-        "spec": template["spec"],
-    }
+def app(name: str, node: str, **labels: str) -> dict[str, Any]:
+    """The pod template of the app ``name`` (labelled ``app: name``), preferring ``node``."""
+    return pod_template({"app": name, **labels}, node)
 
 
 def running_pod_of(api: Kube, namespace: str, app: str) -> dict[str, Any]:
@@ -198,12 +180,11 @@ def test_updates_of_pods_that_never_opted_in_never_reach_detect_failures(
     cluster: Any, namespace: str, api: Kube, pipeline: Pipeline
 ) -> None:
     node = cluster.nodes[0]
-    api.create("Deployment", namespace, deployment("plain", node, None))
+    api.create("Deployment", namespace, builders.deployment("plain", template=app("plain", node)))
     # A template copied from an opted-in pod, label and all: the webhook removes the copy.
-    api.create(
-        "Deployment", namespace, deployment("copied", node, None, **{OPTED_IN_LABEL: "true"})
-    )
-    api.create("Deployment", namespace, deployment("web", node, "3"))
+    copied_label = app("copied", node, **{OPTED_IN_LABEL: "true"})
+    api.create("Deployment", namespace, builders.deployment("copied", template=copied_label))
+    api.create("Deployment", namespace, builders.deployment(retries="3", template=app("web", node)))
     plain, copied, web = (running_pod_of(api, namespace, app) for app in ("plain", "copied", "web"))
     assert OPTED_IN_LABEL not in plain["metadata"]["labels"]
     assert OPTED_IN_LABEL not in copied["metadata"]["labels"]
@@ -245,10 +226,11 @@ def test_a_pod_our_exclusions_keep_pending_still_reaches_detect_failures(
     api.create(
         "Pod",
         namespace,
-        bare_pod(
+        builders.bare_pod(
             "fenced",
-            cluster.nodes[0],
-            {POLICY_ANNOTATION: "10", STATE_ANNOTATION: json.dumps(state)},
+            retries="10",
+            annotations={STATE_ANNOTATION: json.dumps(state)},
+            template=app("fenced", cluster.nodes[0]),
         ),
     )
     failing = wait_for(
@@ -276,7 +258,7 @@ def webhook_down(cluster: Any, api: Kube, webhook: Webhook, namespace: str) -> I
 
     def admitted_labelled(expected: bool) -> Callable[[], bool]:
         def check() -> bool:
-            body = bare_pod("probe", cluster.nodes[0], {POLICY_ANNOTATION: "1"})
+            body = builders.bare_pod("probe", retries="1", template=app("probe", cluster.nodes[0]))
             created = probe.create("Pod", namespace, body)
             return (OPTED_IN_LABEL in created["metadata"].get("labels", {})) == expected
 
@@ -302,7 +284,9 @@ def test_a_pod_that_opted_in_without_the_webhook_is_found_by_the_sweep(
 ) -> None:
     bad = cluster.nodes[1]
     faults("imagepull", bad)
-    api.create("Pod", namespace, bare_pod("early", bad, {POLICY_ANNOTATION: "3"}))
+    api.create(
+        "Pod", namespace, builders.bare_pod("early", retries="3", template=app("early", bad))
+    )
 
     def failing_on_bad() -> dict[str, Any] | None:
         pod = api.get("Pod", namespace, "early")

@@ -28,7 +28,7 @@ from kubernetes import client as k8s
 from dev.localcluster.procs import Proc
 from dev.stack import webhook as webhook_setup
 from dev.stack.functions import FunctionServer, environment, free_port
-from shared.api.keys import POLICY_ANNOTATION
+from tests import builders
 from tests.e2e.conftest import wait_for
 from tests.unit import pods
 
@@ -312,18 +312,6 @@ def admissions(server: FunctionServer) -> float:
     return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
 
 
-def bare_pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: "2"}},
-        "spec": {
-            "containers": [{"name": "app", "image": "registry.example.com/shop/web:1.4.2"}],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
-
-
 def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_webhook(
     cluster: Any,
     namespace: str,
@@ -351,7 +339,9 @@ def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_w
             # The session's API server has no AdmissionConfiguration: the handshake fails,
             # failurePolicy Ignore admits the pod, and the webhook answered nothing.
             plain = k8s.CoreV1Api(cluster.api_client())
-            plain.create_namespaced_pod(namespace, bare_pod("without-certificate"))
+            plain.create_namespaced_pod(
+                namespace, builders.bare_pod("without-certificate", retries="2")
+            )
             assert admissions(server) == 0
             log = (cluster.log_dir / "kube-apiserver.log").read_text()
             assert "certificate required" in log or "bad certificate" in log
@@ -366,7 +356,9 @@ def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_w
             def answered() -> bool:
                 nonlocal created
                 created += 1
-                k8s.CoreV1Api(second).create_namespaced_pod(namespace, bare_pod(f"with-{created}"))
+                k8s.CoreV1Api(second).create_namespaced_pod(
+                    namespace, builders.bare_pod(f"with-{created}", retries="2")
+                )
                 return admissions(server) >= 1
 
             wait_for("the webhook to answer the second API server", answered, timeout=30)

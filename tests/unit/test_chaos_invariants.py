@@ -25,6 +25,7 @@ from dev.pipeline.cloudevent import Event
 from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION, event_name
 from shared.workloads.owners import Ref
+from tests import builders
 from tests.unit import pods
 
 JSON = dict[str, Any]
@@ -53,58 +54,35 @@ def state(moves: int, handled: list[str], **extra: Any) -> str:
     return json.dumps({"version": 2, "moves": moves, "handled": handled, **extra})
 
 
-def deployment(replicas: int = 2, retries: str = "2") -> JSON:
-    return {
-        "kind": "Deployment",
-        "metadata": {
-            "name": "web",
-            "namespace": NS,
-            "uid": pods.uid("Deployment/web"),
-            "annotations": {POLICY_ANNOTATION: retries},
-        },
-        "spec": {"replicas": replicas},
-    }
-
-
-def replicaset(raw_state: str | None, replicas: int = 2) -> JSON:
-    annotations = {POLICY_ANNOTATION: "2"}
-    if raw_state is not None:
-        annotations[STATE_ANNOTATION] = raw_state
-    return {
-        "kind": "ReplicaSet",
-        "metadata": {
-            "name": RS,
-            "namespace": NS,
-            "uid": pods.uid(f"ReplicaSet/{RS}"),
-            "annotations": annotations,
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "name": "web",
-                    "uid": pods.uid("Deployment/web"),
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {"replicas": replicas},
-    }
+def web_replicaset(raw_state: str | None) -> JSON:
+    """The Deployment's ReplicaSet, with the state update-annotations wrote when there is
+    one."""
+    labels = {"app": "web", "pod-template-hash": RS.rsplit("-", 1)[-1]}
+    return builders.replicaset(
+        RS,
+        replicas=2,
+        retries="2",
+        annotations={STATE_ANNOTATION: raw_state} if raw_state is not None else None,
+        labels=labels,
+        selector=labels,
+        template=builders.template(labels),
+        owner=builders.owner_reference("Deployment", "web", block_owner_deletion=None),
+        namespace=NS,
+        uid=pods.uid(f"ReplicaSet/{RS}"),
+    )
 
 
 def moved_event(holder: Ref, pod_uid: str, reason: str = "Rescheduled") -> JSON:
-    return {
-        "kind": "Event",
-        "metadata": {"name": event_name(holder, reason, pod_uid), "namespace": NS},
-        "involvedObject": {
-            "kind": holder.kind,
-            "name": holder.name,
-            "namespace": NS,
-            "uid": holder.uid,
-        },
-        "reason": reason,
-        "message": "moved pod off node node-bad after CrashLoopBackOff",
-        "count": 1,
-    }
+    return builders.event(
+        reason,
+        name=event_name(holder, reason, pod_uid),
+        namespace=NS,
+        kind=holder.kind,
+        about=holder.name,
+        uid=holder.uid,
+        message="moved pod off node node-bad after CrashLoopBackOff",
+        count=1,
+    )
 
 
 RS_REF = Ref("ReplicaSet", NS, RS, pods.uid(f"ReplicaSet/{RS}"))
@@ -118,8 +96,8 @@ def world() -> Snapshot:
         {**ready_pod("web-7d9c8b6f4-bbbb2"), "kind": "Pod"},
     ]
     objects = [
-        deployment(),
-        replicaset(state(1, [uid_of(moved)], excludedNodes=[BAD])),
+        builders.deployment(replicas=2, retries="2", namespace=NS, uid=pods.uid("Deployment/web")),
+        web_replicaset(state(1, [uid_of(moved)], excludedNodes=[BAD])),
         *live,
         moved_event(RS_REF, uid_of(moved)),
     ]
@@ -133,7 +111,7 @@ def objects_of(s: Snapshot, kind: str) -> list[JSON]:
 
 def replace_state(s: Snapshot, raw: str) -> Snapshot:
     objects = [o for o in s.objects if o["kind"] != "ReplicaSet"]
-    return Snapshot(s.faulty_nodes, [*objects, replicaset(raw)], s.seen, s.gone, s.dead_letters)
+    return Snapshot(s.faulty_nodes, [*objects, web_replicaset(raw)], s.seen, s.gone, s.dead_letters)
 
 
 def without_events(s: Snapshot) -> Snapshot:
@@ -337,15 +315,15 @@ def ledger_of(story: WatchStory) -> observe.Ledger:
     return ledger
 
 
-def statefulset(raw_state: str | None) -> JSON:
-    annotations = {POLICY_ANNOTATION: "3"}
-    if raw_state is not None:
-        annotations[STATE_ANNOTATION] = raw_state
-    return {
-        "kind": "StatefulSet",
-        "metadata": {"name": STS, "namespace": NS, "uid": STS_REF.uid, "annotations": annotations},
-        "spec": {"replicas": 1},
-    }
+def db_statefulset(raw_state: str | None) -> JSON:
+    """The set of db-0, with the state update-annotations wrote when there is one."""
+    return builders.statefulset(
+        STS,
+        retries="3",
+        annotations={STATE_ANNOTATION: raw_state} if raw_state is not None else None,
+        namespace=NS,
+        uid=STS_REF.uid,
+    )
 
 
 def statefulset_world(story: WatchStory, *, recorded: bool) -> Snapshot:
@@ -359,11 +337,11 @@ def statefulset_world(story: WatchStory, *, recorded: bool) -> Snapshot:
     if recorded:
         pod_state = {"db-0": {"moves": 1, "excludedNodes": [BAD]}}
         objects += [
-            statefulset(state(1, [first], pods=pod_state)),
+            db_statefulset(state(1, [first], pods=pod_state)),
             moved_event(STS_REF, first),
         ]
     else:
-        objects.append(statefulset(None))
+        objects.append(db_statefulset(None))
     return Snapshot(frozenset({BAD}), objects, seen, gone, (), ended)
 
 

@@ -9,6 +9,7 @@ import pytest
 from shared.platform.kube import Kube
 from shared.workloads.owners import Holder, Ref, holder_of, resolve
 from shared.workloads.state import StatefulSetRange
+from tests import builders
 
 from . import pods
 
@@ -53,35 +54,26 @@ def statefulset(
     name: str = "db", replicas: int = 3, ordinals: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A StatefulSet as the API server returns it (defaults filled in)."""
-    spec: dict[str, Any] = {
-        "replicas": replicas,
-        "selector": {"matchLabels": {"app": name}},
-        "serviceName": name,
-        "template": {
-            "metadata": {"labels": {"app": name}},
-            "spec": {"containers": [{"name": "db", "image": "postgres:16"}]},
-        },
-        "podManagementPolicy": "OrderedReady",
-        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
-        "revisionHistoryLimit": 10,
-        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
-    }
-    if ordinals is not None:
-        spec["ordinals"] = ordinals
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {
-            "name": name,
-            "namespace": "shop",
-            "uid": pods.uid(f"StatefulSet/{name}"),
-            "resourceVersion": "48213",
-            "generation": 2,
-            "annotations": {"scheduling-retries": "3"},
-        },
-        "spec": spec,
-        "status": {"replicas": replicas, "readyReplicas": replicas, "observedGeneration": 2},
-    }
+    return builders.statefulset(
+        name,
+        replicas=replicas,
+        retries="3",
+        template=builders.template(
+            {"app": name},
+            containers=[builders.container("db", image="postgres:16")],
+            grace_period=None,
+        ),
+        namespace="shop",
+        uid=pods.uid(f"StatefulSet/{name}"),
+        resource_version="48213",
+        generation=2,
+        status={"replicas": replicas, "readyReplicas": replicas, "observedGeneration": 2},
+        podManagementPolicy="OrderedReady",
+        updateStrategy={"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+        revisionHistoryLimit=10,
+        persistentVolumeClaimRetentionPolicy={"whenDeleted": "Retain", "whenScaled": "Retain"},
+        **({"ordinals": ordinals} if ordinals is not None else {}),
+    )
 
 
 RANGES = {
@@ -129,46 +121,29 @@ def replicaset(
 ) -> dict[str, Any]:
     """A ReplicaSet as the API server returns it; by default one the Deployment controller
     made (controlled by the Deployment, with the annotations the controller gives it)."""
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "shop",
-        "uid": pods.uid(f"ReplicaSet/{name}"),
-        "resourceVersion": "51877",
-        "generation": 1,
-        "labels": {"app": "web", "pod-template-hash": name.rsplit("-", 1)[-1]},
-        "annotations": {
-            "deployment.kubernetes.io/desired-replicas": "3",
-            "deployment.kubernetes.io/max-replicas": "4",
-            "deployment.kubernetes.io/revision": "1",
-            "scheduling-retries": "3",
-            **(annotations or {}),
-        },
+    labels = {"app": "web", "pod-template-hash": name.rsplit("-", 1)[-1]}
+    controller = {
+        "deployment.kubernetes.io/desired-replicas": "3",
+        "deployment.kubernetes.io/max-replicas": "4",
+        "deployment.kubernetes.io/revision": "1",
     }
-    if deployment is not None:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "name": deployment,
-                "uid": pods.uid(f"Deployment/{deployment}"),
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": meta,
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": meta["labels"]},
-            "template": {
-                "metadata": {"labels": meta["labels"]},
-                "spec": {"containers": [{"name": "web", "image": pods.IMAGE}]},
-            },
-        },
-        "status": {"replicas": 3, "readyReplicas": 3, "observedGeneration": 1},
-    }
+    return builders.replicaset(
+        name,
+        replicas=3,
+        retries="3",
+        annotations={**controller, **(annotations or {})},
+        labels=labels,
+        selector=labels,
+        template=builders.template(
+            labels, containers=[builders.container("web")], grace_period=None
+        ),
+        owner=builders.owner_reference("Deployment", deployment) if deployment else None,
+        namespace="shop",
+        uid=pods.uid(f"ReplicaSet/{name}"),
+        resource_version="51877",
+        generation=1,
+        status={"replicas": 3, "readyReplicas": 3, "observedGeneration": 1},
+    )
 
 
 def test_a_replicaset_holder_names_the_deployment_controlling_it_without_reading_it() -> None:

@@ -9,17 +9,12 @@ from typing import Any, NamedTuple
 import pytest
 
 from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.api.state import WorkloadState, dump_state, load_state
 from shared.pods.update_annotations.rollouts import deployment_of, settle, strip_state_patch
 from shared.workloads.owners import Ref, Resolution, holder_of
 from shared.workloads.policy import OwnerKind, Policy
-from shared.workloads.state import (
-    Action,
-    FailureFacts,
-    WorkloadState,
-    dump_state,
-    load_state,
-    plan,
-)
+from shared.workloads.state import Action, FailureFacts, plan
+from tests import builders
 
 from . import pods
 from .pods import NOW
@@ -31,37 +26,25 @@ RS_UID = pods.uid("ReplicaSet/web-7d9c8b6f4")
 A_STATE = dump_state(WorkloadState(moves=1, excluded_nodes=("node-a",), holder_uid="x"))
 
 
-def deployment(
+def web_deployment(
     annotations: dict[str, str] | None = None,
     uid: str = DEPLOYMENT_UID,
     policy: str | None = "3",
-) -> Any:
-    """The Deployment `web` as the API server returns it."""
-    policies = {POLICY_ANNOTATION: policy} if policy is not None else {}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "web",
-            "namespace": "shop",
-            "uid": uid,
-            "resourceVersion": "51870",
-            "generation": 3,
-            "annotations": {
-                "deployment.kubernetes.io/revision": "3",
-                **policies,
-                **(annotations or {}),
-            },
-        },
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "web", "image": pods.IMAGE}]},
-            },
-        },
-    }
+) -> dict[str, Any]:
+    """The Deployment `web` as the API server returns it, at its third revision."""
+    return builders.deployment(
+        "web",
+        replicas=3,
+        retries=policy,
+        annotations={"deployment.kubernetes.io/revision": "3", **(annotations or {})},
+        template=builders.template(
+            {"app": "web"}, containers=[builders.container("web")], grace_period=None
+        ),
+        namespace="shop",
+        uid=uid,
+        resource_version="51870",
+        generation=3,
+    )
 
 
 def resolved(kind: str, obj: dict[str, Any]) -> Resolution:
@@ -91,26 +74,26 @@ class Case(NamedTuple):
 
 SETTLE = {
     "a Deployment with the same policy changes nothing": Case(
-        deployment(), "3", RS.policy_ref, False, ()
+        web_deployment(), "3", RS.policy_ref, False, ()
     ),
     "our state on the Deployment is removed": Case(
-        deployment({STATE_ANNOTATION: A_STATE}), "3", RS.policy_ref, True, ("rollout undo",)
+        web_deployment({STATE_ANNOTATION: A_STATE}), "3", RS.policy_ref, True, ("rollout undo",)
     ),
     "a policy removed from the Deployment means not opted in, read as 0": Case(
-        deployment(policy=None),
+        web_deployment(policy=None),
         "0",
         WEB,
         False,
         ("no longer has scheduling-retries", "never deletes a key", "not opted in"),
     ),
     "a policy changed on the Deployment applies before the copy reaches the ReplicaSet": Case(
-        deployment({POLICY_ANNOTATION: "0"}), "0", WEB, False, ("the Deployment's applies",)
+        web_deployment({POLICY_ANNOTATION: "0"}), "0", WEB, False, ("the Deployment's applies",)
     ),
     "a Deployment gone leaves the ReplicaSet's own policy": Case(
         None, "3", RS.policy_ref, False, ("is gone",)
     ),
     "a namesake Deployment is not this ReplicaSet's": Case(
-        deployment({POLICY_ANNOTATION: "0", STATE_ANNOTATION: A_STATE}, uid=pods.uid("other")),
+        web_deployment({POLICY_ANNOTATION: "0", STATE_ANNOTATION: A_STATE}, uid=pods.uid("other")),
         "3",
         RS.policy_ref,
         False,
@@ -137,7 +120,9 @@ def test_a_holder_without_a_deployment_is_left_as_resolved() -> None:
         resolved("ReplicaSet", replicaset(deployment=None)),
         resolved("StatefulSet", statefulset()),
     ):
-        assert settle(resolution, deployment({STATE_ANNOTATION: A_STATE})).resolution == resolution
+        assert (
+            settle(resolution, web_deployment({STATE_ANNOTATION: A_STATE})).resolution == resolution
+        )
         assert not settle(resolution, None).strip_state
 
 
@@ -194,7 +179,7 @@ class Cluster:
         """update-annotations handling one failing pod: settle with the Deployment (removing
         our state from it), plan on the ReplicaSet's state, write it. Then the controller
         syncs, as the write wakes it."""
-        settled = settle(resolved("ReplicaSet", self.rs), deployment(self.dep))
+        settled = settle(resolved("ReplicaSet", self.rs), web_deployment(self.dep))
         if settled.strip_state and self.strip:
             del self.dep[STATE_ANNOTATION]
         holder = settled.resolution.holder
@@ -221,7 +206,7 @@ def undone(*, strip: bool = True) -> Cluster:
     first["metadata"]["annotations"][STATE_ANNOTATION] = dump_state(
         WorkloadState(moves=1, excluded_nodes=("node-0",), handled=("p0",), holder_uid=rs_uid)
     )
-    dep = deployment({POLICY_ANNOTATION: "2", "deployment.kubernetes.io/revision": "2"})
+    dep = web_deployment({POLICY_ANNOTATION: "2", "deployment.kubernetes.io/revision": "2"})
     dep_annotations = kubectl_rollout_undo(
         dep["metadata"]["annotations"], first["metadata"]["annotations"]
     )
@@ -269,7 +254,7 @@ def test_without_its_policy_our_exclusions_in_a_pods_way_are_still_cleared() -> 
     # The ReplicaSet keeps its copy of the policy, so the webhook still adds the recorded
     # exclusions; a pod they keep from being scheduled must not stay Pending for ever.
     rs = replicaset(annotations={STATE_ANNOTATION: A_STATE.replace('"x"', '"' + RS_UID + '"')})
-    settled = settle(resolved("ReplicaSet", rs), deployment(policy=None))
+    settled = settle(resolved("ReplicaSet", rs), web_deployment(policy=None))
     assert settled.resolution.policy is not None
     policy = Policy(int(settled.resolution.policy), OwnerKind.REPLICA_SET, replicas=3)
     state = load_state(rs["metadata"]["annotations"][STATE_ANNOTATION])

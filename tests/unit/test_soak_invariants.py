@@ -31,6 +31,7 @@ from shared.api.keys import (
 )
 from shared.pods.update_annotations.bodies import event_name
 from shared.workloads.owners import Ref
+from tests import builders
 from tests.unit import nodes, pods
 
 JSON = dict[str, Any]
@@ -75,30 +76,26 @@ def facts(pod: JSON, *, at: float = 0.0, gone: bool = True, **kw: Any) -> PodFac
 def rescheduled_event(pod: JSON) -> JSON:
     owner = pod["metadata"]["ownerReferences"][0]
     ref = Ref(owner["kind"], NS, owner["name"], owner["uid"])
-    return {
-        "kind": "Event",
-        "metadata": {
-            "name": event_name(ref, REASON_RESCHEDULED, pod["metadata"]["uid"]),
-            "namespace": NS,
-        },
-        "involvedObject": {"kind": ref.kind, "name": ref.name, "namespace": NS, "uid": ref.uid},
-        "reason": REASON_RESCHEDULED,
-    }
+    return builders.event(
+        REASON_RESCHEDULED,
+        name=event_name(ref, REASON_RESCHEDULED, pod["metadata"]["uid"]),
+        namespace=NS,
+        kind=ref.kind,
+        about=ref.name,
+        uid=ref.uid,
+    )
 
 
 def rebalanced_event(pod: JSON) -> JSON:
     meta = pod["metadata"]
-    return {
-        "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.1", "namespace": NS},
-        "involvedObject": {
-            "kind": "Pod",
-            "name": meta["name"],
-            "namespace": NS,
-            "uid": meta["uid"],
-        },
-        "reason": REASON_REBALANCED,
-    }
+    return builders.event(
+        REASON_REBALANCED,
+        name=f"{meta['name']}.1",
+        namespace=NS,
+        kind="Pod",
+        about=meta["name"],
+        uid=meta["uid"],
+    )
 
 
 def record(**kw: Any) -> Record:
@@ -469,18 +466,15 @@ def web_replica_set() -> JSON:
 
 def said_about_the_replica_set(reason: str, count: int = 1) -> JSON:
     rs = web_replica_set()["metadata"]
-    return {
-        "kind": "Event",
-        "metadata": {"name": f"web-7d9c8b6f4.{reason.lower()}", "namespace": NS},
-        "involvedObject": {
-            "kind": "ReplicaSet",
-            "name": rs["name"],
-            "namespace": NS,
-            "uid": rs["uid"],
-        },
-        "reason": reason,
-        "count": count,
-    }
+    return builders.event(
+        reason,
+        name=f"web-7d9c8b6f4.{reason.lower()}",
+        namespace=NS,
+        kind="ReplicaSet",
+        about=rs["name"],
+        uid=rs["uid"],
+        count=count,
+    )
 
 
 def broken_everywhere(moved: int, *events: JSON) -> Record:
