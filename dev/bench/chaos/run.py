@@ -47,7 +47,7 @@ _COLLECTIONS = {
     "Event": "/api/v1/namespaces/{ns}/events",
 }
 # A message update-annotations gives a move an earlier delivery recorded and a later one
-# finished (shared.pods.update_annotations.handler.moved): the trace of a kill between state write
+# finished (shared.pods.update_annotations.decide.moved): the trace of a kill between state write
 # and delete.
 FINISHED_LATER = "recorded earlier, removed now"
 
