@@ -101,6 +101,12 @@ from dev.bench.common import (
     wait_until,
 )
 from dev.localcluster.cluster import Cluster
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+    SIM_POD_CPU_ANNOTATION,
+    SIM_POD_MEMORY_ANNOTATION,
+)
 from dev.localcluster.procs import Proc
 from dev.localcluster.rest import ApiError
 from dev.stack import webhook as webhook_setup
@@ -115,10 +121,6 @@ from shared.api.keys import (
     PING_EVENT_TYPE,
     REBALANCE_KEY,
     REBALANCE_VALUE,
-    SIM_CPU_USAGE_ANNOTATION,
-    SIM_MEMORY_USAGE_ANNOTATION,
-    SIM_POD_CPU_ANNOTATION,
-    SIM_POD_MEMORY_ANNOTATION,
     USAGE_ANNOTATION,
 )
 

@@ -39,17 +39,17 @@ from kubernetes import client as k8s_client
 
 from dev.localcluster import kwok, metricsserver, pki
 from dev.localcluster.bins import ensure_bins
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_FAULT_LABEL,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.localcluster.kubelet import FakeKubelet, Timing
 from dev.localcluster.nodeexporter import NodeExporter
 from dev.localcluster.podstatus import FAULT_MODES, HEALTHY
 from dev.localcluster.procs import Component, Proc, stop_all
 from dev.localcluster.prometheus import LocalPrometheus, PrometheusError, find_binary
 from dev.localcluster.rest import ApiError, Rest
-from shared.api.keys import (
-    SIM_CPU_USAGE_ANNOTATION,
-    SIM_FAULT_LABEL,
-    SIM_MEMORY_USAGE_ANNOTATION,
-)
 
 log = logging.getLogger("localcluster")
 

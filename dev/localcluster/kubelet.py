@@ -51,6 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from dev.localcluster.podstatus import (
     FAULT_MODES,
     HEALTHY,
@@ -69,7 +72,6 @@ from dev.localcluster.podstatus import (
     terminated_status,
 )
 from dev.localcluster.rest import STRATEGIC_MERGE_PATCH, ApiError, Rest
-from shared.api.keys import SIM_FAULT_LABEL
 
 # The pod annotation recording the fate decided at binding (same key as the node label).
 FAULT_ANNOTATION: Final = SIM_FAULT_LABEL

@@ -75,9 +75,12 @@ from kubernetes.utils import parse_quantity
 
 from dev.localcluster import pki
 from dev.localcluster.bins import BinsError, run_build_script
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.localcluster.nodeexporter import DEFAULT_CPU_USAGE, DEFAULT_MEMORY_USAGE
 from dev.localcluster.rest import ApiError, Rest
-from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 JSON = dict[str, Any]
 

@@ -43,8 +43,11 @@ from typing import Any, Final
 
 from kubernetes.utils import parse_quantity
 
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.localcluster.rest import ApiError, Rest
-from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 JSON = dict[str, Any]
 

@@ -42,6 +42,9 @@ from kubernetes import config as k8s_config
 
 from dev.localcluster import FAULT_MODES, Cluster, Timing
 from dev.localcluster.bins import ensure_bins
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from dev.pipeline.source import adapter_binary
 from dev.stack import demo_chart
 from dev.stack.demo_feeds import ApiFeed, ArchiveFeed, Feed, Feeds, NodeFeed
@@ -63,7 +66,6 @@ from dev.stack.functions import ROOT
 from dev.stack.stack import LOCAL_PRESSURE_RULES, Stack
 from shared.api.keys import (
     PREFIX,
-    SIM_FAULT_LABEL,
     STATE_ANNOTATION,
     SUSPECT_LABEL,
     SUSPECT_VALUE,

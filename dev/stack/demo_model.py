@@ -22,6 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     PRESSURE_ANNOTATION,
@@ -29,7 +32,6 @@ from shared.api.keys import (
     PRESSURE_LABEL_VALUE,
     REASON_NODE_SUSPECTED,
     REASON_SUSPECT_CAP_REACHED,
-    SIM_FAULT_LABEL,
     SUSPECT_LABEL,
     SUSPECT_VALUE,
 )

@@ -78,9 +78,6 @@ COMPONENT: Final = "kn-rescheduler"
 # Namespace the project is installed in; its own pods are never touched.
 DEFAULT_NAMESPACE: Final = "kn-rescheduler"
 
-# The simulated kubelet fault label of the local control plane (tests and demo only).
-SIM_FAULT_LABEL: Final = "sim.kn-rescheduler.io/fault"
-
 # A bare pod's move needs its replacement created, and update-annotations may not create pods
 # in that namespace (bare-pod replacement is opt-in per namespace, granted by a RoleBinding).
 REASON_REPLACEMENT_NOT_ALLOWED: Final = "ReplacementNotAllowed"
@@ -195,13 +192,3 @@ HOT_STREAK_ANNOTATION: Final = PREFIX + "hot-streak"
 REASON_REBALANCED: Final = "Rebalanced"
 # One reply per evaluation that evicted pods (or, in a dry run, would have).
 EVENT_POD_REBALANCED: Final = "io.kn-rescheduler.pod.rebalanced"
-
-# --- Local simulation (tests and demo only) ----------------------------------------------------
-# Simulated node usage the local node-exporter endpoints serve: fractions 0..1 of the node's
-# CPU and memory in use, as annotations on the Node.
-SIM_CPU_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu-usage"
-SIM_MEMORY_USAGE_ANNOTATION: Final = "sim.kn-rescheduler.io/memory-usage"
-# What one pod actually uses (cores, bytes), in the load benchmark's usage model: a node's
-# simulated usage is its background plus the pods running on it (dev/bench/loadaware.py).
-SIM_POD_CPU_ANNOTATION: Final = "sim.kn-rescheduler.io/cpu"
-SIM_POD_MEMORY_ANNOTATION: Final = "sim.kn-rescheduler.io/memory"

@@ -20,6 +20,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from dev.stack import webhook as webhook_setup
 from dev.stack.functions import FunctionServer, environment
@@ -31,8 +35,6 @@ from shared.api.keys import (
     NODE_OPT_OUT_LABEL,
     PRESSURE_ANNOTATION,
     PRESSURE_LABEL_KEY,
-    SIM_CPU_USAGE_ANNOTATION,
-    SIM_MEMORY_USAGE_ANNOTATION,
     STATE_ANNOTATION,
     SUSPECT_LABEL,
     USAGE_ANNOTATION,

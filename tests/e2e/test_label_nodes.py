@@ -22,14 +22,16 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from dev.localcluster import Cluster
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.stack.functions import ROOT, command
 from shared.api.keys import (
     PING_EVENT_TYPE,
     PRESSURE_ANNOTATION,
     PRESSURE_LABEL_KEY,
     PRESSURE_LABEL_VALUE,
-    SIM_CPU_USAGE_ANNOTATION,
-    SIM_MEMORY_USAGE_ANNOTATION,
 )
 from shared.nodes.label_nodes.handler import Labeler
 from shared.nodes.label_nodes.rules import load_rules

@@ -31,8 +31,10 @@ from kubernetes.client.exceptions import ApiException
 
 from dev.localcluster import FAULT_ANNOTATION, Cluster
 from dev.localcluster import pki as lpki
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from dev.localcluster.procs import cmdline, names_path, pid_alive
-from shared.api.keys import SIM_FAULT_LABEL
 from tests.e2e import conftest as e2e
 
 pytestmark = pytest.mark.e2e

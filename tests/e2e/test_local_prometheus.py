@@ -26,10 +26,13 @@ import requests
 
 from dev.localcluster import Cluster
 from dev.localcluster.__main__ import cluster_processes
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.localcluster.procs import cmdline, pid_alive
 from dev.localcluster.prometheus import LocalPrometheus, find_binary
 from dev.stack.functions import free_port
-from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 from shared.nodes.annotate_usage.decide import Measured
 from shared.nodes.annotate_usage.sources import PrometheusSource
 from shared.platform.prometheus import Prometheus

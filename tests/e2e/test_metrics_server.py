@@ -20,11 +20,13 @@ import pytest
 
 from dev.localcluster import Cluster
 from dev.localcluster import metricsserver as ms
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from shared.api.keys import (
     LOAD_LABEL,
     PING_EVENT_TYPE,
-    SIM_CPU_USAGE_ANNOTATION,
-    SIM_MEMORY_USAGE_ANNOTATION,
     USAGE_ANNOTATION,
 )
 from shared.api.usage import UsageRecord

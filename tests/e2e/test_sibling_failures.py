@@ -27,11 +27,13 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from dev.stack.stack import Stack
 from shared.api.keys import (
     EVENT_POD_RESCHEDULED,
     POLICY_ANNOTATION,
-    SIM_FAULT_LABEL,
     STATE_ANNOTATION,
 )
 from shared.platform.kube import Kube, KubeError

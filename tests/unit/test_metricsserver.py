@@ -15,8 +15,11 @@ import pytest
 import yaml
 
 from dev.localcluster import metricsserver as ms
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.localcluster.nodeexporter import usage_fraction as exporter_fraction
-from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 # A Node as the local cluster registers it (localcluster.cluster._register_node) and kwok keeps
 # it.

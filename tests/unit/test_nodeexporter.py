@@ -11,6 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dev.localcluster.keys import (
+    SIM_CPU_USAGE_ANNOTATION,
+    SIM_MEMORY_USAGE_ANNOTATION,
+)
 from dev.localcluster.nodeexporter import (
     CPU_MODES,
     DEFAULT_CPU_USAGE,
@@ -25,7 +29,6 @@ from dev.localcluster.nodeexporter import (
 )
 from dev.localcluster.prometheus import SECOND_JOB, argv, config, target_groups
 from dev.localcluster.rest import Rest
-from shared.api.keys import SIM_CPU_USAGE_ANNOTATION, SIM_MEMORY_USAGE_ANNOTATION
 
 JSON = dict[str, Any]
 

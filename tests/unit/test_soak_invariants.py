@@ -19,6 +19,9 @@ import pytest
 
 from dev.bench.soak import invariants
 from dev.bench.soak.invariants import NodeSeen, OperatorWrite, PodFacts, Record
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from shared.api.keys import (
     COMPONENT,
     PRESSURE_LABEL_KEY,
@@ -26,7 +29,6 @@ from shared.api.keys import (
     REASON_REBALANCED,
     REASON_RESCHEDULED,
     REBALANCE_KEY,
-    SIM_FAULT_LABEL,
     SUSPECT_LABEL,
 )
 from shared.pods.update_annotations.bodies import event_name

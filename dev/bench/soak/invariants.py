@@ -59,6 +59,9 @@ from typing import Any, Final
 
 from dev.bench.chaos import invariants as chaos
 from dev.bench.chaos.invariants import Verdict, Violation
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from shared.api.keys import (
     COMPONENT,
     NODE_HEALTH_ANNOTATION,
@@ -71,7 +74,6 @@ from shared.api.keys import (
     REASON_RETRIES_EXHAUSTED,
     REBALANCE_KEY,
     REBALANCE_VALUE,
-    SIM_FAULT_LABEL,
     SUSPECT_LABEL,
 )
 from shared.pods.update_annotations.bodies import ORIGIN_ANNOTATION, event_name

@@ -30,6 +30,9 @@ from dev.bench.soak import invariants
 from dev.bench.soak.invariants import OperatorWrite, Record
 from dev.bench.soak.observe import Recorder, start_watches
 from dev.localcluster.cluster import Cluster
+from dev.localcluster.keys import (
+    SIM_FAULT_LABEL,
+)
 from dev.localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from dev.localcluster.production import (
     BATCH_TOLERATION,
@@ -50,7 +53,6 @@ from shared.api.keys import (
     EVENT_POD_FAILING,
     POLICY_ANNOTATION,
     REBALANCE_KEY,
-    SIM_FAULT_LABEL,
 )
 
 JSON = dict[str, Any]
