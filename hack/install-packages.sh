@@ -42,6 +42,6 @@ if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get 
   fi
 fi
 command -v prometheus >/dev/null || {
-  echo "prometheus is missing: install Debian's prometheus package (see README)" >&2
+  echo "prometheus is missing: install Debian's prometheus package (see docs/development.md)" >&2
   exit 1
 }
