@@ -200,6 +200,26 @@ def test_a_pod_gone_before_its_delete_is_said_only_if_no_one_said_it_and_not_cou
     assert not any(isinstance(r, WriteState) for r in gone)
 
 
+def test_a_removal_recorded_by_an_earlier_delivery_is_replied_only_by_who_says_it() -> None:
+    # Two deliveries of one report race: the second loses the write, reads the state again,
+    # finds the pod handled and still there (a terminating pod is evicted again with 200), and
+    # must not reply a second "rescheduled" for the same move.
+    recorded = WorkloadState(
+        moves=1, excluded_nodes=("node-b",), handled=(CRASHING["metadata"]["uid"],)
+    )
+    again = plan_of(
+        CRASHING,
+        resolution(REPLICASET, replicaset()),
+        holder=holder_of(REPLICASET, with_state(replicaset(), recorded)),
+    )
+    assert not any(isinstance(r, WriteState) for r in again.requests)
+    said = [r for r in again.requests if isinstance(r, RecordEvent)]
+    assert [(e.reason, e.gate) for e in said] == [(REASON_RESCHEDULED, True)]
+    assert kinds(again)[-2:] == [RecordEvent, Answer]
+    fresh = [r for r in rs_move().requests if isinstance(r, RecordEvent)]
+    assert [e.gate for e in fresh] == [False]
+
+
 def test_every_request_says_why() -> None:
     assert all(r.why for r in rs_move().requests)
 

@@ -788,7 +788,13 @@ def _after_record(
                 "its controller replaced the failed pod before the failure was recorded",
             )
         )
-    # Keyed by the pod's uid: a redelivery that removes nothing more records nothing more.
+    # Keyed by the pod's uid: a redelivery that removes nothing more records nothing more. A
+    # removal recorded by an earlier delivery (this plan writes nothing) is said and replied
+    # only by the delivery that creates the Event: two deliveries racing on one pod both find
+    # it in the state after the first write, and both evictions of a terminating pod succeed.
+    recorded_now = bool(
+        decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE) and decided.event_reason
+    )
     requests.append(
         RecordEvent(
             holder.ref,
@@ -797,6 +803,7 @@ def _after_record(
             "the pod is really gone",
             key=uid,
             repeat=False,
+            gate=not recorded_now,
         )
     )
     if cost is not None and cost.verdict is jobs.Verdict.LAST_RETRY:
