@@ -57,6 +57,9 @@ down:
 	$(PY) -m dev.localcluster down --dir .local
 
 # Replay recorded events: make replay FILE=.local/stack/archive.jsonl ARGS="--dry-run"
+# (a finished demo prints its own FILE). Pod events replay with no cluster; update-annotations
+# and assess-nodes need one (make up, then KUBECONFIG=.local/kubeconfig): without, replay says
+# so once, skips their events and exits 3. Options: ARGS=--help.
 replay: venv
 	$(PY) -m dev.tools.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
 

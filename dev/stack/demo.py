@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -65,6 +66,7 @@ from dev.stack.demo_model import (
 from dev.stack.functions import ROOT
 from dev.stack.stack import LOCAL_PRESSURE_RULES, Stack
 from shared.api.keys import (
+    APISERVER_UPDATE,
     PREFIX,
     STATE_ANNOTATION,
     SUSPECT_LABEL,
@@ -1022,7 +1024,28 @@ def run_local(opts: Options, console: Console) -> int:
         # The logs and the archive stay for a post-mortem; etcd's data is only bulk.
         shutil.rmtree(opts.run_dir / "cluster" / "etcd", ignore_errors=True)
     console.say(f"stopped everything; logs and the event archive: {_shown(opts.run_dir)}")
+    for line in replay_lines(opts.run_dir / "stack" / "archive.jsonl"):
+        console.plain(line)
     return code
+
+
+def replay_lines(archive: Path) -> list[str]:
+    """The closing lines: how to replay this run's archive, now that its cluster is stopped.
+
+    ``make replay`` runs from the repository's root, so the path is given from there. The pod
+    events replay anywhere (detect-failures judges each from the event alone); the functions
+    that act read and write a cluster, and replay says so itself when there is none.
+    """
+    try:
+        shown = str(archive.resolve().relative_to(ROOT))
+    except ValueError:
+        shown = str(archive.resolve())
+    return [
+        "replay what detect-failures judged, from the archive alone (no cluster needed):",
+        f'  make replay FILE={shlex.quote(shown)} ARGS="--type {APISERVER_UPDATE}"',
+        "update-annotations and assess-nodes act on a cluster, and the demo's is stopped: "
+        "`make up` starts one to replay their events against (docs/demo.md, Replay)",
+    ]
 
 
 def run_existing(opts: Options, console: Console, archive: Path | None) -> int:

@@ -20,8 +20,21 @@ Events are sent in their recorded order, optionally at their recorded pace, eith
 ``--dry-run`` turns every Kubernetes write into a server-side dry run (the API server
 validates and admits, nothing is stored); sent to a running function it travels as the
 ``knrdryrun`` event extension. The output is a decision trace per event: the classification,
-the plan, each API call made (or that would be made) and the reply. The exit status is 1 when
-any event was not handled (an answer other than 2xx).
+the plan, each API call made (or that would be made) and the reply.
+
+Only some functions need a cluster. ``detect-failures`` judges a pod event from the event
+alone, so an archive's pod events replay anywhere, also after the cluster that produced them
+is gone (a finished ``make demo``). ``update-annotations`` and ``assess-nodes`` read and write
+the cluster: before the first event that goes to one of them, replay checks once that there is
+one (the kubeconfig of ``$KUBECONFIG`` or ``~/.kube/config``, then one ``GET /version``). When
+there is none it says so once, with how to get one (``make up``, or ``KUBECONFIG`` pointing at
+a cluster), skips the events that go to them and replays the others: one clear sentence rather
+than a client error per event. ``--to`` checks nothing here: the running function has its own
+cluster.
+
+Exit status: 0 when every event chosen was replayed and handled (a 2xx answer); 1 when an
+event replayed was not handled; 3 when events were skipped for want of a cluster (all of them
+or only some; 1 wins when both happen); 2 for a bad command line.
 """
 
 from __future__ import annotations
@@ -35,9 +48,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import requests
+import urllib3
 from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
@@ -50,6 +64,14 @@ from shared.pods.detect_failures.decide import detect
 from shared.pods.update_annotations.handler import Rescheduler, last_trace
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# The functions replayed here that read or write the cluster (the pod and its owner, the node's
+# health record). detect-failures needs none: it judges a pod event from the event alone.
+NEEDS_CLUSTER: Final = frozenset({"update-annotations", "assess-nodes"})
+
+HANDLED: Final = 0
+FAILED: Final = 1
+NO_CLUSTER: Final = 3
 
 
 @dataclass(frozen=True)
@@ -206,6 +228,24 @@ class InProcess:
             self._assessor = Assessor(self._api(), self.cfg)
         return self._assessor
 
+    def use(self, api: kube.Kube) -> None:
+        """Use this connection, already checked, for every function that needs a cluster."""
+        self._api = lambda: api
+
+    def needing_a_cluster(self, items: Iterable[Recorded]) -> list[str]:
+        """The functions that ``items`` go to and that need a cluster, sorted."""
+        routed = {f for item in items for f in self.functions_for(item.event)}
+        return sorted(routed & NEEDS_CLUSTER)
+
+    def partition(self, items: Iterable[Recorded]) -> tuple[list[Recorded], list[Recorded]]:
+        """``items`` that need no cluster, and those that go to a function that needs one."""
+        offline: list[Recorded] = []
+        online: list[Recorded] = []
+        for item in items:
+            needs = NEEDS_CLUSTER.intersection(self.functions_for(item.event))
+            (online if needs else offline).append(item)
+        return offline, online
+
     def send(self, event: events.Event, dry_run: bool) -> list[Outcome]:
         outcomes = []
         for function in self.functions_for(event) or ["(no trigger matches)"]:
@@ -303,8 +343,100 @@ def replay(
     return outcomes
 
 
+@dataclass(frozen=True)
+class NoCluster:
+    """Why the functions that need a cluster cannot be replayed here."""
+
+    why: str
+
+
+def _kubeconfig_named() -> str:
+    value = os.environ.get("KUBECONFIG")
+    return f"KUBECONFIG={value}" if value else "~/.kube/config"
+
+
+def _missing_kubeconfig() -> str:
+    """Why no kubeconfig can be read, or "" when a file is there to read."""
+    value = os.environ.get("KUBECONFIG")
+    if value:
+        paths = [Path(p).expanduser() for p in value.split(os.pathsep) if p]
+        return "" if any(p.is_file() for p in paths) else f"KUBECONFIG={value}: no such file"
+    if Path("~/.kube/config").expanduser().is_file():
+        return ""
+    return "KUBECONFIG is not set and there is no ~/.kube/config"
+
+
+def _unanswered(exc: kube.KubeError) -> str:
+    """A failed call in a few words: for a connection, the server and what the socket said."""
+    cause = exc.__cause__
+    if isinstance(cause, urllib3.exceptions.MaxRetryError) and cause.pool is not None:
+        pool = cause.pool
+        said = str(cause.reason).rsplit("): ", 1)[-1] if cause.reason else str(cause)
+        return f"({pool.scheme}://{pool.host}:{pool.port}) does not answer: {said}"
+    text = str(exc).strip()
+    said = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, kube.Forbidden):
+        return f"refuses its credentials: {said}"
+    return f"does not answer as a Kubernetes API server: {said}"
+
+
+def connect(timeout: float = 3.0) -> kube.Kube | NoCluster:
+    """The cluster the functions replayed here use, or why there is none.
+
+    Checked once, before the first event: the kubeconfig is read, then one cheap call
+    (``GET /version``) tells a server that is there from one that is gone, such as the local
+    cluster of a demo that has ended. In a pod the in-cluster credentials are used instead.
+    """
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    missing = "" if in_cluster else _missing_kubeconfig()
+    if missing:
+        return NoCluster(missing)
+    named = "the in-cluster credentials" if in_cluster else _kubeconfig_named()
+    try:
+        probe = kube.Kube.from_environment(timeout=timeout, attempts=1)
+    except Exception as exc:  # the client's reader raises its own, YAML, OS and type errors
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        what = "cannot be loaded" if in_cluster else "is not a kubeconfig the client can use"
+        return NoCluster(f"{named} {what}: {first}")
+    try:
+        probe.request("GET", "/version")
+    except kube.KubeError as exc:
+        server = "the in-cluster API server" if in_cluster else f"the server in {named}"
+        return NoCluster(f"{server} {_unanswered(exc)}")
+    return kube.Kube.from_environment()
+
+
+def no_cluster_message(
+    cluster: NoCluster, functions: Sequence[str], skipped: int, kept: int
+) -> str:
+    """What replay says, once, when the events for ``functions`` need a cluster it lacks."""
+    return "\n".join(
+        [
+            f"replay: {' and '.join(functions)} read and write a Kubernetes cluster, and there "
+            f"is none: {cluster.why}",
+            f"  skipped: the {skipped} event(s) that go to them; "
+            + (
+                f"the {kept} other(s) are replayed (detect-failures judges a pod event from "
+                "the event alone)"
+                if kept
+                else "no other event was chosen"
+            ),
+            "  to replay them, start the local cluster with `make up` and run again with "
+            "KUBECONFIG=.local/kubeconfig (`make down` stops it),",
+            "  or set KUBECONFIG to a cluster's kubeconfig (--dry-run: the API server "
+            "validates every write and stores none)",
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
-    parser = argparse.ArgumentParser(prog="replay", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="replay",
+        description=__doc__.split("\n\n")[0],
+        epilog="exit status: 0 every event chosen was replayed and handled; 1 an event was not "
+        "handled; 3 events were skipped: they go to functions that need a cluster and none is "
+        "reachable (make up starts one; or set KUBECONFIG); 2 a bad command line",
+    )
     parser.add_argument("file", nargs="?", default="-", help="archive or log file (- for stdin)")
     parser.add_argument("--type", action="append", default=[], help="only this event type")
     parser.add_argument("--subject", action="append", default=[], help="subject contains this")
@@ -345,11 +477,24 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         return 0
 
     sender: InProcess | Remote
+    skipped_events: list[Recorded] = []
     if args.to:
         sender = Remote(args.to, verify=args.ca_file or True)
     else:
         cfg = Config.from_env(os.environ)
         sender = InProcess(cfg, kube.Kube.from_environment, Path(args.triggers))
+        needed = sender.needing_a_cluster(chosen)
+        if needed:
+            cluster = connect()
+            if isinstance(cluster, NoCluster):
+                chosen, skipped_events = sender.partition(chosen)
+                said = no_cluster_message(cluster, needed, len(skipped_events), len(chosen))
+                print(said, file=sys.stderr)
+                if not chosen:
+                    print("replay: nothing replayed (exit status 3)", file=sys.stderr)
+                    return NO_CLUSTER
+            else:
+                sender.use(cluster)
     outcomes = replay(
         chosen,
         sender,
@@ -362,10 +507,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     if not args.json:
         print(
             f"replayed {len(chosen)} event(s): {len(outcomes) - len(failed)} handled, "
-            f"{len(failed)} failed" + (" (dry run)" if args.dry_run else ""),
+            f"{len(failed)} failed"
+            + (f", {len(skipped_events)} skipped (no cluster)" if skipped_events else "")
+            + (" (dry run)" if args.dry_run else ""),
             file=out,
         )
-    return 1 if failed else 0
+    if failed:
+        return FAILED
+    return NO_CLUSTER if skipped_events else HANDLED
 
 
 def lines_of(path: Path) -> Iterator[str]:

@@ -10,7 +10,9 @@ suspect; its second labels a node under CPU pressure, read from the cluster's re
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -135,6 +137,32 @@ def test_the_output_tells_the_story_as_it_happens(demo: dict[str, Any]) -> None:
     events = [json.loads(line) for line in demo["archive"].read_text().splitlines()]
     moved = [e for e in events if e["type"] == "io.kn-rescheduler.pod.rescheduled"]
     assert len(moved) == sum(r["moves"] for r in demo["summary"]["rows"])
+
+
+def test_its_last_lines_give_the_replay_command_that_works_with_its_cluster_stopped(
+    demo: dict[str, Any], tmp_path: Path
+) -> None:
+    out = demo["stdout"]
+    tail = out[out.index("stopped everything") :]
+    commands = [line.strip() for line in tail.splitlines() if "make replay FILE=" in line]
+    assert len(commands) == 1, tail
+    (command,) = commands
+    words = shlex.split(command)
+    assert words[:3] == ["make", "replay", f"FILE={demo['archive'].resolve()}"], command
+    # The functions that act need a cluster, and the demo says how to get one.
+    assert "act on a cluster" in tail and "`make up`" in tail, tail
+    # A newcomer copies it as it is, the demo's cluster gone and no kubeconfig of theirs.
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MAKEFLAGS", "MAKELEVEL")}
+    env["HOME"] = str(tmp_path)
+    replayed = subprocess.run(
+        words, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    output = replayed.stdout + replayed.stderr
+    assert replayed.returncode == 0, output[-4000:]
+    assert "Traceback" not in output
+    # detect-failures finds again, from the archive alone, the failures it found in the run.
+    assert "decision: failing: OOMKilled on node-3" in replayed.stdout, output[-4000:]
+    assert " 0 failed" in replayed.stdout
 
 
 def test_the_timeline_chart_is_a_png(demo: dict[str, Any]) -> None:
