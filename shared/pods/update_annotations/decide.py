@@ -791,7 +791,9 @@ def _after_record(
     # Keyed by the pod's uid: a redelivery that removes nothing more records nothing more. A
     # removal recorded by an earlier delivery (this plan writes nothing) is said and replied
     # only by the delivery that creates the Event: two deliveries racing on one pod both find
-    # it in the state after the first write, and both evictions of a terminating pod succeed.
+    # it in the state after the first write, and both evictions of a terminating pod succeed
+    # (the Eviction API skips the PodDisruptionBudget check and deletes again once the pod has
+    # a deletionTimestamp: canIgnorePDB in pkg/registry/core/pod/storage/eviction.go).
     recorded_now = bool(
         decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE) and decided.event_reason
     )
