@@ -265,6 +265,20 @@ def fails_everywhere(status: ContainerStatus) -> str | None:
     return None
 
 
+def same_failure(reason: str, other: str) -> bool:
+    """Whether two failure reasons name the same failure.
+
+    The kubelet writes one failed image pull under two waiting reasons, by where its retry
+    stands when the status is written: `ErrImagePull` after an attempt failed,
+    `ImagePullBackOff` while it waits to try again (pkg/kubelet/images/image_manager.go returns
+    ErrImagePullBackOff while the image's key is in back-off, types.go names both). Which one
+    a failure event carries is the timing of one status write, not a difference in the node.
+    """
+    if reason == other:
+        return True
+    return reason in _IMAGE_PULL_REASONS and other in _IMAGE_PULL_REASONS
+
+
 @judges_pod
 def evicted_for_its_own_limits(pod: Pod) -> str | None:
     """Why the kubelet's eviction of this pod follows it to every node, or None.

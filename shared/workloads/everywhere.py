@@ -66,7 +66,7 @@ from shared.api.kubetypes import Pod
 from shared.api.state import Stopped
 from shared.api.times import parse_kube_time
 from shared.platform.config import Config
-from shared.workloads.classify import FailureKind, classify, controller_of
+from shared.workloads.classify import FailureKind, classify, controller_of, same_failure
 from shared.workloads.siblings import sibling_evidence
 
 # Distinct nodes one failure reason must have been recorded on (the current one included).
@@ -225,11 +225,12 @@ def judge(
     given the chance: twenty replicas pinned to two bad nodes are each moved once, not stopped
     at the second node's first failure (tests/e2e/test_rescheduling_safety.py).
     """
-    seen = tuple(dict.fromkeys([*(n for n in kept_off if recorded.get(n) == reason), node]))
+    again = [n for n in kept_off if n in recorded and same_failure(recorded[n], reason)]
+    seen = tuple(dict.fromkeys([*again, node]))
     healthy = next((w for w in others.pods if w.health is Health.HEALTHY), None)
     if healthy is not None:
         return Verdict(False, f"pod {healthy.name} is {healthy.why}", seen)
-    if stopped is not None and stopped.reason == reason:
+    if stopped is not None and same_failure(stopped.reason, reason):
         held = tuple(dict.fromkeys([*stopped.nodes, *seen]))
         return Verdict(True, "moves stay stopped: no pod of the workload is healthy yet", held)
     if others.missing:

@@ -106,7 +106,7 @@ from shared.api.state import (
     quoted_names,
 )
 from shared.api.times import format_duration
-from shared.workloads.classify import Failure, FailureKind, excluded_nodes_of
+from shared.workloads.classify import Failure, FailureKind, excluded_nodes_of, same_failure
 from shared.workloads.everywhere import Witnesses, judge
 from shared.workloads.policy import (
     BudgetScope,
@@ -602,7 +602,11 @@ def plan(
         verdict = judge(
             current.failed_on, current.stopped, failure.node, kind, witnesses, failure.kept_off
         )
-        if verdict.stop and current.stopped is not None and current.stopped.reason == kind:
+        if (
+            verdict.stop
+            and current.stopped is not None
+            and same_failure(current.stopped.reason, kind)
+        ):
             return nothing(
                 "stopped-already-recorded",
                 f"{pod} failed on {failure.node} ({failure.reason}); {verdict.why}, leaving "

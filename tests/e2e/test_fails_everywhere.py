@@ -99,3 +99,30 @@ def test_a_deployment_crash_looping_on_every_node_stops_being_moved_until_a_pod_
     moved = events_for(api, namespace, name, "Rescheduled")
     assert any("moves resumed" in e["message"] for e in moved), [e["message"] for e in moved]
     assert only(api, "ReplicaSet", namespace)["metadata"]["name"] == name
+
+
+def test_a_lone_pod_whose_image_pulls_nowhere_stops_on_its_third_node(
+    cluster: Any, namespace: str, api: Kube, loop: Loop, faults: Callable[..., None]
+) -> None:
+    # The kubelet writes one failed pull as ErrImagePull, then ImagePullBackOff while it waits
+    # to retry: which one a failure event carries is timing, and both are the same failure.
+    faults("imagepull", *cluster.nodes)
+    api.create("Deployment", namespace, builders.deployment("web", retries="10"))
+    rs = wait_for("the ReplicaSet", lambda: list(api.list_all("ReplicaSet", namespace)))[0]
+    name = rs["metadata"]["name"]
+
+    def state() -> WorkloadState:
+        return state_of(api, "ReplicaSet", namespace, name)
+
+    pump_until(loop, namespace, "the moves to stop", lambda: state().stopped is not None, 120)
+    deadline = time.monotonic() + QUIET
+    while time.monotonic() < deadline:
+        loop.pump(namespace)
+        time.sleep(1.0)
+    after = state()
+
+    assert after.stopped is not None
+    assert after.stopped.reason in {"ErrImagePull", "ImagePullBackOff"}
+    assert len(after.stopped.nodes) == 3 and after.moves == 2, after
+    said = events_for(api, namespace, name, REASON_MOVES_STOPPED)
+    assert [(e["type"], e.get("count", 1)) for e in said] == [("Warning", 1)]

@@ -1339,6 +1339,27 @@ EVERYWHERE = {
         ALONE,
         Action.STOPPED,
     ),
+    # The kubelet writes one failed pull as ErrImagePull after an attempt and ImagePullBackOff
+    # while it waits (pkg/kubelet/images/image_manager.go): which one an event carries is timing.
+    "a lone pod on its third node, its image pull read at different steps: stop": Everywhere(
+        replace(
+            MOVED_OFF_A,
+            moves=2,
+            excluded_nodes=("node-a", "node-c"),
+            failed_on={"node-a": "ErrImagePull", "node-c": "ImagePullBackOff"},
+        ),
+        failed(node="node-b", reason="ErrImagePull", kept_off=("node-a", "node-c")),
+        THREE,
+        ALONE,
+        Action.STOPPED,
+    ),
+    "an image pull on the second node after a crash loop on the first: move": Everywhere(
+        MOVED_OFF_A,
+        failed(node="node-b", reason="ImagePullBackOff", kept_off=("node-a",)),
+        TWO,
+        Witnesses((CRASHING,)),
+        Action.MOVE,
+    ),
     "a container that ran past reset-after: it ran fine here, move": Everywhere(
         MOVED_OFF_A,
         failed(node="node-b", ran_for=timedelta(hours=2)),
@@ -1399,6 +1420,28 @@ def test_a_recorded_stop_is_not_recorded_or_said_again() -> None:
         assert (again.action, again.reason) == (Action.NOTHING, "stopped-already-recorded")
         assert again.new_state is None and again.event_reason is None
         assert not again.delete_pod
+
+
+def test_a_stop_recorded_for_a_failed_pull_holds_for_its_back_off_and_is_said_once() -> None:
+    pulling = replace(MOVED_OFF_A, failed_on={"node-a": "ImagePullBackOff"})
+    first = plan(
+        pulling,
+        failed(node="node-b", reason="ErrImagePull", kept_off=("node-a",)),
+        TWO,
+        NOW,
+        witnesses=Witnesses((CRASHING,)),
+    )
+    assert first.action is Action.STOPPED
+    stopped = apply(pulling, first)
+    # The same pull, read while the kubelet backs off: the stop holds, nothing is said again.
+    again = plan(
+        stopped,
+        failed("uid-2", node="node-c", reason="ImagePullBackOff"),
+        TWO,
+        NOW,
+        witnesses=Witnesses((CRASHING,)),
+    )
+    assert (again.action, again.reason) == (Action.NOTHING, "stopped-already-recorded")
 
 
 def test_a_stop_holds_while_pods_only_start_and_lifts_when_one_is_healthy() -> None:
