@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from kubernetes import client as k8s
@@ -195,6 +195,20 @@ def faults(cluster: Any) -> Iterator[Callable[..., None]]:
     yield set_faults
     for node in touched:
         cluster.set_fault(node, None)
+
+
+# Faults that fail a pod in different ways (different reasons), for every node broken at once.
+DIFFERENT_WAYS: Final = ("imagepull", "crashloop", "createcontainer")
+
+
+def break_every_node_differently(faults: Callable[..., None], nodes: Sequence[str]) -> None:
+    """Break every node, no way on more than two of them: a lone pod then never fails the same
+    way on the three nodes that stop its moves (shared/workloads/everywhere.py), so every node
+    is tried and the story of a pod our exclusions leave unschedulable can be told. One fault
+    everywhere is the stop's own story (tests/e2e/test_fails_everywhere.py)."""
+    assert len(nodes) <= 2 * len(DIFFERENT_WAYS), "a way would repeat on three nodes"
+    for i, way in enumerate(DIFFERENT_WAYS):
+        faults(way, *nodes[i :: len(DIFFERENT_WAYS)])
 
 
 def pod_event(pod: dict[str, Any]) -> events.Event:

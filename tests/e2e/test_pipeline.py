@@ -26,7 +26,7 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.platform.kube import Kube
-from tests.e2e.conftest import pod_template, state_of, wait_for
+from tests.e2e.conftest import break_every_node_differently, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, only, pods, ready
 
 pytestmark = pytest.mark.e2e
@@ -189,13 +189,7 @@ def test_an_exhausted_budget_stops_moving(
 def test_all_nodes_faulty_clears_exclusions_once_the_pod_is_unschedulable(
     cluster: Any, namespace: str, api: Kube, stack: Stack, faults: Callable[..., None]
 ) -> None:
-    # Every node broken, but not the same way: no failure is seen on the three nodes that stop
-    # a lone pod's moves (shared/workloads/everywhere.py), so every node is tried. One fault
-    # everywhere is the stop's story (tests/e2e/test_fails_everywhere.py).
-    ways = ("imagepull", "crashloop", "createcontainer")
-    assert len(cluster.nodes) <= 2 * len(ways), "a way would repeat on three nodes"
-    for i, way in enumerate(ways):
-        faults(way, *cluster.nodes[i :: len(ways)])
+    break_every_node_differently(faults, cluster.nodes)
     template = pod_template({"app": "web"}, cluster.nodes[0])
     api.create("Deployment", namespace, workload("Deployment", "web", template, retries="10"))
     rs = wait_for("the ReplicaSet", lambda: list(api.list_all("ReplicaSet", namespace)))

@@ -14,7 +14,14 @@ from shared.api.keys import POLICY_ANNOTATION
 from shared.platform.config import Config
 from shared.platform.kube import Kube
 from tests import builders
-from tests.e2e.conftest import Loop, Webhook, pod_template, state_of, wait_for
+from tests.e2e.conftest import (
+    Loop,
+    Webhook,
+    break_every_node_differently,
+    pod_template,
+    state_of,
+    wait_for,
+)
 from tests.e2e.test_rescheduling import events_for, failing_pod, gone, only, pods
 
 pytestmark = pytest.mark.e2e
@@ -109,7 +116,7 @@ def pump_until(
 def test_when_every_node_is_excluded_the_exclusions_are_cleared_and_the_count_kept(
     cluster: Any, namespace: str, api: Kube, loop: Loop, faults: Callable[..., None]
 ) -> None:
-    faults("imagepull", *cluster.nodes)
+    break_every_node_differently(faults, cluster.nodes)
     api.create(
         "Deployment",
         namespace,

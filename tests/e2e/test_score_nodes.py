@@ -119,9 +119,15 @@ def quiet_nodes(setup: Setup) -> Iterator[None]:
         )
     pods = setup.cluster.rest.get(f"/api/v1/namespaces/{setup.namespace}/pods")["items"]
     for pod in pods:
-        setup.cluster.rest.delete(
-            f"/api/v1/namespaces/{setup.namespace}/pods/{pod['metadata']['name']}"
-        )
+        try:
+            setup.cluster.rest.delete(
+                f"/api/v1/namespaces/{setup.namespace}/pods/{pod['metadata']['name']}"
+            )
+        except ApiError as e:
+            # Gone between the list and the delete: the garbage collector removes a deleted
+            # DaemonSet's pods on its own.
+            if e.status != 404:
+                raise
     wait_for(
         "our pods to be gone",
         lambda: not setup.cluster.rest.get(f"/api/v1/namespaces/{setup.namespace}/pods")["items"],
