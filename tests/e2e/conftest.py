@@ -198,7 +198,10 @@ def faults(cluster: Any) -> Iterator[Callable[..., None]]:
 
 
 # Faults that fail a pod in different ways (different reasons), for every node broken at once.
-DIFFERENT_WAYS: Final = ("imagepull", "crashloop", "createcontainer")
+# Each writes the pod's status again and again (pulls retried, containers restarted), so each
+# failure reaches detect-failures past its threshold; a CreateContainerError is written once
+# and, with no later update, waits for the sweep.
+DIFFERENT_WAYS: Final = ("imagepull", "crashloop", "oom")
 
 
 def break_every_node_differently(faults: Callable[..., None], nodes: Sequence[str]) -> None:
