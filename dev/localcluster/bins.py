@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Final
 
@@ -39,7 +40,9 @@ def missing(directory: Path) -> list[str]:
 
 def run_build_script(script: Path) -> str:
     """Runs one of hack/'s build scripts, its progress on our stderr, and returns the last line
-    it prints (the path of what it built or found cached). Raises BinsError on failure."""
+    it prints (the path of what it built or found cached). Raises BinsError on failure, with
+    the script's last lines of progress (in a long build's output the cause is easy to miss)."""
+    tail: deque[str] = deque(maxlen=20)
     with subprocess.Popen(
         ["bash", str(script)],
         cwd=REPO_ROOT,
@@ -52,13 +55,15 @@ def run_build_script(script: Path) -> str:
         # The script's stdout is one line at the very end, so reading stderr to its end
         # first cannot block on a full stdout pipe.
         for line in proc.stderr:
+            tail.append(line.rstrip("\n"))
             sys.stderr.write(line)
             sys.stderr.flush()
         out = proc.stdout.read()
         code = proc.wait()
     name = f"hack/{script.name}"
     if code != 0:
-        raise BinsError(f"{name} failed with exit code {code}")
+        last = "\n".join(tail)
+        raise BinsError(f"{name} failed with exit code {code}; its last lines:\n{last}")
     lines = out.strip().splitlines()
     if not lines:
         raise BinsError(f"{name} printed no path")
