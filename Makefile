@@ -49,7 +49,7 @@ fuzz: venv
 # The control plane and the whole pipeline (functions, Knative's Broker, event source, webhook), in
 # the background; `make down` stops it all.
 up: venv cluster-bins adapter-bin
-	$(PY) -m dev.localcluster up --dir .local --nodes $(or $(NODES),4) --with dev.stack.up:components
+	$(PY) -m dev.localcluster up --dir .local --nodes $(or $(NODES),4) --real-nodes $(or $(REAL_NODES),0) --with dev.stack.up:components
 	@echo "pipeline (broker URL, function URLs, event archive, logs):"
 	@cat .local/stack.json
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) and kwok from their Go modules, into a cache keyed by version, so
+# kube-scheduler, kubectl), the kubelet of the real nodes, and kwok from their Go modules, into a cache keyed by version, so
 # that a second run builds nothing. The first build takes a while on 2 cores; it says so.
 set -euo pipefail
 
@@ -40,6 +40,9 @@ build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 build kubectl k8s.io/kubernetes/cmd/kubectl
+# The real nodes' kubelet (docs/local-cluster.md, "Real nodes"). CGO_ENABLED=0 as above: it
+# then talks to the container runtime only over CRI, which is all the real nodes use.
+build kubelet k8s.io/kubernetes/cmd/kubelet
 
 if [[ -x "$out/kwok" ]]; then
   log "kwok: cached"

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the local cluster needs from Debian when it is missing: Prometheus (the server
-# only), iproute2 (the local stack's network namespace), and the daemonless image tools (mmdebstrap, buildah, skopeo, podman with runc) that
-# `make images` and tests/e2e/test_images.py use. `make cluster-bins` (and so `make test`,
-# `make demo`, `make up`) and .ci/run call it; extra packages can be named in CI_APT_PACKAGES.
+# only), iproute2 (the local stack's network namespace), the daemonless image tools (mmdebstrap,
+# buildah, skopeo, podman with runc) that `make images` and tests/e2e/test_images.py use, and
+# what the real nodes' images and their local registry are made of (docker-registry,
+# busybox-static, gcc with libc6-dev), and the real nodes' containerd and CNI plugins.
+# `make cluster-bins` (and so `make test`, `make demo`, `make up`) and .ci/run call it; extra
+# packages can be named in CI_APT_PACKAGES.
 set -euo pipefail
 # apt: the local cluster runs a real Prometheus (Debian's package; only the server, not its
 # recommends). The harness runs its own prometheus process on a free loopback port and never
@@ -22,9 +25,24 @@ done
 # podman looks for a network backend even for --network host, and Debian's podman only
 # recommends one.
 [[ -x /usr/lib/podman/netavark ]] || apt_packages+=" netavark"
+# apt: the real nodes pull their pause and busybox images (hack/build-node-images.sh) from a
+# local registry, Debian's docker-registry (the CNCF distribution registry). The busybox image is
+# Debian's statically linked busybox (busybox-static, which replaces the dynamically linked
+# busybox package), the pause image upstream's pause.c linked statically: gcc and libc6-dev's
+# libc.a.
+[[ -x /usr/bin/docker-registry ]] || apt_packages+=" docker-registry"
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' ||
+  apt_packages+=" busybox-static"
+command -v gcc >/dev/null || apt_packages+=" gcc"
+[[ -f /usr/include/stdio.h ]] || apt_packages+=" libc6-dev"
 # apt: Knative's data plane runs in a network namespace of the local stack's own (ip netns)
 # and the tests list its sockets (ss): iproute2.
 { command -v ip && command -v ss; } >/dev/null || apt_packages+=" iproute2"
+# apt: the local cluster's real nodes (REAL_NODES=N, dev/localcluster/realnode.py) run a real
+# kubelet on Debian's containerd (its packaged service is never started: each node runs its
+# own containerd with its own socket) and the CNI plugins (bridge, host-local).
+command -v containerd >/dev/null || apt_packages+=" containerd"
+[[ -x /usr/lib/cni/bridge ]] || apt_packages+=" containernetworking-plugins"
 if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   own_policy=""
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
@@ -39,6 +57,9 @@ if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get 
   [[ -n "$installed" ]] || { echo "apt-get could not install:$apt_packages" >&2; exit 1; }
   if [[ -d /run/systemd/system ]]; then
     systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    systemctl disable --now containerd.service >/dev/null 2>&1 || true
+    # Likewise the packaged registry (port 5000): the harness runs its own (registry.py).
+    systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
   fi
 fi
 command -v prometheus >/dev/null || {

@@ -134,6 +134,7 @@ def supervise(args: argparse.Namespace) -> int:
     cluster = Cluster(
         directory,
         nodes=args.nodes,
+        real_nodes=args.real_nodes,
         bins_dir=Path(args.bins),
         keep_workdir=True,
         prometheus=args.prometheus,
@@ -199,6 +200,8 @@ def up(args: argparse.Namespace) -> int:
         str(directory),
         "--nodes",
         str(args.nodes),
+        "--real-nodes",
+        str(args.real_nodes),
         "--bins",
         str(bins),
     ]
@@ -345,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dir", default=".local", help="work directory (default .local)")
         if name in ("up", "_supervise"):
             p.add_argument("--nodes", type=int, default=4, help="number of kwok nodes (4)")
+            p.add_argument(
+                "--real-nodes",
+                type=int,
+                default=0,
+                help="number of real nodes, a kubelet and a containerd each (0; needs root)",
+            )
             p.add_argument(
                 "--with",
                 dest="with_",

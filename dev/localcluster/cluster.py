@@ -37,7 +37,7 @@ from typing import Any, Final
 import yaml
 from kubernetes import client as k8s_client
 
-from dev.localcluster import kwok, metricsserver, pki
+from dev.localcluster import kwok, metricsserver, nodeimages, pki, realnode, registry
 from dev.localcluster.bins import ensure_bins
 from dev.localcluster.keys import (
     SIM_CPU_USAGE_ANNOTATION,
@@ -137,8 +137,9 @@ class Cluster:
         prometheus: bool = True,
         metrics_server: bool = False,
         scheduler_config: Mapping[str, Any] | None = None,
+        real_nodes: int = 0,
     ) -> None:
-        if nodes < 1:
+        if nodes < 0 or real_nodes < 0 or nodes + real_nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self._own_workdir = workdir is None
         self.workdir = (
@@ -149,7 +150,14 @@ class Cluster:
         self.keep_workdir = (not self._own_workdir) if keep_workdir is None else keep_workdir
         self.log_dir = self.workdir / "logs"
         self.kubeconfig = self.workdir / "kubeconfig"
-        self.nodes = [f"node-{i}" for i in range(nodes)]
+        # kwok nodes (the fake kubelet writes their pods' statuses), then real ones (a kubelet
+        # and a containerd each: localcluster.realnode).
+        self.kwok_nodes = [f"node-{i}" for i in range(nodes)]
+        self.real_nodes = [f"real-{i}" for i in range(real_nodes)]
+        self.nodes = [*self.kwok_nodes, *self.real_nodes]
+        self.realnodes: realnode.RealNodes | None = None
+        self.registry: registry.LocalRegistry | None = None
+        self._node_images = Path()
         self.timing = timing or Timing()
         self.components = list(components)
         self.quiet = quiet
@@ -210,11 +218,21 @@ class Cluster:
         return k8s_client.ApiClient(cfg)
 
     def set_fault(self, node: str, mode: str | None) -> None:
-        """Labels ``node`` with a fault mode (None or "none" heals it, for pods bound later)."""
+        """Breaks ``node``: a kwok node is labelled with a fault mode the fake kubelet applies to
+        pods bound later (podstatus.FAULT_MODES); a real node gets a real cause added
+        (realnode.FAULTS). None or "none" heals it."""
         if node not in self.nodes:
             raise ValueError(f"unknown node {node!r}; nodes are {self.nodes}")
         if mode == HEALTHY:
             mode = None
+        if node in self.real_nodes:
+            if self.realnodes is None:
+                raise ClusterError("the cluster is not started")
+            try:
+                self.realnodes.set_fault(node, mode)
+            except realnode.RealNodeError as e:
+                raise ClusterError(str(e)) from e
+            return
         if mode is not None and mode not in FAULT_MODES:
             raise ValueError(f"unknown fault mode {mode!r}; modes are {FAULT_MODES}")
         self.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {SIM_FAULT_LABEL: mode}}})
@@ -353,6 +371,17 @@ class Cluster:
         the kernel kills the children when the thread that started them ends.
         """
         bins = self.bins_dir  # may build; not part of the start-up time
+        if self.real_nodes:
+            absent = realnode.missing_tools()
+            if absent or not (bins / "kubelet").exists():
+                raise ClusterError(
+                    f"real nodes need {', '.join(absent or ['the kubelet'])}: run "
+                    "`make cluster-bins` (as root) first"
+                )
+            try:
+                self._node_images = nodeimages.ensure_node_images()  # may build
+            except nodeimages.NodeImagesError as e:
+                raise ClusterError(str(e)) from e
         try:
             prometheus_bin = find_binary() if self.with_prometheus else ""
         except PrometheusError as e:
@@ -404,6 +433,12 @@ class Cluster:
         if self.kubelet is not None:
             self.kubelet.stop()
             self.kubelet = None
+        if self.realnodes is not None:
+            self.realnodes.stop()  # kubelets, containers, containerd, what they changed
+            self.realnodes = None
+        if self.registry is not None:
+            self.registry.stop()
+            self.registry = None
         procs, self.procs = self.procs, []
         # Dependants first; etcd last so the API server can shut down cleanly.
         stop_all(list(reversed(procs)), grace=10.0)
@@ -413,7 +448,12 @@ class Cluster:
 
     def _at_exit(self) -> None:
         # An interpreter exiting without stop() (a crashed test session): stop what runs.
-        if self.procs or self.kubelet is not None or self.prometheus is not None:
+        if (
+            self.procs
+            or self.kubelet is not None
+            or self.prometheus is not None
+            or self.realnodes is not None
+        ):
             self.stop()
 
     def check_alive(self) -> None:
@@ -424,6 +464,11 @@ class Cluster:
                     f"{p.name} exited with code {p.returncode}; last log lines "
                     f"({p.log_path}):\n{p.log_tail()}"
                 )
+        if self.realnodes is not None:
+            try:
+                self.realnodes.check_alive()
+            except realnode.RealNodeError as e:
+                raise ClusterError(str(e)) from e
         prom = self.prometheus.proc if self.prometheus is not None else None
         if prom is not None and not prom.alive():
             raise ClusterError(
@@ -439,6 +484,8 @@ class Cluster:
             "workdir": str(self.workdir),
             "log_dir": str(self.log_dir),
             "nodes": self.nodes,
+            "real_nodes": self.realnodes.state() if self.realnodes is not None else {},
+            "registry": self.registry.host if self.registry is not None else None,
             "ports": self.ports.__dict__ if self.ports else {},
             "pids": self.pids(),
             "startup_seconds": self.startup_seconds,
@@ -498,7 +545,8 @@ class Cluster:
     def _start_once(self, bins: Path, prometheus_bin: str) -> None:
         self._stopped.clear()
         self._prepare_workdir()
-        deadline = time.monotonic() + START_TIMEOUT
+        # Real nodes add a registry push and a containerd per node before the kubelets start.
+        deadline = time.monotonic() + START_TIMEOUT + 30.0 * len(self.real_nodes)
         *control_plane, prometheus_port = free_ports(7)
         ports = Ports(*control_plane)
         self.ports = ports
@@ -588,6 +636,11 @@ class Cluster:
                 # The default reconciler would publish 127.0.0.1 as the endpoint of the
                 # `kubernetes` Service, which Endpoints validation rejects (loopback).
                 "--endpoint-reconciler-type=none",
+                # Real nodes share the machine's address and differ by kubelet port; their
+                # Hostname resolves nowhere. The admin identity reads logs and execs.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-client-certificate={p.admin_crt}",
+                f"--kubelet-client-key={p.admin_key}",
                 "--profiling=false",
                 "--v=1",
             ],
@@ -644,15 +697,22 @@ class Cluster:
                 str(bins / "kwok"),
                 f"--kubeconfig={self.kubeconfig}",
                 f"--config={kwok_config}",
-                "--manage-all-nodes=true",
+                # Only the nodes it registered: real nodes have kubelets of their own.
+                *(
+                    ["--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake"]
+                    if self.real_nodes
+                    else ["--manage-all-nodes=true"]
+                ),
                 f"--server-address=127.0.0.1:{ports.kwok}",
                 "--node-lease-duration-seconds=40",
             ],
             # kwok also reads ~/.kwok/kwok.yaml; keep whatever a user has there out of it.
             env={"KWOK_WORKDIR": str(kwok_dir)},
         )
-        for i, name in enumerate(self.nodes):
+        for i, name in enumerate(self.kwok_nodes):
             self._register_node(i, name)
+        if self.real_nodes:
+            self._start_real_nodes(deadline)
         if prometheus_bin:
             try:
                 self._start_prometheus_stack(prometheus_bin, prometheus_port, deadline)
@@ -667,7 +727,7 @@ class Cluster:
                 key_file=p.admin_key,
                 user_agent="kn-rescheduler-fake-kubelet",
             ),
-            frozenset(self.nodes),
+            frozenset(self.kwok_nodes),
             self.timing,
             fallback_cidr=self._fallback_cidr,
             log=self._kubelet_logger(),
@@ -683,6 +743,32 @@ class Cluster:
             self._start_metrics_server()
         for component in self.components:
             self.start_component(component, deadline=time.monotonic() + component.ready_timeout)
+
+    def _start_real_nodes(self, deadline: float) -> None:
+        """The local registry with the node images, then containerd and a kubelet per real
+        node (see realnode.py); their Nodes register themselves."""
+        images = self._node_images
+        reg = registry.LocalRegistry(self.workdir / "registry", self.log_dir)
+        self.registry = reg
+        nodes = realnode.RealNodes(
+            self.workdir,
+            self.log_dir,
+            self.real_nodes,
+            kubelet_bin=self.bins_dir / "kubelet",
+            server=self.server,
+            cluster_pki=self._require_pki(),
+            registry=reg.host,
+            pause_archive=images / nodeimages.PAUSE_ARCHIVE,
+        )
+        self.realnodes = nodes
+        try:
+            reg.start(deadline)
+            nodeimages.push_node_images(reg, images)
+            nodes.prepare()
+            nodes.start(deadline)
+        except (realnode.RealNodeError, registry.RegistryError, nodeimages.NodeImagesError) as e:
+            raise ClusterError(str(e)) from e
+        self._say(f"real nodes {', '.join(self.real_nodes)} started (registry {reg.host})")
 
     def _start_prometheus_stack(self, binary: str, port: int, deadline: float) -> None:
         """The node-exporter endpoints, then Prometheus scraping them (see prometheus.py)."""

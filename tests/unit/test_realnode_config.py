@@ -1,0 +1,146 @@
+"""The real nodes' configuration files, as values: what each promises the machine.
+
+The e2e tests (tests/e2e/test_real_nodes.py) run them; these say, without root or a cluster,
+that a node keeps to its own directory, touches no iptables, masquerades nothing, and that a
+fault is a change of one file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dev.localcluster import hostchanges, realnode
+from dev.localcluster.nodeimages import PAUSE_IMAGE
+
+
+def layout(base: Path = realnode.NODE_ROOT / "knr200", index: int = 0) -> realnode.NodeLayout:
+    return realnode.NodeLayout(
+        name=f"real-{index}",
+        index=index,
+        directory=base / f"n{index}",
+        bridge=f"knr200n{index}",
+        subnet=f"10.200.{index}.0/24",
+        cgroup_root=f"/kn-rescheduler-200/real-{index}",
+        kubelet_port=40000,
+        healthz_port=40001,
+    )
+
+
+def test_containerd_keeps_everything_in_the_nodes_directory() -> None:
+    node = layout()
+    config = tomllib.loads(realnode.containerd_config(node))
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    runc = cri["containerd"]["runtimes"]["runc"]["options"]
+    paths = [
+        config["root"],
+        config["state"],
+        config["grpc"]["address"],
+        config["ttrpc"]["address"],
+        config["plugins"]["io.containerd.internal.v1.opt"]["path"],
+        runc["BinaryName"],
+        runc["Root"],
+        cri["cni"]["conf_dir"],
+        cri["registry"]["config_path"],
+    ]
+    assert all(p.startswith(f"{node.directory}/") for p in paths), paths
+    assert cri["sandbox_image"] == PAUSE_IMAGE
+    assert cri["netns_mounts_under_state_dir"] is True
+    assert runc["SystemdCgroup"] is False
+
+
+def test_the_sockets_fit_a_unix_socket_path() -> None:
+    # sun_path holds 108 bytes with its NUL; the kubelet's pod-resources socket is the longest.
+    longest = layout().directory / "kubelet" / "root" / "pod-resources" / ("9" * 10)
+    assert len(str(longest)) < 108
+    assert len(f"{layout().socket}.ttrpc") < 108
+
+
+def test_the_bridge_masquerades_nothing_and_keeps_its_ipam_in_the_node() -> None:
+    node = layout()
+    plugin = json.loads(realnode.cni_config(node, "knr200"))["plugins"][0]
+    assert plugin["type"] == "bridge"
+    assert plugin["bridge"] == "knr200n0"
+    assert plugin["ipMasq"] is False
+    assert plugin["ipam"]["dataDir"].startswith(str(node.directory))
+    assert plugin["ipam"]["ranges"] == [[{"subnet": "10.200.0.0/24"}]]
+    assert len(node.bridge) <= 15  # IFNAMSIZ
+
+
+def test_a_broken_cni_names_a_plugin_that_does_not_exist() -> None:
+    plugin = json.loads(realnode.cni_config(layout(), "knr200", broken=True))["plugins"][0]
+    assert not (Path(realnode.CNI_BIN_DIR) / plugin["type"]).exists()
+
+
+def test_the_mirror_is_plain_http_to_the_given_address() -> None:
+    hosts = tomllib.loads(realnode.hosts_toml("127.0.0.1:5000"))
+    assert hosts["server"] == "http://127.0.0.1:5000"
+    assert hosts["host"]["http://127.0.0.1:5000"]["capabilities"] == ["pull", "resolve"]
+
+
+def test_the_kubelet_makes_no_iptables_chains_and_serves_with_authentication() -> None:
+    config = realnode.kubelet_config(
+        layout(), address="192.0.2.2", ca_file=Path("/ca.crt"), eviction_hard=None
+    )
+    assert config["makeIPTablesUtilChains"] is False
+    assert config["failCgroupV1"] is False
+    assert config["readOnlyPort"] == 0
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["authorization"]["mode"] == "Webhook"
+    assert config["containerRuntimeEndpoint"] == f"unix://{layout().socket}"
+    assert config["cgroupRoot"] == "/kn-rescheduler-200/real-0"
+
+
+def test_memory_pressure_stays_below_capacity_so_the_kubelet_accepts_it() -> None:
+    threshold = realnode.pressure_thresholds("memory-pressure")["memory.available"]
+    assert threshold.endswith("Ki")
+    assert 0 < int(threshold[:-2]) < realnode.memory_total_ki()
+
+
+def test_disk_pressure_asks_for_more_free_disk_than_any_machine_has() -> None:
+    thresholds = realnode.pressure_thresholds("disk-pressure")
+    assert thresholds["nodefs.available"] == "99%"
+    assert realnode.pressure_thresholds("")["nodefs.available"] == "1%"
+
+
+@pytest.mark.parametrize(
+    ("taken", "expected"), [(set(), 200), ({200, 201}, 202), (set(range(200, 254)), 254)]
+)
+def test_each_cluster_gets_a_range_nobody_routes(taken: set[int], expected: int) -> None:
+    assert realnode.pick_cluster_octet(taken) == expected
+
+
+def test_no_range_left_is_a_clear_error() -> None:
+    with pytest.raises(realnode.RealNodeError, match="no free"):
+        realnode.pick_cluster_octet(set(range(200, 255)))
+
+
+def test_a_record_survives_a_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hostchanges, "RECORD_DIR", tmp_path)
+    record = hostchanges.HostRecord(
+        owner_pid=1,
+        owner_start=2,
+        workdir="/var/lib/kn-rescheduler/real-nodes/knr200",
+        bridges=("knr200n0",),
+        cgroup_roots=("/kn-rescheduler-200",),
+        cni_networks=("knr200",),
+        runtime_sockets=("/x.sock",),
+        sysctls={"vm/overcommit_memory": "0"},
+        created_dirs=("/run/containerd/s",),
+    )
+    record.write()
+    assert hostchanges.records() == [record]
+
+
+def test_a_record_of_a_live_process_started_later_is_not_its_owner() -> None:
+    # A reused pid: alive, but not the process that wrote the record.
+    me = os.getpid()
+    record = hostchanges.HostRecord(me, hostchanges.start_time(me) + 1, "/x", (), (), (), ())
+    assert not hostchanges.owner_alive(record)
+    assert hostchanges.owner_alive(
+        hostchanges.HostRecord(me, hostchanges.start_time(me), "/x", (), (), (), ())
+    )
