@@ -28,6 +28,11 @@ Node faults are real causes, set and cleared while the node runs (:data:`FAULTS`
 - ``runtime-broken``: the node's runc refuses to create anything (a broken runtime binary);
 - ``runtime-stopped``: containerd is stopped (the node turns NotReady; its pods stay
   Running in the API until the taint manager acts);
+- ``app-crash``: a file the tests' node-dependent app needs is missing on the node, so that
+  app exits 1 at start there and only there (a crash loop a move fixes). Every container on a
+  real node sees the node's own directory at :data:`NODE_LOCAL_DIR` (a bind mount of
+  containerd's base runtime spec), as an app sees a host file or device of its node;
+  :data:`NODE_DEPENDENT_APP` is the command that needs ``NODE_LOCAL_DIR/app-ok``;
 - ``disk-pressure`` and ``memory-pressure``: the kubelet is restarted with an eviction
   threshold the machine is already past, so it reports the condition, taints the node and
   evicts as it does on a full disk or under memory pressure.
@@ -65,7 +70,20 @@ IMAGE_REGISTRY: Final = IMAGE_HOST
 __all__ = ["BUSYBOX_IMAGE", "FAULTS", "PAUSE_IMAGE", "RealNodeError", "RealNodes"]
 # The cgroup roots of all real nodes sit under this one (named per cluster).
 CGROUP_PREFIX: Final = "kn-rescheduler"
+# Every container on a real node sees its node's own directory here (read-only).
+NODE_LOCAL_DIR: Final = "/etc/kn-rescheduler-node"
+# A server that needs a file of its node: exits 1 at start where the file is missing (the
+# app-crash fault), otherwise stops on SIGTERM at once (a shell as PID 1 ignores SIGTERM unless
+# it traps it).
+NODE_DEPENDENT_APP: Final = (
+    "sh",
+    "-c",
+    f"test -e {NODE_LOCAL_DIR}/app-ok || "
+    f"{{ echo 'missing {NODE_LOCAL_DIR}/app-ok on this node' >&2; exit 1; }}; "
+    "trap 'exit 0' TERM; sleep 3600 & wait",
+)
 FAULTS: Final = (
+    "app-crash",
     "mirror-refused",
     "mirror-hangs",
     "cni-broken",
@@ -233,6 +251,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     default_runtime_name = "runc"
     [{cri}.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      # containerd's default OCI spec with the node's own directory at NODE_LOCAL_DIR.
+      base_runtime_spec = "{node.directory / "base-spec.json"}"
       [{cri}.containerd.runtimes.runc.options]
         BinaryName = "{node.directory / "runc"}"
         # runc's state, by default in the machine's /run/containerd/runc.
@@ -245,6 +265,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [{cri}.registry]
     config_path = "{node.directory / "certs.d"}"
 """
+
+
+def base_runtime_spec(default: dict[str, Any], node: NodeLayout) -> dict[str, Any]:
+    """containerd's default spec (``ctr oci spec``) plus the node's local directory, which the
+    CRI plugin keeps in every container (it drops a base mount only where a pod mounts
+    something at the same place)."""
+    mount = {
+        "destination": NODE_LOCAL_DIR,
+        "type": "bind",
+        "source": str(node.directory / "local"),
+        "options": ["rbind", "ro"],
+    }
+    return {**default, "mounts": [*default.get("mounts", []), mount]}
 
 
 def cni_config(node: NodeLayout, network: str, *, broken: bool = False) -> str:
@@ -432,6 +465,7 @@ class RealNodes:
         self.base = NODE_ROOT
         self._refused_port = 0
         self._hanging: HangingMirror | None = None
+        self._spec: dict[str, Any] | None = None
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -492,9 +526,13 @@ class RealNodes:
 
     def _write_files(self, node: NodeLayout) -> None:
         shutil.rmtree(node.directory, ignore_errors=True)
-        for sub in ("containerd", "cni", "cni-ipam", "kubelet", "faults", "certs.d"):
+        for sub in ("containerd", "cni", "cni-ipam", "kubelet", "faults", "certs.d", "local"):
             (node.directory / sub).mkdir(parents=True, exist_ok=True)
         (node.directory / "containerd" / "config.toml").write_text(containerd_config(node))
+        (node.directory / "base-spec.json").write_text(
+            json.dumps(base_runtime_spec(self._default_spec(), node), indent=2)
+        )
+        (node.directory / "local" / "app-ok").write_text("this node has what the app needs\n")
         node.cni_conf.write_text(cni_config(node, self.network))
         node.hosts_toml.parent.mkdir(parents=True, exist_ok=True)
         node.hosts_toml.write_text(hosts_toml(self.registry))
@@ -515,6 +553,14 @@ class RealNodes:
             yaml.safe_dump(_kubeconfig(self.server, self.pki.ca_crt, crt, key, node.name))
         )
         self._write_kubelet_config(node)
+
+    def _default_spec(self) -> dict[str, Any]:
+        if self._spec is None:
+            done = subprocess.run([CTR, "oci", "spec"], capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RealNodeError(f"`ctr oci spec` failed: {done.stderr.strip()}")
+            self._spec = json.loads(done.stdout)
+        return self._spec
 
     def _write_kubelet_config(self, node: NodeLayout) -> Path:
         eviction = None
@@ -653,6 +699,11 @@ class RealNodes:
             mirror = f"127.0.0.1:{self._refused_port}"
         node.hosts_toml.write_text(hosts_toml(mirror))
         node.cni_conf.write_text(cni_config(node, self.network, broken="cni-broken" in after))
+        needed = node.directory / "local" / "app-ok"
+        if "app-crash" in after:
+            needed.unlink(missing_ok=True)
+        else:
+            needed.write_text("this node has what the app needs\n")
         flag = node.fault_dir / "runtime-broken"
         if "runtime-broken" in after:
             flag.touch()

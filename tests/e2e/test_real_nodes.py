@@ -366,6 +366,18 @@ def test_a_hanging_mirror_leaves_a_pull_that_never_ends(real: Cluster, broken: A
     assert {reason for reason, _ in events(real, "hangs")} & {"Pulled", "Failed"} == set()
 
 
+def test_an_app_missing_its_node_file_crash_loops_on_that_node_only(
+    real: Cluster, broken: Any
+) -> None:
+    broken("app-crash")
+    run_pod(real, "needy", BROKEN, command=list(realnode.NODE_DEPENDENT_APP))
+    run_pod(real, "needy-elsewhere", HEALTHY, command=list(realnode.NODE_DEPENDENT_APP))
+    eventually(lambda: waiting_reason(real, "needy") == "CrashLoopBackOff", "a crash loop")
+    last = pod(real, "needy")["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert (last["reason"], last["exitCode"]) == ("Error", 1)
+    eventually(lambda: running(real, "needy-elsewhere"), "the same app to run on the other node")
+
+
 @pytest.mark.parametrize(
     ("fault", "cause"),
     [

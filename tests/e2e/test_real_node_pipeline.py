@@ -1,0 +1,244 @@
+"""The whole pipeline against real kubelets: a workload failing on a broken real node moves.
+
+The same loop as tests/e2e/test_pipeline.py (Knative's ApiServerSource adapter and Broker,
+every function as its own process, the webhook called by the API server), on a cluster whose
+nodes are real: a kubelet and a containerd each (dev/localcluster/realnode.py). The failures
+are real ones (a registry mirror refusing connections on one node), written by a real kubelet
+with its real back-off, and the pods end with a real grace period. Each test measures the time
+from the workload's creation to all its pods Ready on the healthy node.
+
+Needs root and Debian's containerd, runc and CNI plugins (hack/install-packages.sh).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dev.localcluster import realnode
+from dev.localcluster.cluster import Cluster
+from dev.localcluster.nodeimages import BUSYBOX_IMAGE
+from dev.stack.stack import Stack
+from shared.api.keys import EVENT_POD_RESCHEDULED, POLICY_ANNOTATION
+from shared.platform.kube import Kube
+from tests import builders
+from tests.e2e.conftest import preferring, state_of, wait_for
+from tests.e2e.test_rescheduling import only, pods, ready
+
+MISSING = realnode.missing_tools()
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        bool(MISSING),
+        reason=f"real nodes need {', '.join(MISSING)} (hack/install-packages.sh, as root)",
+    ),
+]
+
+BROKEN, HEALTHY = "real-0", "real-1"
+# The real back-off: pulls retried after 10 s, 20 s, 40 s ...; a move, a real grace period.
+SETTLE = 180.0
+# A server that stops on SIGTERM at once and needs a file of its node (the app-crash fault).
+SERVER = list(realnode.NODE_DEPENDENT_APP)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """This module's own cluster: two real nodes and no kwok one."""
+    c = Cluster(
+        tmp_path_factory.mktemp("real-pipeline"),
+        nodes=0,
+        real_nodes=2,
+        prometheus=False,
+        keep_workdir=True,
+        quiet=True,
+    )
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Kube:
+    return Kube(cluster.api_client())
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with Stack(
+        cluster.kubeconfig,
+        cluster.api_client(),
+        tmp_path_factory.mktemp("real-stack"),
+        cluster.log_dir,
+        sweep_every=None,
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def mirror_refused_on_broken(cluster: Cluster) -> Iterator[None]:
+    cluster.set_fault(BROKEN, "mirror-refused")
+    yield
+    cluster.set_fault(BROKEN, None)
+
+
+@pytest.fixture
+def app_crashes_on_broken(cluster: Cluster) -> Iterator[None]:
+    cluster.set_fault(BROKEN, "app-crash")
+    yield
+    cluster.set_fault(BROKEN, None)
+
+
+def real_template(labels: dict[str, str]) -> dict[str, Any]:
+    """Pods that prefer the broken node, pull their image each time, and end in a real grace
+    period."""
+    container = {
+        "name": "app",
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "Always",
+        "command": SERVER,
+    }
+    return builders.template(
+        labels, affinity=preferring(BROKEN), containers=[container], grace_period=5
+    )
+
+
+def workload(kind: str, name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    template = real_template(labels)
+    body: dict[str, Any] = {
+        "apiVersion": "batch/v1" if kind == "Job" else "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: "3"}},
+        "spec": {"template": template, **spec},
+    }
+    if kind != "Job":
+        body["spec"]["selector"] = {"matchLabels": labels}
+    return body
+
+
+def settled_on_healthy(api: Kube, namespace: str, expected: int) -> list[dict[str, Any]]:
+    def check() -> list[dict[str, Any]] | None:
+        live = [p for p in pods(api, namespace) if not p["metadata"].get("deletionTimestamp")]
+        if len(live) == expected and all(
+            ready(p) and p["spec"].get("nodeName") == HEALTHY for p in live
+        ):
+            return live
+        return None
+
+    result: list[dict[str, Any]] = wait_for(
+        f"{expected} pod(s) Ready on {HEALTHY}", check, timeout=SETTLE, every=0.5
+    )
+    return result
+
+
+def moves_of(stack: Stack, namespace: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in stack.archived()
+        if e["type"] == EVENT_POD_RESCHEDULED
+        and (e.get("data") or {}).get("namespace") == namespace
+    ]
+
+
+def real_container(pod: dict[str, Any]) -> bool:
+    statuses = pod["status"].get("containerStatuses") or []
+    return bool(statuses) and statuses[0].get("containerID", "").startswith("containerd://")
+
+
+@pytest.mark.usefixtures("mirror_refused_on_broken")
+def test_a_deployment_whose_image_cannot_be_pulled_on_its_node_moves_to_a_real_healthy_one(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    t0 = time.monotonic()
+    api.create("Deployment", namespace, workload("Deployment", "web", {"app": "web"}, replicas=1))
+    (settled,) = settled_on_healthy(api, namespace, 1)
+    took = time.monotonic() - t0
+    assert real_container(settled)
+    rs = only(api, "ReplicaSet", namespace)["metadata"]["name"]
+    state = state_of(api, "ReplicaSet", namespace, rs)
+    assert state.excluded_nodes == (BROKEN,)
+    moves = moves_of(stack, namespace)
+    assert state.moves == len(moves) == 1
+    assert moves[0]["data"]["node"] == BROKEN
+    print(f"deployment: Ready on {HEALTHY} {took:.1f}s after creation")
+
+
+@pytest.mark.usefixtures("mirror_refused_on_broken")
+def test_a_statefulset_pod_moves_and_keeps_its_name(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    t0 = time.monotonic()
+    api.create(
+        "StatefulSet",
+        namespace,
+        workload("StatefulSet", "db", {"app": "db"}, replicas=1, serviceName="db"),
+    )
+    (settled,) = settled_on_healthy(api, namespace, 1)
+    took = time.monotonic() - t0
+    assert settled["metadata"]["name"] == "db-0"
+    assert real_container(settled)
+    state = state_of(api, "StatefulSet", namespace, "db")
+    assert state.entry("db-0").excluded_nodes == (BROKEN,)
+    assert state.entry("db-0").moves == len(moves_of(stack, namespace)) == 1
+    print(f"statefulset: Ready on {HEALTHY} {took:.1f}s after creation")
+
+
+@pytest.mark.usefixtures("mirror_refused_on_broken")
+def test_a_job_pod_moves_and_the_job_completes(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    body = workload("Job", "report", {"app": "report"}, backoffLimit=6)
+    body["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    body["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", "sleep 2"]
+    t0 = time.monotonic()
+    api.create("Job", namespace, body)
+
+    def complete() -> dict[str, Any] | None:
+        job = api.get("Job", namespace, "report")
+        return job if (job.get("status") or {}).get("succeeded") == 1 else None
+
+    wait_for("the Job to complete", complete, timeout=SETTLE, every=0.5)
+    took = time.monotonic() - t0
+    done = [p for p in pods(api, namespace) if p["status"].get("phase") == "Succeeded"]
+    assert [p["spec"]["nodeName"] for p in done] == [HEALTHY]
+    assert moves_of(stack, namespace) and all(
+        m["data"]["node"] == BROKEN for m in moves_of(stack, namespace)
+    )
+    print(f"job: complete on {HEALTHY} {took:.1f}s after creation")
+
+
+@pytest.mark.usefixtures("app_crashes_on_broken")
+def test_a_crash_loop_on_one_node_moves_after_the_kubelets_real_back_off(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    t0 = time.monotonic()
+    api.create(
+        "Deployment", namespace, workload("Deployment", "needy", {"app": "needy"}, replicas=1)
+    )
+    (settled,) = settled_on_healthy(api, namespace, 1)
+    took = time.monotonic() - t0
+    assert real_container(settled)
+    rs = only(api, "ReplicaSet", namespace)["metadata"]["name"]
+    state = state_of(api, "ReplicaSet", namespace, rs)
+    assert state.excluded_nodes == (BROKEN,)
+    (move,) = moves_of(stack, namespace)
+    assert move["data"]["node"] == BROKEN
+    assert move["data"]["reason"] == "CrashLoopBackOff"
+    assert move["data"]["kind"] == "node-fixable"
+    # Not before three failures in a row, at the pace of the kubelet's back-off (10 s, 20 s,
+    # ...): the moved pod's Events (which outlive it) count its container's starts.
+    starts = sum(
+        e.get("count", 1)
+        for e in cluster.rest.get(
+            f"/api/v1/namespaces/{namespace}/events",
+            params={"fieldSelector": f"involvedObject.name={move['data']['name']}"},
+        )["items"]
+        if e["reason"] == "Started"
+    )
+    assert starts >= 3
+    print(f"crash loop: Ready on {HEALTHY} {took:.1f}s after creation")
