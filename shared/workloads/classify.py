@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -640,6 +640,8 @@ def _container_failure(
                 last.get("message", ""),
                 f"was {last_reason} ({exit_text}), {cause}; it has restarted {restarts} time(s)",
             )
+    if "terminated" in state and waiting_reason == "" and last_reason != "OOMKilled":
+        return _between_restarts(pod, status, last, is_init, cfg, now, failure)
     if waiting_reason == CRASH_LOOP_BACK_OFF or last_reason == "OOMKilled":
         if not last:
             return None
@@ -669,6 +671,73 @@ def _container_failure(
             f"{message or 'no message'}",
         )
     return None
+
+
+def _between_restarts(
+    pod: Pod,
+    status: ContainerStatus,
+    last: Mapping[str, Any],
+    is_init: bool,
+    cfg: Config,
+    now: datetime,
+    failure: Callable[[str, str, str], Failure],
+) -> Failure | None:
+    """A crash loop seen between two restarts, before the kubelet says CrashLoopBackOff.
+
+    A real kubelet writes a failed run as ``state.terminated`` and leaves it there for most of
+    its back-off: ``waiting: CrashLoopBackOff`` comes only when the kubelet syncs the pod
+    again, at the end of the back-off. Recorded from kubelet v1.36.3 (tests/fixtures/
+    real-kubelet/crashloop-terminated-restart-3.json): the fourth failed run ended at
+    10:53:35 with restartCount 3, and "back-off 40s" was written at 10:54:22, 47 s later.
+
+    Without the back-off message nothing bounds the series but time: restartCount counts the
+    pod's whole life. So it is counted in a row only while the pod is younger than
+    ``crashloop_recent_run`` (no run of its could have been long enough to start a new
+    series); an older pod waits for the kubelet's CrashLoopBackOff and its back-off message.
+    Counted only where the kubelet will restart the container (restartPolicy Always, or
+    OnFailure after a failure); counted as CrashLoopBackOff, which the kubelet writes next.
+    """
+    exit_code = last.get("exitCode", 0)
+    if not exit_code and last.get("reason", "") in ("", "Completed"):
+        return None  # a run that succeeded
+    if _restart_policy(pod, status.get("name", ""), is_init) == "Never":
+        return None
+    restarts = status.get("restartCount", 0)
+    if restarts < cfg.crashloop_restart_threshold:
+        return None
+    started = parse_kube_time(pod.get("status", {}).get("startTime"))
+    if started is None or now - started >= cfg.crashloop_recent_run:
+        return None
+    age = format_duration(now - started)
+    reason = last.get("reason", "") or "unknown"
+    return failure(
+        CRASH_LOOP_BACK_OFF,
+        last.get("message", "") or f"exit code {exit_code}",
+        f"{CRASH_LOOP_BACK_OFF} after {restarts} restarts in a pod started {age} ago "
+        f"(threshold {cfg.crashloop_restart_threshold}); the kubelet backs off before the "
+        f"next one; last exit: {reason} (code {exit_code})",
+    )
+
+
+def _restart_policy(pod: Pod, name: str, is_init: bool) -> str:
+    """Whether the kubelet restarts this container after a failure: a sidecar (an init
+    container with ``restartPolicy: Always``) always; an init container unless the pod's
+    policy is Never; an app container by the pod's policy (Always by default)."""
+    spec = pod.get("spec", {})
+    pod_policy = spec.get("restartPolicy") or "Always"
+    if is_init:
+        own = next(
+            (
+                c.get("restartPolicy")
+                for c in spec.get("initContainers") or []
+                if c.get("name") == name
+            ),
+            None,
+        )
+        if own == "Always":
+            return "Always"
+        return "Never" if pod_policy == "Never" else "OnFailure"
+    return str(pod_policy)
 
 
 def _failing_since(pod: Pod, last: Mapping[str, Any]) -> datetime | None:

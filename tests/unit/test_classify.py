@@ -39,6 +39,11 @@ from .pods import (
 CFG = Config()
 
 
+def never_restarted(p: Pod) -> Pod:
+    p["spec"]["restartPolicy"] = "Never"
+    return p
+
+
 class Moved(NamedTuple):
     pod: Pod
     reason: str
@@ -121,6 +126,17 @@ MOVED = {
         "app",
     ),
     "an evicted pod is moved": Moved(pods.evicted(), "Evicted", None),
+    # A real kubelet leaves a failed run as state.terminated for most of its back-off
+    # (tests/fixtures/real-kubelet/crashloop-terminated-restart-3.json).
+    "a young pod's container between two restarts, at the threshold, is moved as a crash loop": (
+        Moved(
+            pods.pod(
+                started=NOW - timedelta(minutes=1), containers=[terminated("Error", 1, restarts=3)]
+            ),
+            "CrashLoopBackOff",
+            "app",
+        )
+    ),
     "a pod the kubelet rejected for lack of cpu is moved": Moved(
         pods.pod(
             phase="Failed",
@@ -233,6 +249,23 @@ LEFT_ALONE = {
         containers=[terminated("Error", 2)],
     ),
     "a pod already being deleted": pods.pod(deleting=True, containers=[crash_looping(restarts=9)]),
+    "a young pod's container between two restarts, below the threshold": pods.pod(
+        started=NOW - timedelta(minutes=1), containers=[terminated("Error", 1, restarts=2)]
+    ),
+    "an old pod's container between two restarts: its restartCount spans its whole life": (
+        pods.pod(started=NOW - timedelta(hours=2), containers=[terminated("Error", 1, restarts=3)])
+    ),
+    "a container that exited 0 between two restarts, until the kubelet says CrashLoopBackOff": (
+        pods.pod(
+            started=NOW - timedelta(minutes=1), containers=[terminated("Completed", 0, restarts=4)]
+        )
+    ),
+    "a container the kubelet will not restart (restartPolicy Never)": never_restarted(
+        pods.pod(
+            started=NOW - timedelta(minutes=1),
+            containers=[terminated("Error", 1, restarts=3), running("log-shipper")],
+        )
+    ),
     "a DaemonSet pod": pods.pod(
         "node-exporter-8kd2x",
         owner=("DaemonSet", "node-exporter"),

@@ -66,6 +66,16 @@ EXPECTED: dict[str, Expected] = {
     # threshold (3), moved at once.
     "crashloop": Expected(*[(NODE_FIXABLE, "CrashLoopBackOff")] * 4),
     "deployment-pod-crashloop": Expected(*[(NODE_FIXABLE, "CrashLoopBackOff")] * 4),
+    # The same crash loop between two restarts, as the kubelet leaves it for most of each
+    # back-off: state.terminated (Error, exit 1), no CrashLoopBackOff yet. At restartCount 3,
+    # in a pod 44 s old, it is past the threshold: moved 47 s before the kubelet wrote
+    # "back-off 40s". The same status in a pod 11 minutes old is not counted: restartCount
+    # would span its whole life, and no back-off message bounds the series.
+    "crashloop-terminated-restart-3": Expected(
+        (NODE_FIXABLE, "CrashLoopBackOff"), None, None, None
+    ),
+    # restartCount 2: below the threshold, left alone.
+    "crashloop-terminated-restart-2": NOT_A_FAILURE,
     # Killed at its own 16Mi limit, once: the pod's doing, not counted until it crash-loops.
     "oom-killed": NOT_A_FAILURE,
     # FINDING: the same pod, OOM-killed at its own memory limit 4 times (restartCount 3) and in
@@ -189,7 +199,13 @@ def test_classifier_on_real_kubelet_status(scenario: str) -> None:
 )
 def test_a_failure_names_the_node_the_kubelet_ran_it_on(scenario: str) -> None:
     pod = pod_of(scenario)
-    failure = sweep(pod, recorded_at(scenario) + HOUR_LATER)
+    # The first of the four moments at which the table expects a failure.
+    offset = next(
+        o
+        for o, e in zip((timedelta(0), LATER, LATER, HOUR_LATER), EXPECTED[scenario], strict=True)
+        if e is not None
+    )
+    failure = sweep(pod, recorded_at(scenario) + offset)
     assert failure is not None
     assert failure.node == pod["spec"]["nodeName"]
     assert failure.why, "a failure carries its evidence"
@@ -300,25 +316,23 @@ _BACK_OFF_MESSAGE = re.compile(r"^back-off (\S+) restarting failed container")
 
 
 @pytest.mark.parametrize("scenario", ["crashloop", "deployment-pod-crashloop"])
-def test_back_off_counts_one_failure_fewer_than_the_kubelet_had(scenario: str) -> None:
+def test_the_back_off_bounds_the_series_in_restarts_as_restart_count_counts_them(
+    scenario: str,
+) -> None:
     status = container(scenario)
     restarts = status["restartCount"]
     found = _BACK_OFF_MESSAGE.match(status["state"]["waiting"]["message"])
     assert found is not None
     # The kubelet restarts a container at once after its first failure and backs off 10s,
-    # 20s, 40s... after the later ones: waiting with restartCount R means R + 1 failed runs,
-    # and the back-off in its message is 10s * 2^(R - 1).
+    # 20s, 40s... after the later ones (doBackOff in pkg/kubelet/kuberuntime): waiting with
+    # restartCount R means R + 1 failed runs, and the back-off in its message is
+    # 10s * 2^(R - 1).
     assert parse_duration(found.group(1)) == timedelta(seconds=10 * 2 ** (restarts - 1))
     # The same pod with an older history (many more restarts, long ago): the classifier bounds
-    # the series by the back-off message alone.
+    # the series by the back-off message alone, in restarts (R), the unit of restartCount and
+    # of crashloop_restart_threshold; three restarts are four failed runs.
     pod = pod_of(scenario)
     pod["status"]["containerStatuses"][0]["restartCount"] = 100
     failure = classify(pod, CFG, recorded_at(scenario))
-    # FINDING: the classifier reads back-off 10s * 2^(k-1) as k failures in a row
-    # (classify._DEFAULT_BACK_OFFS), but the kubelet writes it after k + 1: the recorded
-    # container had failed R + 1 times in a row and is counted R. One failure too few: a
-    # long-lived pod crash-looping again moves one back-off step (tens of seconds) later than
-    # crashloop_restart_threshold says, and at threshold 3 with "back-off 20s" (3 failures) not
-    # at all yet.
     assert failure is not None
     assert f"{restarts} in a row" in failure.why
