@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -36,6 +36,12 @@ from shared.platform.config import (
     NEVER_MOVE_REASONS,
     START_EVERYWHERE_PATTERNS,
     Config,
+)
+from shared.workloads.podevents import (
+    FAILED_CREATE_POD_SANDBOX,
+    PodEvent,
+    missing_volume_source,
+    sandbox_failures,
 )
 from shared.workloads.podshape import judges_pod
 from shared.workloads.policy import (
@@ -332,7 +338,9 @@ def unschedulable_due_to_exclusions(pod: Pod, cfg: Config) -> Failure | None:
 
 
 @judges_pod
-def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
+def stuck_pending(
+    pod: Pod, cfg: Config, now: datetime, events: Sequence[PodEvent] = ()
+) -> Failure | None:
     """A pod bound to a node whose kubelet has not started it for too long.
 
     The kubelet reports nothing while it is stuck (a hung runtime, a volume that never
@@ -349,6 +357,13 @@ def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
       came up, because a multi-GB image takes that long on any node.
     The workload's `kn-rescheduler.io/stuck-after` (stamped on the pod by the webhook)
     replaces both.
+
+    ``events``, the kubelet's Warning Events about the pod (shared/workloads/podevents.py),
+    tell apart what the status cannot: a volume whose ConfigMap or Secret does not exist
+    fails on every node (never stuck: moving it would only spend the budget), and a node that
+    failed to create the pod's sandbox (``FailedCreatePodSandBox``) and still has not, for
+    `waiting_failure_after` since the first failure, is the node's failure, long before
+    `pending_stuck_after`.
     """
     if skip_reason(pod, cfg) is not None:
         return None
@@ -363,9 +378,29 @@ def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
         if "waiting" not in state or reason not in _STARTING_REASONS:
             return None
         waiting_reasons.append(reason)
-    override = _stuck_after_override(pod)
+    if missing_volume_source(events) is not None:
+        return None
     sandbox = _condition(pod, "PodReadyToStartContainers")
-    if sandbox is not None and sandbox.get("status") == "True":
+    sandbox_up = sandbox is not None and sandbox.get("status") == "True"
+    failures = None if sandbox_up else sandbox_failures(events, node)
+    if failures is not None:
+        failing_for = now - failures.first
+        if failing_for >= cfg.waiting_failure_after:
+            return Failure(
+                kind=FailureKind.NODE_FIXABLE,
+                reason=FAILED_CREATE_POD_SANDBOX,
+                message=failures.message,
+                node=node,
+                ran_for_seconds=0,
+                why=(
+                    f"the kubelet of node {node} failed to create the pod's sandbox "
+                    f"{failures.attempts} times in {format_duration(failing_for)} "
+                    f"(threshold {format_duration(cfg.waiting_failure_after)}): "
+                    f"{failures.message}"
+                ),
+            )
+    override = _stuck_after_override(pod)
+    if sandbox is not None and sandbox_up:
         since = parse_kube_time(sandbox.get("lastTransitionTime"))
         threshold = override or cfg.pull_stuck_after
         stage = "its sandbox is up but its containers are still being created (image pull?)"
@@ -396,6 +431,23 @@ def stuck_pending(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
             f"(threshold {format_duration(threshold)}): {state_text}"
         ),
     )
+
+
+def still_without_sandbox(pod: Pod, node: str, cfg: Config) -> bool:
+    """Whether ``pod`` is still bound to ``node``, Pending, every container in a starting
+    state and its sandbox not up: the stage in which the sweep found it failing by its Events
+    (a ``FailedCreatePodSandBox``), which a later read of the pod alone cannot show again."""
+    if skip_reason(pod, cfg) is not None:
+        return False
+    status = pod.get("status", {})
+    if pod.get("spec", {}).get("nodeName") != node or status.get("phase", "Pending") != "Pending":
+        return False
+    for _, container in _container_statuses(pod):
+        state = container.get("state", {})
+        if "waiting" not in state or state["waiting"].get("reason") not in _STARTING_REASONS:
+            return False
+    sandbox = _condition(pod, "PodReadyToStartContainers")
+    return sandbox is None or sandbox.get("status") != "True"
 
 
 _IMAGE_PULL_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})

@@ -181,9 +181,10 @@ ALLOWED = [
     apps(WEBHOOK, "get", "statefulsets"),
     batch(WEBHOOK, "get", "jobs"),
     batch(WEBHOOK, "get", "cronjobs"),
-    # sweep-failures: paged lists of every pod.
+    # sweep-failures: paged lists of every pod, and of the Warning Events about pods.
     pods(SWEEP, "list", namespace=""),
     pods(SWEEP, "list"),
+    Can(SWEEP, "list", "events", namespace=""),
     # The ApiServerSource adapter: the three verbs Knative's controller checks.
     pods(SOURCE, "get"),
     pods(SOURCE, "list", namespace=""),
@@ -243,13 +244,15 @@ DENIED = [
     Can(WEBHOOK, "create", "events"),
     Can(WEBHOOK, "get", "secrets"),
     Can(WEBHOOK, "get", "secrets", namespace=NAMESPACE),
-    # sweep-failures: lists pods, nothing more (not even a get).
+    # sweep-failures: lists pods and events, nothing more (not even a get).
     pods(SWEEP, "get"),
     pods(SWEEP, "watch", namespace=""),
     pods(SWEEP, "delete"),
     apps(SWEEP, "list", "replicasets"),
     Can(SWEEP, "list", "secrets", namespace=""),
     Can(SWEEP, "create", "events"),
+    Can(SWEEP, "get", "events"),
+    Can(SWEEP, "watch", "events", namespace=""),
     # assess-nodes: marks nodes, never removes, cordons, drains or evicts.
     nodes(ASSESS, "delete"),
     nodes(ASSESS, "update"),

@@ -40,6 +40,12 @@ from shared.workloads.classify import (
     skip_reason,
     stuck_pending,
 )
+from shared.workloads.podevents import (
+    FAILED_CREATE_POD_SANDBOX,
+    missing_volume_source,
+    sandbox_failures,
+    warning_events,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real-kubelet"
 CFG = Config()
@@ -60,6 +66,7 @@ class Expected(NamedTuple):
 
 NOT_A_FAILURE = Expected(None, None, None, None)
 STUCK = (NODE_FIXABLE, STUCK_PENDING)
+SANDBOX = (NODE_FIXABLE, FAILED_CREATE_POD_SANDBOX)
 
 EXPECTED: dict[str, Expected] = {
     # exit 1 five times in a row (restartCount 4, "back-off 1m20s"): a crash loop past its
@@ -104,16 +111,17 @@ EXPECTED: dict[str, Expected] = {
     # the sandbox is up (PodReadyToStartContainers True), so only the sweep's pull_stuck_after
     # (1 hour) catches it: the pod sits on the broken node for an hour.
     "image-pull-hangs": Expected(None, None, None, STUCK),
-    # FINDING: a node that cannot create sandboxes (broken CNI, broken runtime) is invisible
-    # to classify: the pod only says ContainerCreating, FailedCreatePodSandBox is in an Event
-    # that classify never reads. Only the sweep's pending_stuck_after (10 min) moves it.
-    "sandbox-cni-broken": Expected(None, None, STUCK, STUCK),
-    "sandbox-runtime-broken": Expected(None, None, STUCK, STUCK),
-    # FINDING: a ConfigMap that does not exist follows the pod to every node, and classify
-    # rightly leaves it alone, but the sweep moves it as StuckPending after 10 minutes: the pod
-    # looks the same as a sandbox failure (ContainerCreating, PodReadyToStartContainers False);
-    # only the FailedMount Event tells them apart.
-    "missing-configmap-volume": Expected(None, None, STUCK, STUCK),
+    # A node that cannot create sandboxes (broken CNI, broken runtime): the pod only says
+    # ContainerCreating, so classify (on the pod event) cannot tell; the sweep reads the
+    # kubelet's FailedCreatePodSandBox Event and moves it, 30 s after the first failure
+    # (test_a_sandbox_failure_is_the_nodes_after_waiting_failure_after), not after
+    # pending_stuck_after's 10 minutes.
+    "sandbox-cni-broken": Expected(None, None, SANDBOX, SANDBOX),
+    "sandbox-runtime-broken": Expected(None, None, SANDBOX, SANDBOX),
+    # A ConfigMap that does not exist follows the pod to every node. The status looks the same
+    # as a sandbox failure (ContainerCreating, PodReadyToStartContainers False); the FailedMount
+    # Event tells them apart, and the sweep leaves it alone however long it waits.
+    "missing-configmap-volume": NOT_A_FAILURE,
     # Phase Failed, reason Evicted: the node's doing, moved.
     "evicted-disk-pressure": Expected(*[(NODE_FIXABLE, "Evicted")] * 4),
     "evicted-memory-pressure": Expected(*[(NODE_FIXABLE, "Evicted")] * 4),
@@ -159,7 +167,41 @@ def outcome(failure: Failure | None) -> Outcome:
 
 
 def sweep(pod: Pod, now: datetime) -> Failure | None:
-    return classify(pod, CFG, now) or stuck_pending(pod, CFG, now)
+    """What the sweep decides, with the pod's recorded Events as the list it reads."""
+    scenario = next(
+        s
+        for s in recorded_scenarios()
+        if load(s)["pod"]["metadata"]["uid"] == pod["metadata"]["uid"]
+    )
+    events = warning_events(load(scenario)["events"]).get(pod["metadata"]["uid"], ())
+    return classify(pod, CFG, now) or stuck_pending(pod, CFG, now, events)
+
+
+@pytest.mark.parametrize("scenario", ["sandbox-cni-broken", "sandbox-runtime-broken"])
+def test_a_sandbox_failure_is_the_nodes_after_waiting_failure_after(scenario: str) -> None:
+    events = warning_events(load(scenario)["events"])[pod_of(scenario)["metadata"]["uid"]]
+    failed = sandbox_failures(events, pod_of(scenario)["spec"]["nodeName"])
+    assert failed is not None
+    just_before = failed.first + CFG.waiting_failure_after - timedelta(seconds=1)
+    assert stuck_pending(pod_of(scenario), CFG, just_before, events) is None
+    failure = stuck_pending(pod_of(scenario), CFG, failed.first + CFG.waiting_failure_after, events)
+    assert failure is not None
+    assert failure.reason == FAILED_CREATE_POD_SANDBOX
+    assert failure.node == pod_of(scenario)["spec"]["nodeName"]
+    assert failed.message in failure.why
+    # Without the Events, the same status is only stuck after pending_stuck_after.
+    assert stuck_pending(pod_of(scenario), CFG, failed.first + CFG.waiting_failure_after) is None
+
+
+def test_a_missing_configmap_is_never_stuck_however_long_it_waits() -> None:
+    events = warning_events(load("missing-configmap-volume")["events"])
+    pod = pod_of("missing-configmap-volume")
+    mine = events[pod["metadata"]["uid"]]
+    assert missing_volume_source(mine) is not None
+    later = recorded_at("missing-configmap-volume") + timedelta(days=1)
+    assert stuck_pending(pod, CFG, later, mine) is None
+    # The status alone would have moved it.
+    assert stuck_pending(pod, CFG, later) is not None
 
 
 def recorded_scenarios() -> list[str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +44,7 @@ from shared.workloads.classify import (
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
+from shared.workloads.podevents import PodEvent, warning_events
 from shared.workloads.podshape import MalformedPod, judged
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,15 @@ class SweepResult:
     send_errors: int
 
 
-def find_failures(pods: list[Pod] | Any, cfg: Config, now: datetime) -> list[FailingPod]:
-    """Pure: the failing, opted-in pods among ``pods``."""
+def find_failures(
+    pods: list[Pod] | Any,
+    cfg: Config,
+    now: datetime,
+    events: Mapping[str, Sequence[PodEvent]] | None = None,
+) -> list[FailingPod]:
+    """Pure: the failing, opted-in pods among ``pods``; ``events`` are the kubelet's Warning
+    Events about pods, by pod uid (podevents.warning_events)."""
+    events = events or {}
     found = []
     for pod in pods:
         try:
@@ -69,7 +77,10 @@ def find_failures(pods: list[Pod] | Any, cfg: Config, now: datetime) -> list[Fai
             if failure is None:
                 if not worth_forwarding(pod, cfg):
                     continue
-                failure = classify(pod, cfg, now) or stuck_pending(pod, cfg, now)
+                uid = pod.get("metadata", {}).get("uid", "")
+                failure = classify(pod, cfg, now) or stuck_pending(
+                    pod, cfg, now, events.get(uid, ())
+                )
             if failure is not None:
                 with judged(pod):
                     found.append(FailingPod.from_pod(pod, failure))
@@ -108,7 +119,7 @@ class Sweeper:
                 if not self.cfg.is_excluded_namespace(pod.get("metadata", {}).get("namespace")):
                     yield pod
 
-        failing = find_failures(counted(), self.cfg, self.clock())
+        failing = find_failures(counted(), self.cfg, self.clock(), self._warning_events())
         sent = errors = 0
         for item in failing:
             if self._send(item):
@@ -118,6 +129,22 @@ class Sweeper:
         result = SweepResult(listed, len(failing), sent, errors)
         log.info("sweep done", extra={"sweep": result.__dict__})
         return result
+
+    def _warning_events(self) -> dict[str, tuple[PodEvent, ...]]:
+        """The kubelet's Warning Events about pods, one paged list per sweep: what a pod stuck
+        in ContainerCreating cannot say in its status (podevents.py). Without them (the list
+        failed) the sweep judges by the status alone, as before."""
+        try:
+            return warning_events(
+                self.api.list_all(
+                    "Event",
+                    limit=self.page_size,
+                    field_selector="involvedObject.kind=Pod,type=Warning",
+                )
+            )
+        except kube.KubeError as exc:
+            log.warning("could not list pod events; judging by pod status alone: %s", exc)
+            return {}
 
     def _send(self, item: FailingPod) -> bool:
         metrics.FAILURES.labels(reason=item.failure.reason).inc()

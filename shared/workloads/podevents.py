@@ -1,0 +1,104 @@
+"""The kubelet's Events about a pod: evidence its status does not carry.
+
+Some failures leave nothing in a pod's status but ``ContainerCreating``: a node that cannot
+create the pod's sandbox (a broken CNI plugin, a broken runtime) and a volume whose source does
+not exist (a missing ConfigMap or Secret). Recorded from kubelet v1.36.3
+(tests/fixtures/real-kubelet/sandbox-cni-broken.json, sandbox-runtime-broken.json,
+missing-configmap-volume.json): the pod's status is the same in all three, and only its Events
+tell them apart, ``FailedCreatePodSandBox`` (the node's) from ``FailedMount`` (the pod's own,
+on every node).
+
+The kubelet writes them through its legacy event recorder as core/v1 Events:
+``involvedObject`` names the pod (with its uid), ``source.host`` the node, and repeats of
+the same reason and message are folded into ``count`` between ``firstTimestamp`` and
+``lastTimestamp`` (client-go's tools/record EventCorrelator). Events outlive their pod (an
+hour, by default), so they are keyed by the pod's uid, never its name, which a StatefulSet
+reuses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from shared.api.times import parse_kube_time
+
+# The kubelet's reasons (pkg/kubelet/events/event.go).
+FAILED_CREATE_POD_SANDBOX: Final = "FailedCreatePodSandBox"
+FAILED_MOUNT: Final = "FailedMount"
+# MountVolume.SetUp failed for volume "cfg" : configmap "app-config" not found; the same for a
+# Secret (pkg/volume/configmap, pkg/volume/secret): the object is missing, on every node. A
+# ConfigMap or Secret marked optional never fails this way.
+_MISSING_SOURCE: Final = re.compile(r'\b(configmap|secret) "[^"]+" not found')
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    """One Warning Event about a pod, as the kubelet wrote it."""
+
+    reason: str
+    message: str
+    node: str
+    count: int
+    first: datetime | None
+    last: datetime | None
+
+
+def warning_events(items: Iterable[Mapping[str, Any]]) -> dict[str, tuple[PodEvent, ...]]:
+    """Warning Events about pods, by the pod's uid, in the order listed."""
+    found: dict[str, list[PodEvent]] = {}
+    for item in items:
+        involved = item.get("involvedObject") or {}
+        uid = involved.get("uid")
+        if involved.get("kind") != "Pod" or not uid or item.get("type") != "Warning":
+            continue
+        first = parse_kube_time(item.get("firstTimestamp")) or parse_kube_time(
+            item.get("eventTime")
+        )
+        last = parse_kube_time(item.get("lastTimestamp")) or first
+        count = item.get("count")
+        event = PodEvent(
+            reason=str(item.get("reason") or ""),
+            message=str(item.get("message") or ""),
+            node=str((item.get("source") or {}).get("host") or item.get("reportingInstance") or ""),
+            count=count if isinstance(count, int) and count > 0 else 1,
+            first=first,
+            last=last,
+        )
+        found.setdefault(str(uid), []).append(event)
+    return {uid: tuple(events) for uid, events in found.items()}
+
+
+def missing_volume_source(events: Iterable[PodEvent]) -> str | None:
+    """The kubelet's message when a volume's ConfigMap or Secret does not exist, else None."""
+    for event in events:
+        if event.reason == FAILED_MOUNT and _MISSING_SOURCE.search(event.message):
+            return event.message
+    return None
+
+
+@dataclass(frozen=True)
+class SandboxFailures:
+    """The kubelet's failures to create a pod's sandbox on one node."""
+
+    attempts: int
+    first: datetime
+    message: str
+
+
+def sandbox_failures(events: Iterable[PodEvent], node: str) -> SandboxFailures | None:
+    """``FailedCreatePodSandBox`` on ``node``: how many, since when, the latest message."""
+    mine = [
+        e for e in events if e.reason == FAILED_CREATE_POD_SANDBOX and e.node == node and e.first
+    ]
+    if not mine:
+        return None
+    latest = max(mine, key=lambda e: e.last or e.first)  # type: ignore[arg-type, return-value]
+    return SandboxFailures(
+        attempts=sum(e.count for e in mine),
+        first=min(e.first for e in mine if e.first is not None),
+        message=latest.message,
+    )
