@@ -48,15 +48,19 @@ from shared.pods.update_annotations import bodies
 from shared.pods.update_annotations.replacements import is_terminal_failure, label_selector
 from shared.workloads import jobs
 from shared.workloads.classify import (
+    STUCK_PENDING,
     Failure,
     FailureKind,
     classify,
     controller_of,
+    still_without_sandbox,
+    stuck_pending,
     unschedulable_due_to_exclusions,
 )
 from shared.workloads.everywhere import ALONE, Witnesses, witnesses_of
 from shared.workloads.fastpath import early_config, is_suspect
 from shared.workloads.owners import BARE, JOB, Holder, Ref, Resolution
+from shared.workloads.podevents import FAILED_CREATE_POD_SANDBOX
 from shared.workloads.policy import (
     BudgetScope,
     InvalidPolicy,
@@ -416,6 +420,8 @@ def current_failure(
     verdict only for a pod we already decided to move (its removal must finish). None, and
     why, when it is no longer failing."""
     now_failing = classify(live, cfg, now) or unschedulable_due_to_exclusions(live, cfg)
+    if now_failing is None:
+        now_failing = _still_stuck(live, failing.failure, cfg, now)
     if now_failing is None and failing.failure.kind is FailureKind.EARLY:
         found = classify(live, early_config(cfg), now)
         if found is not None and found.node == failing.failure.node:
@@ -430,6 +436,18 @@ def current_failure(
         f"pod {failing.namespace}/{failing.name} is no longer failing "
         f"({failing.failure.reason} in the event): nothing to do"
     )
+
+
+def _still_stuck(live: Pod, found: Failure, cfg: Config, now: datetime) -> Failure | None:
+    """The sweep's own verdicts, which the pod's status alone does not repeat to classify: a
+    pod stuck starting on its node (judged again by the clock), and a node that failed to
+    create its sandbox (the sweep read it in the kubelet's Events; it still stands while the
+    pod is bound there, Pending, with no sandbox up)."""
+    if found.reason == STUCK_PENDING:
+        return stuck_pending(live, cfg, now)
+    if found.reason == FAILED_CREATE_POD_SANDBOX and found.node:
+        return found if still_without_sandbox(live, found.node, cfg) else None
+    return None
 
 
 def judge_siblings(
