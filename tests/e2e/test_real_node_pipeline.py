@@ -68,6 +68,16 @@ def api(cluster: Cluster) -> Kube:
     return Kube(cluster.api_client())
 
 
+# The functions' defaults, made for a real kubelet's clock (the kwok stack compresses
+# waiting_failure_after to follow its fake kubelet), except pending_stuck_after: 45 s instead
+# of 10 minutes, so that a pod stuck for another reason than its node would be moved within a
+# test's time, and a test that it is not means something.
+REAL_SETTINGS = {
+    "KN_RESCHEDULER_WAITING_FAILURE_AFTER": "30s",
+    "KN_RESCHEDULER_PENDING_STUCK_AFTER": "45s",
+}
+
+
 @pytest.fixture(scope="module")
 def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with Stack(
@@ -75,6 +85,7 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         cluster.api_client(),
         tmp_path_factory.mktemp("real-stack"),
         cluster.log_dir,
+        settings=REAL_SETTINGS,
         sweep_every=None,
     ) as running:
         yield running
@@ -242,3 +253,75 @@ def test_a_crash_loop_on_one_node_moves_after_the_kubelets_real_back_off(
     )
     assert starts >= 3
     print(f"crash loop: Ready on {HEALTHY} {took:.1f}s after creation")
+
+
+@pytest.fixture
+def cni_broken_on_broken(cluster: Cluster) -> Iterator[None]:
+    cluster.set_fault(BROKEN, "cni-broken")
+    yield
+    cluster.set_fault(BROKEN, None)
+
+
+def sweeping_until(stack: Stack, what: str, check: Any, timeout: float = SETTLE) -> Any:
+    """Runs the sweep (as its PingSource would, but every 3 s) until ``check`` answers."""
+
+    def swept() -> Any:
+        assert stack.sweep_now() in (200, 202)
+        return check()
+
+    return wait_for(what, swept, timeout=timeout, every=3.0)
+
+
+@pytest.mark.usefixtures("cni_broken_on_broken")
+def test_a_node_that_cannot_create_sandboxes_is_left_after_the_sweep_reads_its_events(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    t0 = time.monotonic()
+    api.create(
+        "Deployment", namespace, workload("Deployment", "netless", {"app": "netless"}, replicas=1)
+    )
+
+    def settled() -> list[dict[str, Any]] | None:
+        live = [p for p in pods(api, namespace) if not p["metadata"].get("deletionTimestamp")]
+        good = len(live) == 1 and ready(live[0]) and live[0]["spec"]["nodeName"] == HEALTHY
+        return live if good else None
+
+    (pod,) = sweeping_until(stack, f"the pod Ready on {HEALTHY}", settled)
+    took = time.monotonic() - t0
+    assert real_container(pod)
+    (move,) = moves_of(stack, namespace)
+    assert (move["data"]["node"], move["data"]["reason"]) == (BROKEN, "FailedCreatePodSandBox")
+    print(f"sandbox failure: Ready on {HEALTHY} {took:.1f}s after creation")
+
+
+def test_a_pod_whose_configmap_does_not_exist_is_never_moved_by_the_sweep(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    body = workload("Deployment", "unconfigured", {"app": "unconfigured"}, replicas=1)
+    spec = body["spec"]["template"]["spec"]
+    spec["volumes"] = [{"name": "config", "configMap": {"name": "not-created"}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "config", "mountPath": "/config"}]
+    api.create("Deployment", namespace, body)
+
+    def mount_failed() -> bool:
+        found = pods(api, namespace)
+        if not found:
+            return False
+        pod = found[0]
+        items = cluster.rest.get(
+            f"/api/v1/namespaces/{namespace}/events",
+            params={"fieldSelector": f"involvedObject.uid={pod['metadata']['uid']}"},
+        )["items"]
+        started = pod["status"].get("startTime")
+        return any(e["reason"] == "FailedMount" for e in items) and bool(started)
+
+    wait_for("a FailedMount Event", mount_failed, timeout=60, every=1.0)
+    # Past pending_stuck_after (45 s here): the status alone would have been moved.
+    time.sleep(50)
+    assert stack.sweep_now() in (200, 202)
+    time.sleep(3)
+    assert moves_of(stack, namespace) == []
+    (pod,) = pods(api, namespace)
+    assert (
+        pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ContainerCreating"
+    )
