@@ -1,5 +1,5 @@
 """``python -m dev.bench [--quick] [--only NAME ...] [--systems SYSTEM ...] [--scenario NAME]
-[--kubelet-backoff compressed|real] [--out DIR]``: run the benchmarks.
+[--kubelet-backoff compressed|real] [--real-nodes N] [--out DIR]``: run the benchmarks.
 
 Measurements, in the order they run (``--only`` takes these names):
 
@@ -43,15 +43,25 @@ the run a real kubelet's crash-loop back-off (10 s, 20 s, 40 s ... up to 5 min) 
 fake kubelet's restart every 3 s: the restart threshold then comes 30-45 s after the first
 failure instead of about 7 s. Both are recorded in the results and name the results file.
 
+``--real-nodes N`` (with ``--only recovery`` alone; needs root and the tools of
+hack/install-packages.sh) measures recovery on a cluster of N real nodes (a kubelet and a
+containerd each, ``localcluster.realnode``) and no kwok node: a third of them (at least one) get
+the ``app-crash`` fault, and the Deployments (two per faulty node, two replicas each: what two
+cores hold beside the control plane, ``real_node_scales``) run busybox with
+``realnode.NODE_DEPENDENT_APP``, a real crash loop on a faulty node only. The back-off is then a
+real kubelet's (the results say ``"nodes": "real"``, ``"kubelet_backoff": "real"``), the
+recovery window at least ``REAL_BACKOFF_MIN_BOUND``, and the results file is named
+``-<N>-real-nodes``. No kwok node: a pod placed on one would "recover" under the fake kubelet.
+
 The first five share one cluster of ``Scales.nodes`` nodes; ``scale`` and ``source-selector``
 start their own. The results go to ``DIR/<date>.json`` (``DIR/<date>-<names>.json`` with
 ``--only``, ``DIR/<date>-<names>-<systems>.json`` with ``--systems``; ``dev/bench/results`` unless
 quick: a quick run writes to a temporary directory unless ``--out`` is given), the plots beside
 it. A partial run (``--only``) never overwrites a file: a second one the same day is
-``...-2.json``, and so on; a non-default scenario or back-off adds ``-spread`` or
-``-real-backoff`` to the name. A full run rewrites ``dev/bench/RESULTS.md`` (keeping the
-source-selector section); a source-selector run that is not quick rewrites that section; no
-other partial run touches it.
+``...-2.json``, and so on; a non-default scenario, back-off or real nodes add ``-spread``,
+``-real-backoff`` or ``-<N>-real-nodes`` to the name. A full run rewrites
+``dev/bench/RESULTS.md`` (keeping the source-selector section); a source-selector run that is
+not quick rewrites that section; no other partial run touches it.
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
 import shutil
 import sys
 import tempfile
@@ -94,6 +105,7 @@ from dev.bench.common import (
     scales_dict,
     write_json,
 )
+from dev.localcluster import realnode
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.kubelet import Timing
 
@@ -104,6 +116,40 @@ EXTRA_NAMES = ("source-selector", "extender", "throughput", "broker", "images")
 BACKOFFS = ("compressed", "real")
 # The shortest recovery window with a real kubelet's back-off (seconds).
 REAL_BACKOFF_MIN_BOUND = 150.0
+# --real-nodes: at least one faulty node and one healthy one.
+REAL_NODES_MIN = 2
+
+
+def real_node_scales(scales: Scales, real_nodes: int) -> Scales:
+    """``scales`` for a recovery run on ``real_nodes`` real nodes (``--real-nodes``).
+
+    A third of the nodes are faulty (at least one, never all), two Deployments of two replicas
+    per faulty node (4 busybox pods on 3 nodes: a real node costs about 140 MiB and a share of
+    two cores, the control plane and the pipeline run beside them), 4 steady pods for the
+    healthy-update cost; the window is at least REAL_BACKOFF_MIN_BOUND (a real kubelet reaches
+    the restart threshold 30-45 s after the first failure)."""
+    if real_nodes < REAL_NODES_MIN:
+        raise ValueError(f"{real_nodes} real nodes: at least {REAL_NODES_MIN} needed")
+    faulty = min(max(1, real_nodes // 3), real_nodes - 1)
+    return dataclasses.replace(
+        scales,
+        nodes=real_nodes,
+        faulty=faulty,
+        deployments=2 * faulty,
+        replicas=2,
+        healthy_pods=4,
+        recovery_bound=max(scales.recovery_bound, REAL_BACKOFF_MIN_BOUND),
+    )
+
+
+def variant_of(scenario: str, backoff: str, real_nodes: int) -> list[str]:
+    """What a partial run measured beside the committed scenario and clock on kwok nodes, as
+    its results file names it (real nodes imply a real kubelet's back-off: not named twice)."""
+    return [
+        *([scenario] if scenario != recovery.SCENARIOS[0] else []),
+        *([f"{backoff}-backoff"] if backoff != BACKOFFS[0] and not real_nodes else []),
+        *([f"{real_nodes}-real-nodes"] if real_nodes else []),
+    ]
 
 
 def timing(backoff: str) -> Timing:
@@ -121,17 +167,38 @@ class Run:
     """One benchmark run: its scales, work directory and the shared cluster (started lazily)."""
 
     def __init__(
-        self, scales: Scales, workdir: Path, out: Path, quick: bool, timing: Timing | None = None
+        self,
+        scales: Scales,
+        workdir: Path,
+        out: Path,
+        quick: bool,
+        timing: Timing | None = None,
+        real_nodes: int = 0,
     ) -> None:
         self.scales = scales
         self.workdir = workdir
         self.out = out
         self.quick = quick
         self.timing = timing or Timing()
+        # --real-nodes: the shared cluster's nodes are that many real ones and no kwok node
+        # (only recovery runs on it; it needs no Prometheus).
+        self.real_nodes = real_nodes
         self._cluster: Cluster | None = None
 
     def cluster(self) -> Cluster:
         if self._cluster is None:
+            if self.real_nodes:
+                _log(f"starting a cluster of {self.real_nodes} real nodes")
+                self._cluster = Cluster(
+                    self.workdir / "cluster",
+                    nodes=0,
+                    real_nodes=self.real_nodes,
+                    timing=self.timing,
+                    prometheus=False,
+                    quiet=True,
+                    keep_workdir=True,
+                ).start()
+                return self._cluster
             _log(f"starting a {self.scales.nodes}-node cluster")
             self._cluster = Cluster(
                 self.workdir / "cluster",
@@ -209,6 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with --only: the fake kubelet restarts crash-looping containers every 3 s "
         "(compressed, the default) or after a real kubelet's back-off, 10 s doubling to 5 min",
     )
+    parser.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --only recovery alone: measure on N real nodes (kubelet + containerd, no "
+        "kwok node; a third of them crash the app), with a real kubelet's back-off; needs root",
+    )
     parser.add_argument("--out", type=Path, help="where results and plots go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
@@ -228,16 +303,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--scenario needs --only recovery (a full run measures the committed one)")
     if args.kubelet_backoff != BACKOFFS[0] and not args.only:
         parser.error("--kubelet-backoff needs --only (a full run measures the committed clock)")
-    if args.kubelet_backoff == "real":
+    if args.real_nodes:
+        if set(args.only or ()) != {"recovery"}:
+            parser.error("--real-nodes needs --only recovery alone (the rest runs on kwok nodes)")
+        if args.real_nodes < REAL_NODES_MIN:
+            parser.error(
+                f"--real-nodes {args.real_nodes}: at least {REAL_NODES_MIN} (a faulty node and a "
+                "healthy one)"
+            )
+        missing = realnode.missing_tools()
+        if missing:
+            parser.error(
+                f"--real-nodes needs {', '.join(missing)} (hack/install-packages.sh, as root)"
+            )
+        if os.geteuid() != 0:
+            parser.error("--real-nodes needs root (a kubelet and a containerd per node)")
+        scales = real_node_scales(scales, args.real_nodes)
+    # Real nodes' kubelets back off as kubelets do, whatever the fake kubelet's clock.
+    backoff = "real" if args.real_nodes else args.kubelet_backoff
+    if backoff == "real":
         # The restart threshold alone comes 30-45 s after the first failure, and a wasted move
         # costs as much again: the quick window (45 s) would end before the first move.
         scales = dataclasses.replace(
             scales, recovery_bound=max(scales.recovery_bound, REAL_BACKOFF_MIN_BOUND)
         )
-    variant = [
-        *([args.scenario] if args.scenario != recovery.SCENARIOS[0] else []),
-        *([f"{args.kubelet_backoff}-backoff"] if args.kubelet_backoff != BACKOFFS[0] else []),
-    ]
+    variant = variant_of(args.scenario, backoff, args.real_nodes)
     out: Path = args.out or (
         Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-quick-")) if args.quick else RESULTS_DIR
     )
@@ -250,11 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "code": code_version(),
         "scales": scales_dict(scales),
-        "kubelet_backoff": args.kubelet_backoff,
+        "kubelet_backoff": backoff,
+        "nodes": "real" if args.real_nodes else "kwok",
         "measurements": {},
         "errors": {},
     }
-    run = Run(scales, workdir, out, args.quick, timing(args.kubelet_backoff))
+    run = Run(scales, workdir, out, args.quick, timing(backoff), real_nodes=args.real_nodes)
     steps: dict[str, Callable[[], Any]] = {
         # A subset of systems, another scenario or another clock keeps the full run's event
         # corpus (dev/bench/corpus): detect's input.

@@ -24,6 +24,14 @@ kubelet's (10 s, 20 s, ...: about 30-45 s; ``localcluster.kubelet.Timing.real``)
 names its scenario and back-off, so runs of either can be put side by side
 (``python -m dev.bench.report --compare``).
 
+On a cluster of real nodes only (``--real-nodes N``: a kubelet and a containerd each,
+``localcluster.realnode``) the faulty nodes get the ``app-crash`` fault instead of the fake
+kubelet's ``crashloop``: the Deployments run busybox with ``realnode.NODE_DEPENDENT_APP``, which
+exits 1 at start on a faulty node only, so the crash loop, its back-off, the grace period of a
+removed pod and the replacement's start are a real kubelet's. The results then say
+``"nodes": "real"`` and ``"kubelet_backoff": "real"``. A cluster mixing kwok and real nodes is
+refused: a pod placed on a kwok node would "recover" under the fake kubelet whatever it runs.
+
 API requests are counted per client (``bench.common``): the system's own requests (its user's
 flow schema) and all requests to the API server, from the system's start to the end of its run.
 
@@ -60,13 +68,31 @@ from dev.bench.common import (
 )
 from dev.bench.tracker import Tracker
 from dev.localcluster.cluster import Cluster
+from dev.localcluster.nodeimages import BUSYBOX_IMAGE
 from dev.localcluster.procs import Proc
+from dev.localcluster.realnode import NODE_DEPENDENT_APP
 from dev.stack.stack import Stack
 from shared.api.keys import APISERVER_ADD, APISERVER_UPDATE, POLICY_ANNOTATION
 
 IMAGE = "registry.example.com/shop/web:1.4.2"
 # The placement scenarios (see the module docstring); the first is the committed one.
 SCENARIOS: Final = ("prefer-faulty", "spread")
+# The fault each kind of node (``node_kind``) is broken with: every pod bound to it crash-loops.
+FAULTS: Final = {"kwok": "crashloop", "real": "app-crash"}
+# A real node's pods end in a real grace period; NODE_DEPENDENT_APP exits at once on SIGTERM.
+REAL_GRACE_PERIOD_S: Final = 2
+
+
+def node_kind(cluster: Cluster) -> str:
+    """What every node of ``cluster`` is: "kwok" or "real". A mix is refused (ValueError): a pod
+    of the real nodes' app placed on a kwok node would run under the fake kubelet (and recover
+    there whatever the fault), and the kwok image cannot be pulled by a real node."""
+    if cluster.real_nodes and cluster.kwok_nodes:
+        raise ValueError(
+            f"recovery needs nodes of one kind; this cluster has kwok nodes {cluster.kwok_nodes} "
+            f"and real nodes {cluster.real_nodes}"
+        )
+    return "real" if cluster.real_nodes else "kwok"
 
 
 def preferred_node(scenario: str, index: int, faulty: list[str]) -> str | None:
@@ -78,7 +104,11 @@ def preferred_node(scenario: str, index: int, faulty: list[str]) -> str | None:
     raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS}")
 
 
-def deployment(name: str, replicas: int, prefer: str | None, avoid: list[str]) -> JSON:
+def deployment(
+    name: str, replicas: int, prefer: str | None, avoid: list[str], *, real: bool = False
+) -> JSON:
+    """The workload under test; ``real``: the pods real nodes run (busybox running
+    NODE_DEPENDENT_APP, a short grace period) instead of the kwok image."""
     affinity: JSON = {}
     if prefer:
         affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
@@ -111,11 +141,22 @@ def deployment(name: str, replicas: int, prefer: str | None, avoid: list[str]) -
                 "metadata": {"labels": labels},
                 "spec": {
                     "affinity": {"nodeAffinity": affinity} if affinity else {},
-                    "containers": [{"name": "app", "image": IMAGE}],
-                    "terminationGracePeriodSeconds": 0,
+                    "containers": [container(real)],
+                    "terminationGracePeriodSeconds": REAL_GRACE_PERIOD_S if real else 0,
                 },
             },
         },
+    }
+
+
+def container(real: bool) -> JSON:
+    if not real:
+        return {"name": "app", "image": IMAGE}
+    return {
+        "name": "app",
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(NODE_DEPENDENT_APP),
     }
 
 
@@ -203,6 +244,7 @@ def run_system(
     keep_running: bool = False,
 ) -> JSON:
     rest = cluster.rest
+    real = node_kind(cluster) == "real"
     create_namespace(rest, namespace)
     tracker = Tracker(rest, namespace, set(faulty)).start()
     before = scrape(cluster)
@@ -213,7 +255,7 @@ def run_system(
         t0 = time.monotonic()
         for i in range(scales.deployments):
             prefer = preferred_node(scenario, i, faulty)
-            body = deployment(f"web-{i}", scales.replicas, prefer, [])
+            body = deployment(f"web-{i}", scales.replicas, prefer, [], real=real)
             rest.post(f"/apis/apps/v1/namespaces/{namespace}/deployments", body)
         deadline = t0 + scales.recovery_bound
         settled = False
@@ -283,7 +325,7 @@ def healthy_updates(
     create_namespace(rest, namespace)
     rest.post(
         f"/apis/apps/v1/namespaces/{namespace}/deployments",
-        deployment("steady", scales.healthy_pods, None, faulty),
+        deployment("steady", scales.healthy_pods, None, faulty, real=node_kind(cluster) == "real"),
     )
 
     def all_ready() -> list[JSON] | None:
@@ -368,20 +410,26 @@ def measure(
     scenario: str = SCENARIOS[0],
 ) -> JSON:
     """Every system of ``system_names`` in turn, or only those named in ``only``, on
-    ``scenario``, with the back-off of ``cluster``'s fake kubelet.
+    ``scenario``, with the back-off of ``cluster``'s fake kubelet, or on its real nodes (a
+    cluster of real nodes only: ``node_kind``) with a real kubelet's.
 
     A subset runs on the same scenario as a full run, in the same order; its figures are
     comparable with the full run's, but the systems left out did not share its cluster's
     moment (load, warm caches)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS}")
+    nodes = node_kind(cluster)
+    if scales.faulty >= len(cluster.nodes):
+        raise ValueError(
+            f"{scales.faulty} faulty nodes of {len(cluster.nodes)} leave no healthy node"
+        )
     wanted = set(system_names(scales) if only is None else only)
     unknown = wanted - set(system_names(scales))
     if unknown:
         raise ValueError(f"unknown systems {sorted(unknown)}; known: {system_names(scales)}")
     faulty = cluster.nodes[: scales.faulty]
     for node in faulty:
-        cluster.set_fault(node, "crashloop")
+        cluster.set_fault(node, FAULTS[nodes])
     # Built (or found) only when a descheduler runs: a first build takes minutes.
     intervals = [i for i in scales.descheduler_intervals if f"descheduler-{i}" in wanted]
     binary = descheduler.binary() if intervals else None
@@ -403,7 +451,7 @@ def measure(
         namespace = f"bench-recovery-{system_names(scales).index(system.name)}"
         log(
             f"recovery: {system.name} ({scales.deployments}x{scales.replicas} replicas, "
-            f"{scenario}, {kubelet_backoff(cluster)} back-off)"
+            f"{scenario}, {kubelet_backoff(cluster)} back-off, {nodes} nodes)"
         )
         if system is kn:
             # The pipeline stays up after its run for the healthy-update measurement.
@@ -434,6 +482,8 @@ def measure(
     out: JSON = {
         "scenario": scenario,
         "kubelet_backoff": kubelet_backoff(cluster),
+        "nodes": nodes,
+        "node_count": len(cluster.nodes),
         "descheduler_version": descheduler.version(),
         "descheduler_policy": descheduler.policy(),
         "faulty_nodes": faulty,
@@ -447,7 +497,10 @@ def measure(
 
 
 def kubelet_backoff(cluster: Cluster) -> str:
-    """The fake kubelet's restart clock, as the results name it: "compressed" or "real"."""
+    """The kubelet's restart clock, as the results name it: "compressed" or "real" (the fake
+    kubelet's real-like clock, or real nodes' own kubelets)."""
+    if node_kind(cluster) == "real":
+        return "real"
     return "real" if cluster.timing.backoff == "kubelet" else "compressed"
 
 
@@ -488,6 +541,8 @@ def plot_cdf(result: JSON, path: Path) -> None:
     variant = ""
     if "scenario" in result:
         variant = f": {result['scenario']}, {result['kubelet_backoff']} kubelet back-off"
+        if result.get("nodes") == "real":
+            variant += ", real nodes"
     ax.set_title(f"Time to recovery (CDF){variant}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

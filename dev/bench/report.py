@@ -4,8 +4,9 @@
 ``python -m dev.bench.report --rows SYSTEM FILE ...`` prints one system's recovery row from each
 file, in the columns of sections 1-3, for putting re-measurements beside the full run's.
 ``python -m dev.bench.report --compare FILE ...`` prints every system of every file's recovery run
-in one table that names each run's scenario and kubelet back-off, with the times from the first
-failure and from the threshold side by side (runs of either back-off or scenario compared).
+in one table that names each run's scenario, kubelet back-off and nodes (kwok or real), with the
+times from the first failure and from the threshold side by side (runs of either back-off,
+scenario or kind of node compared).
 ``python -m dev.bench.report --scale FILE ...`` prints the scale run's recovery row of each file.
 ``python -m dev.bench.report --load FILE`` prints the load-aware section (9) of a run that measured
 it (``--only load``), to put into RESULTS.md beside the full run's sections.
@@ -452,16 +453,17 @@ def scale_rows(paths: list[Path]) -> list[str]:
 
 
 COMPARE_HEADER = [
-    "| run (UTC), commit, raw | scenario | kubelet back-off | system | recovered (≤5 min) | "
-    "first failure to threshold p50 | p50 from failure | p95 from failure | p50 from threshold "
+    "| run (UTC), commit, raw | scenario | kubelet back-off | nodes | system | recovered (≤5 min) "
+    "| first failure to threshold p50 | p50 from failure | p95 from failure | p50 from threshold "
     "| p95 from threshold | moves / recovery | wasted moves |",
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
 ]
 
 
 def compare(paths: list[Path]) -> list[str]:
-    """Every system of each file's recovery run, one row each, naming the run's scenario and
-    back-off (files from before either existed are the committed scenario, compressed clock)."""
+    """Every system of each file's recovery run, one row each, naming the run's scenario,
+    back-off and nodes (files from before any of them existed are the committed scenario,
+    compressed clock, kwok nodes)."""
     out = list(COMPARE_HEADER)
     for path in paths:
         results = json.loads(path.read_text())
@@ -474,6 +476,7 @@ def compare(paths: list[Path]) -> list[str]:
                 _run_cell(results, path),
                 scenario,
                 backoff,
+                nodes_cell(results),
                 name,
                 f"{r['recovered']}/{r['affected']} ({share}%)",
                 _f((r.get("threshold_from_failure") or {}).get("p50"), 1, " s"),
@@ -486,6 +489,15 @@ def compare(paths: list[Path]) -> list[str]:
             ]
             out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def nodes_cell(results: JSON) -> str:
+    """The nodes a recovery run measured on: how many, which kind, how many faulty, e.g.
+    "20 kwok nodes, 4 faulty" or "3 real nodes, 1 faulty" (files from before real nodes: kwok)."""
+    rec = results["measurements"]["recovery"]
+    kind = rec.get("nodes", "kwok")
+    count = rec.get("node_count", results["scales"]["nodes"])
+    return f"{count} {kind} nodes, {len(rec.get('faulty_nodes') or [])} faulty"
 
 
 def _run_cell(results: JSON, path: Path) -> str:

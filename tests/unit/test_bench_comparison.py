@@ -1,8 +1,8 @@
-"""Runs of either kubelet back-off and either scenario are put side by side (``python -m
-bench.report --compare``), each row naming what it measured; the scale run's wasted moves are
-an explicit figure; and the tracker measures what the kubelet's back-off costs before any
-restart-count rule may act (from the first failure to the restart threshold), on the statuses
-the fake kubelet writes."""
+"""Runs of either kubelet back-off, either scenario and either kind of node (kwok, real) are put
+side by side (``python -m bench.report --compare``), each row naming what it measured; the
+scale run's wasted moves are an explicit figure; and the tracker measures what the kubelet's
+back-off costs before any restart-count rule may act (from the first failure to the restart
+threshold), on the statuses the fake kubelet writes."""
 
 from __future__ import annotations
 
@@ -42,12 +42,14 @@ def test_the_comparison_names_each_runs_scenario_and_back_off(tmp_path: Path) ->
     assert table[:2] == report.COMPARE_HEADER
     rows = [[cell.strip() for cell in row.strip("|").split("|")] for row in table[2:]]
     assert len(rows) == 8  # four systems in each run
-    by = {(r[1], r[2], r[3]): r for r in rows}
+    by = {(r[1], r[2], r[4]): r for r in rows}
     old = by[("prefer-faulty", "compressed", "kn-rescheduler")]
     new = by[("spread", "real", "kn-rescheduler")]
+    # Both on kwok nodes (the full run predates real nodes).
+    assert old[3] == new[3] == "20 kwok nodes, 4 faulty"
     # From the first failure and from the threshold, side by side; the full run predates the
     # threshold-from-failure figure.
-    assert old[4:12] == [
+    assert old[5:13] == [
         "60/60 (100%)",
         "—",
         "9.2 s",
@@ -57,13 +59,40 @@ def test_the_comparison_names_each_runs_scenario_and_back_off(tmp_path: Path) ->
         "1.43",
         "26 of 86",
     ]
-    assert new[5] == "33.2 s"
-    assert [r[3] for r in rows[:4]] == [
+    assert new[6] == "33.2 s"
+    assert [r[4] for r in rows[:4]] == [
         "vanilla",
         "descheduler-2m",
         "descheduler-10s",
         "kn-rescheduler",
     ]
+
+
+def a_real_node_run(tmp_path: Path) -> Path:
+    """The full run's vanilla and kn-rescheduler as a ``--real-nodes 3`` run records them (only
+    the labels are under test)."""
+    results = json.loads(FULL_RUN.read_text())
+    results["kubelet_backoff"] = "real"
+    results["nodes"] = "real"
+    results["scales"]["nodes"] = 3
+    rec = results["measurements"]["recovery"]
+    rec.update(kubelet_backoff="real", nodes="real", node_count=3, faulty_nodes=["real-0"])
+    rec["systems"] = {k: rec["systems"][k] for k in ("vanilla", "kn-rescheduler")}
+    path = tmp_path / "2026-11-27-recovery-3-real-nodes-vanilla-kn-rescheduler.json"
+    path.write_text(json.dumps(results))
+    return path
+
+
+def test_a_real_node_run_is_told_apart_from_the_kwok_runs(tmp_path: Path) -> None:
+    table = report.compare([FULL_RUN, a_real_node_run(tmp_path)])
+    rows = [[cell.strip() for cell in row.strip("|").split("|")] for row in table[2:]]
+    assert len(rows) == 6
+    assert {(r[2], r[3]) for r in rows[:4]} == {("compressed", "20 kwok nodes, 4 faulty")}
+    assert [(r[2], r[3], r[4]) for r in rows[4:]] == [
+        ("real", "3 real nodes, 1 faulty", "vanilla"),
+        ("real", "3 real nodes, 1 faulty", "kn-rescheduler"),
+    ]
+    assert "recovery-3-real-nodes-vanilla-kn-rescheduler.json" in rows[5][0]
 
 
 def test_the_scale_runs_wasted_moves_are_a_figure_of_their_own() -> None:

@@ -1,7 +1,8 @@
 """``python -m dev.bench``'s partial runs: a re-measurement of some systems never takes the full
-run's results file (nor an earlier re-measurement's), a run of another scenario or kubelet
-back-off says so in its name, and ``--systems``, ``--scenario`` and ``--kubelet-backoff`` are
-refused where they would silently measure something else (or rewrite RESULTS.md with it)."""
+run's results file (nor an earlier re-measurement's), a run of another scenario, kubelet
+back-off or on real nodes says so in its name, and ``--systems``, ``--scenario``,
+``--kubelet-backoff`` and ``--real-nodes`` are refused where they would silently measure
+something else (or rewrite RESULTS.md with it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,19 @@ from pathlib import Path
 import pytest
 
 from dev.bench import recovery
-from dev.bench.__main__ import NAMES, main, results_name, timing
+from dev.bench.__main__ import (
+    NAMES,
+    REAL_BACKOFF_MIN_BOUND,
+    main,
+    real_node_scales,
+    results_name,
+    timing,
+    variant_of,
+)
+from dev.bench.common import FULL, QUICK
+from dev.localcluster.cluster import Cluster
+from dev.localcluster.nodeimages import BUSYBOX_IMAGE
+from dev.localcluster.realnode import NODE_DEPENDENT_APP
 
 DAY = "2026-11-23"
 
@@ -98,6 +111,10 @@ def test_a_full_run_still_replaces_the_days_full_run(tmp_path: Path) -> None:
         ["--only", "recovery", "--scenario", "anywhere"],  # unknown scenario
         ["--kubelet-backoff", "real"],  # a full run: RESULTS.md rewritten with another clock
         ["--only", "recovery", "--kubelet-backoff", "kubelet"],  # spelled "real"
+        ["--real-nodes", "3"],  # a full run: everything else runs on kwok nodes
+        ["--only", "scale", "--real-nodes", "3"],  # the scale run starts its own kwok cluster
+        ["--only", "recovery", "--only", "webhook", "--real-nodes", "3"],  # recovery alone
+        ["--only", "recovery", "--real-nodes", "1"],  # no healthy node left
     ],
 )
 def test_a_misplaced_option_is_refused_before_anything_runs(
@@ -129,3 +146,69 @@ def test_each_scenario_gives_the_deployments_their_node_preference(
 def test_an_unknown_scenario_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown scenario"):
         recovery.preferred_node("anywhere", 0, ["node-0"])
+
+
+@pytest.mark.parametrize(
+    ("scenario", "backoff", "real_nodes", "expected"),
+    [
+        ("prefer-faulty", "compressed", 0, []),
+        ("prefer-faulty", "real", 0, ["real-backoff"]),
+        ("prefer-faulty", "compressed", 3, ["3-real-nodes"]),
+        # Real nodes back off as kubelets do: not named twice.
+        ("prefer-faulty", "real", 3, ["3-real-nodes"]),
+        ("spread", "real", 6, ["spread", "6-real-nodes"]),
+    ],
+)
+def test_a_real_node_run_names_its_nodes(
+    scenario: str, backoff: str, real_nodes: int, expected: list[str]
+) -> None:
+    assert variant_of(scenario, backoff, real_nodes) == expected
+
+
+def test_a_real_node_run_never_takes_a_kwok_runs_file(tmp_path: Path) -> None:
+    (tmp_path / f"{DAY}-recovery-vanilla-kn-rescheduler.json").write_text("{}")
+    args = (DAY, ["recovery"], ["recovery"], ["vanilla", "kn-rescheduler"], False)
+    name = results_name(tmp_path, *args, variant_of("prefer-faulty", "compressed", 3))
+    assert name == f"{DAY}-recovery-3-real-nodes-vanilla-kn-rescheduler"
+
+
+def test_real_nodes_get_scales_two_cores_hold_and_the_real_back_offs_window() -> None:
+    three = real_node_scales(FULL, 3)
+    assert (three.nodes, three.faulty, three.deployments, three.replicas) == (3, 1, 2, 2)
+    assert three.healthy_pods == 4 and three.recovery_bound == FULL.recovery_bound == 300.0
+    assert real_node_scales(QUICK, 3).recovery_bound == REAL_BACKOFF_MIN_BOUND
+    six = real_node_scales(FULL, 6)
+    assert (six.faulty, six.deployments) == (2, 4)
+    assert real_node_scales(FULL, 2).faulty == 1  # one healthy node left
+    with pytest.raises(ValueError, match="at least 2"):
+        real_node_scales(FULL, 1)
+
+
+def test_real_nodes_run_busybox_with_the_node_dependent_app_and_a_short_grace_period() -> None:
+    spec = recovery.deployment("web-0", 2, "real-0", [], real=True)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["image"] == BUSYBOX_IMAGE
+    assert container["command"] == list(NODE_DEPENDENT_APP)
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert 0 < spec["terminationGracePeriodSeconds"] <= 5
+    kwok = recovery.deployment("web-0", 2, "node-0", [])["spec"]["template"]["spec"]
+    assert kwok["containers"] == [{"name": "app", "image": recovery.IMAGE}]
+    assert kwok["terminationGracePeriodSeconds"] == 0
+
+
+def test_the_nodes_and_back_off_a_recovery_run_reports_follow_its_cluster(tmp_path: Path) -> None:
+    # Clusters are not started: what they would be is enough.
+    real = Cluster(tmp_path / "real", nodes=0, real_nodes=3)
+    assert recovery.node_kind(real) == "real"
+    assert recovery.kubelet_backoff(real) == "real"
+    kwok = Cluster(tmp_path / "kwok", nodes=3)
+    assert (recovery.node_kind(kwok), recovery.kubelet_backoff(kwok)) == ("kwok", "compressed")
+    assert recovery.FAULTS == {"kwok": "crashloop", "real": "app-crash"}
+
+
+def test_a_cluster_mixing_kwok_and_real_nodes_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    mixed = Cluster(tmp_path, nodes=2, real_nodes=1)
+    with pytest.raises(ValueError, match="nodes of one kind"):
+        recovery.measure(mixed, FULL, tmp_path / "recovery", save_events=False, log=print)
