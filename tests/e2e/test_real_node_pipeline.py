@@ -22,7 +22,12 @@ from dev.localcluster import realnode
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE
 from dev.stack.stack import Stack
-from shared.api.keys import EVENT_POD_RESCHEDULED, POLICY_ANNOTATION
+from shared.api.keys import (
+    EVENT_NODE_SUSPECTED,
+    EVENT_POD_RESCHEDULED,
+    POLICY_ANNOTATION,
+    SUSPECT_LABEL,
+)
 from shared.platform.kube import Kube
 from tests import builders
 from tests.e2e.conftest import preferring, state_of, wait_for
@@ -69,12 +74,14 @@ def api(cluster: Cluster) -> Kube:
 
 
 # The functions' defaults, made for a real kubelet's clock (the kwok stack compresses
-# waiting_failure_after to follow its fake kubelet), except pending_stuck_after: 45 s instead
-# of 10 minutes, so that a pod stuck for another reason than its node would be moved within a
-# test's time, and a test that it is not means something.
+# waiting_failure_after to follow its fake kubelet), except two: pending_stuck_after is 45 s
+# instead of 10 minutes, so that a pod stuck for another reason than its node would be moved
+# within a test's time, and a test that it is not means something; suspect_max_share is 0.5
+# instead of 0.3, which on two nodes lets none be suspect.
 REAL_SETTINGS = {
     "KN_RESCHEDULER_WAITING_FAILURE_AFTER": "30s",
     "KN_RESCHEDULER_PENDING_STUCK_AFTER": "45s",
+    "KN_RESCHEDULER_SUSPECT_MAX_SHARE": "0.5",
 }
 
 
@@ -325,3 +332,24 @@ def test_a_pod_whose_configmap_does_not_exist_is_never_moved_by_the_sweep(
     assert (
         pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ContainerCreating"
     )
+
+
+@pytest.mark.usefixtures("app_crashes_on_broken")
+def test_two_workloads_crashing_on_a_real_node_make_it_suspect(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    for name in ("web", "api"):
+        api.create("Deployment", namespace, workload("Deployment", name, {"app": name}, replicas=1))
+
+    def suspect() -> dict[str, Any] | None:
+        node = api.get("Node", None, BROKEN)
+        return node if (node["metadata"].get("labels") or {}).get(SUSPECT_LABEL) == "true" else None
+
+    node = wait_for(f"{BROKEN} suspect", suspect, timeout=SETTLE, every=1.0)
+    assert {"key": SUSPECT_LABEL, "value": "true", "effect": "PreferNoSchedule"} in [
+        {k: t.get(k) for k in ("key", "value", "effect")} for t in node["spec"].get("taints") or []
+    ]
+    suspected = [e["data"]["node"] for e in stack.archived() if e["type"] == EVENT_NODE_SUSPECTED]
+    assert suspected == [BROKEN]
+    assert HEALTHY not in suspected
+    settled_on_healthy(api, namespace, 2)
