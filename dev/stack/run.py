@@ -17,6 +17,7 @@ from pathlib import Path
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from dev.localcluster.realnode import REAL_KUBELET_FUNCTION_SETTINGS
 from dev.stack.stack import Stack
 
 STACK_FILE = "stack.json"
@@ -32,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--score-nodes-port", type=int, help="the port score-nodes listens on (default: any)"
+    )
+    parser.add_argument(
+        "--real-kubelets",
+        action="store_true",
+        help="the functions' default thresholds, for a cluster of real nodes only (default: "
+        "the thresholds compressed to the fake kubelet's clock)",
     )
     args = parser.parse_args(argv)
     directory = Path(args.dir).resolve()
@@ -49,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_every=args.sweep_every or None,
         prometheus_url=args.prometheus_url or None,
         score_nodes_port=args.score_nodes_port,
+        settings=REAL_KUBELET_FUNCTION_SETTINGS if args.real_kubelets else None,
     )
     stack.start()
     try:

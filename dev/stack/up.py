@@ -67,6 +67,9 @@ def components(cluster: Cluster) -> list[Component]:
                     if cluster.prometheus is not None
                     else []
                 ),
+                # Real nodes only: thresholds for a real kubelet's back-off. A mixed cluster
+                # keeps the fake kubelet's compressed ones.
+                *(["--real-kubelets"] if cluster.real_nodes and not cluster.kwok_nodes else []),
             ],
             env={"PYTHONPATH": str(ROOT)},
             cwd=ROOT,

@@ -79,7 +79,7 @@ def api(cluster: Cluster) -> Kube:
 # within a test's time, and a test that it is not means something; suspect_max_share is 0.5
 # instead of 0.3, which on two nodes lets none be suspect.
 REAL_SETTINGS = {
-    "KN_RESCHEDULER_WAITING_FAILURE_AFTER": "30s",
+    **realnode.REAL_KUBELET_FUNCTION_SETTINGS,
     "KN_RESCHEDULER_PENDING_STUCK_AFTER": "45s",
     "KN_RESCHEDULER_SUSPECT_MAX_SHARE": "0.5",
 }
