@@ -155,6 +155,11 @@ def missing_tools() -> list[str]:
         absent.append("containernetworking-plugins")
     if os.geteuid() != 0:
         absent.append("root")
+    if "ip" not in absent:
+        try:
+            machine_address()
+        except RealNodeError:
+            absent.append("a non-loopback IPv4 address")
     return absent
 
 
