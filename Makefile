@@ -95,4 +95,4 @@ include hack/deploy.mk
 # workloads moved off the bad nodes, narrated live; ends with a summary and a timeline PNG.
 # DEMO_ARGS passes options, e.g. DEMO_ARGS="--existing" for the cluster in $KUBECONFIG.
 demo: venv cluster-bins adapter-bin
-	$(PY) -m dev.stack.demo $(DEMO_ARGS)
+	$(PY) -m dev.stack.demo $(if $(REAL_NODES),--real-nodes $(REAL_NODES)) $(DEMO_ARGS)

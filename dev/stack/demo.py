@@ -41,7 +41,7 @@ import requests
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from dev.localcluster import FAULT_MODES, Cluster, Timing
+from dev.localcluster import FAULT_MODES, Cluster, Timing, realnode
 from dev.localcluster.bins import ensure_bins
 from dev.localcluster.keys import (
     SIM_FAULT_LABEL,
@@ -85,6 +85,16 @@ NODES: Final = 6
 # node-1's container runtime crashes every container, node-3 OOM-kills them, node-5's image
 # mirror is down. The even nodes are fine.
 DEFAULT_FAULTS: Final = {"node-1": "crashloop", "node-3": "oom", "node-5": "imagepull"}
+# On real nodes (--real-nodes N): real-1's app lacks a file of its node and crashes there,
+# and with 4 nodes or more real-3's registry mirror refuses connections.
+DEFAULT_REAL_FAULTS: Final = {"real-1": "app-crash", "real-3": "mirror-refused"}
+
+
+def default_real_faults(nodes: int) -> dict[str, str]:
+    """DEFAULT_REAL_FAULTS on the nodes a cluster of ``nodes`` real nodes has."""
+    return {n: m for n, m in DEFAULT_REAL_FAULTS.items() if int(n.split("-")[1]) < nodes}
+
+
 # The fake kubelet's defaults (localcluster.Timing), spelled out because the output says them.
 TIMING: Final = Timing(
     start=0.5,
@@ -412,6 +422,8 @@ class Options:
     faults: dict[str, str]
     nodes: int
     color: bool | None
+    # Real nodes (a kubelet and containerd each) instead of kwok nodes: the cluster's size.
+    real_nodes: int = 0
 
 
 def _ensure_namespace(kube: Kube, console: Console, *, recreate: bool) -> None:
@@ -465,6 +477,7 @@ def play(
     timeout: float,
     job_must_complete: bool,
     recreate_namespace: bool,
+    real_nodes: bool = False,
 ) -> Outcome:
     """Creates the workloads and narrates until all are healthy on good nodes, or the deadline."""
     _ensure_namespace(kube, console, recreate=recreate_namespace)
@@ -472,7 +485,7 @@ def play(
     created = time.time() - console.t0
     timeline.started = created
     for w in workloads:
-        kube.create(w.kind, NAMESPACE, manifest(w, RETRIES))
+        kube.create(w.kind, NAMESPACE, manifest(w, RETRIES, real_nodes=real_nodes))
     names = [w.ref for w in workloads]
     console.say(f"created {', '.join(names[:-1])} and {names[-1]} in namespace {NAMESPACE}", "step")
     healthy: dict[str, Health] = {}
@@ -610,6 +623,8 @@ def pressure_act(
     console: Console,
     node: str,
     api: Workload,
+    *,
+    real_nodes: bool = False,
 ) -> PressureOutcome:
     rule = next(r for r in load_rules(LOCAL_PRESSURE_RULES) if r.name == PRESSURE_RULE)
     out = PressureOutcome(node, list(api.pool), rule.name, rule.threshold, rule.clear, LABEL_EVERY)
@@ -643,7 +658,7 @@ def pressure_act(
             "Prometheus reads every node quiet: "
             + ", ".join(f"{n} {quiet[n]:.0f}%" for n in cluster.nodes)
         )
-        manifest_ = manifest(api, RETRIES)
+        manifest_ = manifest(api, RETRIES, real_nodes=real_nodes)
         manifest_["spec"]["replicas"] = 0
         kube.create("Deployment", NAMESPACE, manifest_)
         console.say(f"created {api.ref} with 0 replicas")
@@ -748,6 +763,14 @@ _FAULT_TEXT: Final = {
     "crashloop": "every container exits 1: CrashLoopBackOff",
     "oom": "every container is OOMKilled (exit 137)",
     "imagepull": "its image mirror is down: ErrImagePull, ImagePullBackOff",
+    "app-crash": "a file of its own the app needs is missing: the app exits 1, CrashLoopBackOff",
+    "mirror-refused": "its registry mirror refuses connections: ErrImagePull, ImagePullBackOff",
+    "mirror-hangs": "its registry mirror never answers: the pull hangs",
+    "cni-broken": "its CNI plugin is missing: FailedCreatePodSandBox",
+    "runtime-broken": "its runc fails: FailedCreatePodSandBox",
+    "runtime-stopped": "its containerd is stopped: the node turns NotReady",
+    "disk-pressure": "the kubelet sees its disk full: DiskPressure, evictions",
+    "memory-pressure": "the kubelet sees its memory full: MemoryPressure, evictions",
     "evict": "evicts its pods under memory pressure",
     "createcontainer": "its runtime cannot create containers: CreateContainerError",
 }
@@ -953,7 +976,19 @@ class _QuietCached(io.TextIOBase):
 
 
 def run_local(opts: Options, console: Console) -> int:
-    nodes = [f"node-{i}" for i in range(opts.nodes)]
+    real = opts.real_nodes > 0
+    nodes = (
+        [f"real-{i}" for i in range(opts.real_nodes)]
+        if real
+        else [f"node-{i}" for i in range(opts.nodes)]
+    )
+    kinds = realnode.FAULTS if real else FAULT_MODES
+    wrong = sorted(f"{n}={m}" for n, m in opts.faults.items() if m not in (*kinds, HEALTHY))
+    if wrong:
+        raise SystemExit(
+            f"--fault {', '.join(wrong)}: {'real' if real else 'kwok'} nodes' faults are "
+            f"{', '.join(kinds)}"
+        )
     unknown = sorted(set(opts.faults) - set(nodes))
     if unknown:
         raise SystemExit(f"--fault names nodes the cluster will not have: {', '.join(unknown)}")
@@ -966,12 +1001,21 @@ def run_local(opts: Options, console: Console) -> int:
         bins = ensure_bins()
         adapter_binary()
     console.say(
-        f"starting a local control plane: etcd, kube-apiserver, kube-controller-manager, "
-        f"kube-scheduler, kwok ({opts.nodes} nodes) and the fake kubelet",
+        "starting a local control plane: etcd, kube-apiserver, kube-controller-manager, "
+        + (
+            f"kube-scheduler and {opts.real_nodes} real nodes (a kubelet and containerd each)"
+            if real
+            else f"kube-scheduler, kwok ({opts.nodes} nodes) and the fake kubelet"
+        ),
         "step",
     )
     cluster = Cluster(
-        opts.run_dir / "cluster", nodes=opts.nodes, timing=TIMING, bins_dir=bins, quiet=True
+        opts.run_dir / "cluster",
+        nodes=0 if real else opts.nodes,
+        real_nodes=opts.real_nodes,
+        timing=TIMING,
+        bins_dir=bins,
+        quiet=True,
     )
     try:
         with cluster:
@@ -994,6 +1038,7 @@ def run_local(opts: Options, console: Console) -> int:
                 sweep_every=SWEEP_EVERY,
                 prometheus_url=cluster.prometheus_url,
                 label_every=LABEL_EVERY,
+                settings=realnode.REAL_KUBELET_FUNCTION_SETTINGS if real else None,
             )
             with stack:
                 console.say("pipeline ready; the webhook is registered with the API server")
@@ -1012,10 +1057,13 @@ def run_local(opts: Options, console: Console) -> int:
                     timeout=opts.timeout,
                     job_must_complete=True,
                     recreate_namespace=False,
+                    real_nodes=real,
                 )
                 act2: PressureOutcome | None = None
                 if outcome.ok and pressure is not None:
-                    act2 = pressure_act(cluster, kube, feed, timeline, console, *pressure)
+                    act2 = pressure_act(
+                        cluster, kube, feed, timeline, console, *pressure, real_nodes=real
+                    )
                 elif pressure is None:
                     console.say("act 2 (node pressure) needs two healthy nodes: skipped")
                 code = _finish(kube, timeline, everything, outcome, console, opts, act2)
@@ -1139,9 +1187,11 @@ def _labelled(
 
 def _fault(value: str) -> tuple[str, str]:
     node, sep, mode = value.partition("=")
-    if not sep or not node or mode not in (*FAULT_MODES, HEALTHY):
+    known = (*FAULT_MODES, *realnode.FAULTS, HEALTHY)
+    if not sep or not node or mode not in known:
         raise argparse.ArgumentTypeError(
-            f"expected NODE=MODE with MODE one of {', '.join(FAULT_MODES)} or none, got {value!r}"
+            f"expected NODE=MODE with MODE one of {', '.join(FAULT_MODES)} (kwok nodes), "
+            f"{', '.join(realnode.FAULTS)} (real nodes) or none, got {value!r}"
         )
     return node, mode
 
@@ -1167,6 +1217,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "labels the node for the run only",
     )
     p.add_argument("--nodes", type=int, default=NODES, help=f"local cluster size ({NODES})")
+    p.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N real nodes (a kubelet and containerd each; needs root) instead of kwok nodes; "
+        f"default faults then {' '.join(f'{n}={m}' for n, m in DEFAULT_REAL_FAULTS.items())} "
+        "(real-3 with 4 nodes or more); act 2 needs two healthy nodes",
+    )
     p.add_argument(
         "--archive",
         type=Path,
@@ -1201,7 +1260,12 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     # Locally the default faults tell the story; an existing cluster is left as it is.
-    default_faults = {} if args.existing else dict(DEFAULT_FAULTS)
+    if args.real_nodes and args.existing:
+        raise SystemExit("--real-nodes starts a local cluster; it cannot go with --existing")
+    if args.real_nodes and args.real_nodes < 2:
+        raise SystemExit("--real-nodes needs at least 2 nodes: a faulty one and a healthy one")
+    local_faults = default_real_faults(args.real_nodes) if args.real_nodes else DEFAULT_FAULTS
+    default_faults = {} if args.existing else dict(local_faults)
     faults = dict(args.fault) if args.fault else default_faults
     opts = Options(
         run_dir=run_dir,
@@ -1210,6 +1274,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
         faults=faults,
         nodes=args.nodes,
         color=args.color,
+        real_nodes=args.real_nodes,
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)

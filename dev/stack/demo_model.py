@@ -25,6 +25,8 @@ from typing import Any, Final
 from dev.localcluster.keys import (
     SIM_FAULT_LABEL,
 )
+from dev.localcluster.nodeimages import BUSYBOX_IMAGE
+from dev.localcluster.realnode import NODE_DEPENDENT_APP, NODE_LOCAL_DIR
 from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     PRESSURE_ANNOTATION,
@@ -63,10 +65,24 @@ class Workload:
         return f"{self.kind}/{self.name}"
 
 
-def pod_template(w: Workload) -> JSON:
+def container(w: Workload, *, real_nodes: bool) -> JSON:
+    """The pod's one container. On kwok nodes the image is never pulled and nothing runs. On
+    real nodes (a kubelet and containerd each) it is the local registry's busybox running an
+    app that needs a file of its node (realnode.NODE_DEPENDENT_APP: the app-crash fault takes
+    it away); a Job's does the same check and finishes in 2 s."""
+    if not real_nodes:
+        return {"name": "app", "image": IMAGE}
+    if w.kind == "Job":
+        command = ["sh", "-c", f"test -e {NODE_LOCAL_DIR}/app-ok || exit 1; sleep 2"]
+    else:
+        command = list(NODE_DEPENDENT_APP)
+    return {"name": "app", "image": BUSYBOX_IMAGE, "command": command}
+
+
+def pod_template(w: Workload, *, real_nodes: bool = False) -> JSON:
     # The default termination grace period on purpose: a pod deleted with grace 0 vanishes at
     # once, and kwok's delayed delete by name would then remove a StatefulSet pod's namesake.
-    spec: JSON = {"containers": [{"name": "app", "image": IMAGE}]}
+    spec: JSON = {"containers": [container(w, real_nodes=real_nodes)]}
     affinity: JSON = {}
     if w.prefer:
         affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
@@ -93,10 +109,10 @@ def pod_template(w: Workload) -> JSON:
     return {"metadata": {"labels": {APP_LABEL: w.name}}, "spec": spec}
 
 
-def manifest(w: Workload, retries: int) -> JSON:
+def manifest(w: Workload, retries: int, *, real_nodes: bool = False) -> JSON:
     """The workload as a user would write it: only ``scheduling-retries`` is ours."""
     meta = {"name": w.name, "annotations": {"scheduling-retries": str(retries)}}
-    template = pod_template(w)
+    template = pod_template(w, real_nodes=real_nodes)
     if w.kind == "Deployment":
         return {
             "apiVersion": "apps/v1",

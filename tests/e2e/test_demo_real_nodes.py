@@ -1,0 +1,76 @@
+"""`make demo REAL_NODES=2`: the demo on real nodes, a kubelet and containerd each.
+
+The same demo as tests/e2e/test_demo.py, run as its users run it, on a cluster of two real
+nodes: real-1's app misses a file of its node and crash-loops there, with the real kubelet's
+back-off; the functions run at their default thresholds. Act 2 needs two healthy nodes and is
+skipped, which the demo says.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dev.localcluster import realnode
+
+ROOT = Path(__file__).resolve().parents[2]
+MISSING = realnode.missing_tools()
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        bool(MISSING),
+        reason=f"real nodes need {', '.join(MISSING)} (hack/install-packages.sh, as root)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    run_dir = tmp_path_factory.mktemp("demo-real") / "run"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "dev.stack.demo"),
+            *("--real-nodes", "2", "--no-color", "--run-dir", str(run_dir)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    summary_file = run_dir / "summary.json"
+    return {
+        "code": result.returncode,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "summary": json.loads(summary_file.read_text()) if summary_file.exists() else None,
+    }
+
+
+def test_the_real_node_demo_recovers_every_workload(demo: dict[str, Any]) -> None:
+    assert demo["code"] == 0, (
+        f"stdout:\n{demo['stdout'][-4000:]}\nstderr:\n{demo['stderr'][-3000:]}"
+    )
+    summary = demo["summary"]
+    assert set(summary["faults"]) == {"real-1"}
+    workloads = {row["workload"] for row in summary["rows"]}
+    assert workloads == {"Deployment/web", "StatefulSet/db", "Job/report"}
+    for row in summary["rows"]:
+        assert row["final_node"] == "real-0", row
+        assert row["ended"] in ("Ready", "Succeeded"), row
+        # Every replica that started on the broken node failed there and moved once.
+        if row["nodes"][0] == "real-1":
+            assert row["failed"][0] is True and row["moves"] >= 1, row
+
+
+def test_the_real_node_demo_says_what_it_runs_on(demo: dict[str, Any]) -> None:
+    out = demo["stdout"]
+    assert "2 real nodes (a kubelet and containerd each)" in out
+    assert "real-1" in out and "app-crash" in out
+    assert "act 2 (node pressure) needs two healthy nodes: skipped" in out
