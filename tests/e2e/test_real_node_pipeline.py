@@ -353,3 +353,39 @@ def test_two_workloads_crashing_on_a_real_node_make_it_suspect(
     assert suspected == [BROKEN]
     assert HEALTHY not in suspected
     settled_on_healthy(api, namespace, 2)
+
+
+@pytest.mark.usefixtures("app_crashes_on_broken")
+def test_a_moved_pod_held_by_a_finalizer_is_replaced_at_once_and_moved_once(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    body = workload("Deployment", "held", {"app": "held"}, replicas=1)
+    body["spec"]["template"]["metadata"]["finalizers"] = ["example.com/hold"]
+    api.create("Deployment", namespace, body)
+
+    def replaced() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        found = pods(api, namespace)
+        old = [p for p in found if p["metadata"].get("deletionTimestamp")]
+        new = [p for p in found if not p["metadata"].get("deletionTimestamp")]
+        if len(old) == 1 and len(new) == 1 and ready(new[0]):
+            return old[0], new[0]
+        return None
+
+    old, new = wait_for("a Ready replacement beside the held pod", replaced, SETTLE, every=0.5)
+    assert (old["spec"]["nodeName"], new["spec"]["nodeName"]) == (BROKEN, HEALTHY)
+    # The kubelet stops the held pod's containers within its grace period and keeps writing
+    # its status while the finalizer holds the object: it is not moved again.
+    time.sleep(15)
+    (move,) = moves_of(stack, namespace)
+    assert move["data"]["name"] == old["metadata"]["name"]
+    still = api.get("Pod", namespace, old["metadata"]["name"])
+    assert still["metadata"]["deletionTimestamp"]
+    statuses = still["status"].get("containerStatuses") or [{}]
+    assert "running" not in statuses[0].get("state", {})
+    api.merge_patch("Pod", namespace, old["metadata"]["name"], {"metadata": {"finalizers": None}})
+    wait_for(
+        "the held pod gone once released",
+        lambda: len(pods(api, namespace)) == 1,
+        timeout=30,
+        every=0.5,
+    )
