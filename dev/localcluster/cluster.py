@@ -793,6 +793,11 @@ class Cluster:
         """metrics-server, its objects and the nodes' load pods (see metricsserver.py); returns
         once the Metrics API lists every node."""
         assert self.ports is not None
+        if self.real_nodes and self.kwok_nodes:
+            raise ClusterError(
+                "metrics-server scrapes either kwok's emulated kubelets or real ones, not both: "
+                "use nodes=0 with real_nodes"
+            )
         deadline = time.monotonic() + metricsserver.START_TIMEOUT
         stack = metricsserver.MetricsServerStack(
             self.workdir / "metrics-server",
@@ -802,12 +807,16 @@ class Cluster:
             kwok_port=self.ports.kwok,
             port=free_ports(1)[0],
             log=logging.getLogger("localcluster.metricsserver"),
+            real_kubelets=bool(self.real_nodes),
         )
         self.metrics_server = stack
         stack.prepare()
-        self._wait(
-            "kwok's load pod on every node", lambda: stack.kwok_serves_load(self.nodes), deadline
-        )
+        if not self.real_nodes:
+            self._wait(
+                "kwok's load pod on every node",
+                lambda: stack.kwok_serves_load(self.nodes),
+                deadline,
+            )
         self._spawn(
             metricsserver.PROCESS_NAME,
             stack.argv(self._metrics_server_bin),

@@ -46,6 +46,13 @@ same Node annotations as the node-exporter endpoints Prometheus scrapes
   Endpoints and EndpointSlices refuse loopback addresses (``ValidateEndpointIP``). The
   aggregator checks the serving certificate against the APIService's ``caBundle`` for the name
   ``metrics-server.kube-system.svc``, which the certificate made here carries.
+- **Real kubelets** (``Cluster(real_nodes=N, nodes=0, metrics_server=True)``): metrics-server
+  scrapes them as on any cluster, over HTTPS at the Node's InternalIP and kubelet port, the
+  kubelet's serving certificate checked against the cluster CA (which signed it for the
+  machine's address, :mod:`localcluster.realnode`), its ServiceAccount token authenticated and
+  authorized by the kubelet's webhooks (``nodes/metrics``). No proxy, no load DaemonSet: the
+  usage is the kubelet's own, from cAdvisor. All real nodes share the machine, and a kubelet
+  reports its node's usage from the root cgroup, so each reports the whole machine's.
 - **Its identity.** metrics-server runs as the ServiceAccount ``kube-system/metrics-server``
   (a token from the TokenRequest API) with the RBAC of metrics-server's own manifests, so a
   missing permission shows up here as on a real cluster.
@@ -412,14 +419,14 @@ class NodeNetwork:
 # -- the objects metrics-server needs -------------------------------------------------------------
 
 
-def manifests(port: int, ca_bundle: bytes) -> list[tuple[str, JSON]]:
+def manifests(port: int, ca_bundle: bytes, *, load: bool = True) -> list[tuple[str, JSON]]:
     """(collection path, object) of everything to create: metrics-server's ServiceAccount and
     RBAC (as in its manifests/base/rbac.yaml), its Service and APIService, the load DaemonSet."""
     rbac = "/apis/rbac.authorization.k8s.io/v1"
     sa_subject = [{"kind": "ServiceAccount", "name": SERVICE_NAME, "namespace": NAMESPACE}]
     labels = {"k8s-app": SERVICE_NAME}
     load_labels = {NAME_LABEL: LOAD_DAEMONSET}
-    return [
+    made: list[tuple[str, JSON]] = [
         (
             f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
             {
@@ -566,6 +573,8 @@ def manifests(port: int, ca_bundle: bytes) -> list[tuple[str, JSON]]:
             },
         ),
     ]
+    # The load DaemonSet, last, is kwok's alone: a real kubelet reports its own usage.
+    return made if load else made[:-1]
 
 
 def ensure_binary() -> str:
@@ -598,6 +607,7 @@ class MetricsServerStack:
         kwok_port: int,
         port: int,
         log: logging.Logger,
+        real_kubelets: bool = False,
     ) -> None:
         self.directory = directory
         self.rest = rest
@@ -607,6 +617,8 @@ class MetricsServerStack:
         self.port = port
         self.log = log
         self.network = NodeNetwork(kwok_port, rest, log)
+        # Real kubelets: scraped over HTTPS, no node network, no load DaemonSet.
+        self.real_kubelets = real_kubelets
         self.kubeconfig = directory / "kubeconfig"
         self.cert = directory / "serving.crt"
         self.key = directory / "serving.key"
@@ -624,7 +636,7 @@ class MetricsServerStack:
             server=True,
         )
         self.cert, self.key = serving.write(self.directory, "serving")
-        for path, obj in manifests(self.port, ca.cert_pem):
+        for path, obj in manifests(self.port, ca.cert_pem, load=not self.real_kubelets):
             try:
                 self.rest.post(path, obj)
             except ApiError as e:
@@ -657,7 +669,8 @@ class MetricsServerStack:
         }
         self.kubeconfig.touch(mode=0o600)
         self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.network.start()
+        if not self.real_kubelets:
+            self.network.start()
 
     def kwok_serves_load(self, nodes: list[str]) -> bool:
         """True once kwok reports a working set for every node (it has seen each load pod).
@@ -687,7 +700,11 @@ class MetricsServerStack:
             f"--authorization-kubeconfig={self.kubeconfig}",
             "--kubelet-preferred-address-types=InternalIP",
             "--kubelet-use-node-status-port",
-            "--deprecated-kubelet-completely-insecure",
+            *(
+                [f"--kubelet-certificate-authority={self.pki.ca_crt}"]
+                if self.real_kubelets
+                else ["--deprecated-kubelet-completely-insecure"]
+            ),
             f"--kubelet-request-timeout={KUBELET_TIMEOUT_SECONDS}s",
             f"--metric-resolution={RESOLUTION_SECONDS}s",
             "--v=2",
@@ -696,6 +713,8 @@ class MetricsServerStack:
     def env(self) -> dict[str, str]:
         # Go's http.ProxyFromEnvironment: used for the http:// kubelet URLs, never for the API
         # server on 127.0.0.1 (loopback is never proxied).
+        if self.real_kubelets:
+            return {}
         return {"HTTP_PROXY": self.network.url, "http_proxy": self.network.url}
 
     def lists_every_node(self, nodes: list[str]) -> bool:
@@ -703,7 +722,8 @@ class MetricsServerStack:
         return {i["metadata"]["name"] for i in items} >= set(nodes)
 
     def stop(self) -> None:
-        self.network.stop()
+        if not self.real_kubelets:
+            self.network.stop()
 
 
 def within(reported: NodeUsage, expected: NodeUsage, tolerance: float = 0.02) -> bool:
