@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean fuzz chaos soak
+.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean fuzz chaos soak real-nodes
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -65,6 +65,13 @@ replay: venv
 
 # Benchmarks against the peers (vanilla, the descheduler) on the local control plane (issue 6):
 # dev/bench/results/<date>.json, plots, dev/bench/RESULTS.md. bench-quick: tiny sizes, for CI.
+# The full real-node suite (docs/testing.md): every test on real kubelets, about 14 minutes;
+# make test runs the short one (about 9).
+real-nodes: venv cluster-bins adapter-bin
+	KN_RESCHEDULER_REAL_NODES=full $(PY) -m pytest -q -m e2e tests/e2e/test_real_nodes.py \
+		tests/e2e/test_real_node_pipeline.py tests/e2e/test_real_node_metrics.py \
+		tests/e2e/test_demo_real_nodes.py tests/e2e/test_node_images.py
+
 bench: venv cluster-bins adapter-bin
 	$(PY) -m dev.bench
 

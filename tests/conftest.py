@@ -75,3 +75,17 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         except ApiError as e:
             if e.status != 404:
                 raise
+
+
+# The real-node suite in two lengths (docs/testing.md): `make test` (and CI) runs the short
+# one; `make real-nodes` sets KN_RESCHEDULER_REAL_NODES=full and runs every real-node test.
+REAL_NODES_FULL_ENV = "KN_RESCHEDULER_REAL_NODES"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(REAL_NODES_FULL_ENV) == "full":
+        return
+    skip = pytest.mark.skip(reason="the full real-node suite only: make real-nodes")
+    for item in items:
+        if item.get_closest_marker("real_nodes_full") is not None:
+            item.add_marker(skip)

@@ -186,6 +186,7 @@ def test_a_deployment_whose_image_cannot_be_pulled_on_its_node_moves_to_a_real_h
     print(f"deployment: Ready on {HEALTHY} {took:.1f}s after creation")
 
 
+@pytest.mark.real_nodes_full
 @pytest.mark.usefixtures("mirror_refused_on_broken")
 def test_a_statefulset_pod_moves_and_keeps_its_name(
     cluster: Cluster, namespace: str, api: Kube, stack: Stack
@@ -206,6 +207,7 @@ def test_a_statefulset_pod_moves_and_keeps_its_name(
     print(f"statefulset: Ready on {HEALTHY} {took:.1f}s after creation")
 
 
+@pytest.mark.real_nodes_full
 @pytest.mark.usefixtures("mirror_refused_on_broken")
 def test_a_job_pod_moves_and_the_job_completes(
     cluster: Cluster, namespace: str, api: Kube, stack: Stack
@@ -334,6 +336,7 @@ def test_a_pod_whose_configmap_does_not_exist_is_never_moved_by_the_sweep(
     )
 
 
+@pytest.mark.real_nodes_full
 @pytest.mark.usefixtures("app_crashes_on_broken")
 def test_two_workloads_crashing_on_a_real_node_make_it_suspect(
     cluster: Cluster, namespace: str, api: Kube, stack: Stack
@@ -355,6 +358,7 @@ def test_two_workloads_crashing_on_a_real_node_make_it_suspect(
     settled_on_healthy(api, namespace, 2)
 
 
+@pytest.mark.real_nodes_full
 @pytest.mark.usefixtures("app_crashes_on_broken")
 def test_a_moved_pod_held_by_a_finalizer_is_replaced_at_once_and_moved_once(
     cluster: Cluster, namespace: str, api: Kube, stack: Stack

@@ -357,6 +357,7 @@ def test_a_refused_mirror_fails_the_pull_on_its_node_only(real: Cluster, broken:
     eventually(lambda: running(real, "elsewhere"), "the same image to run on the healthy node")
 
 
+@pytest.mark.real_nodes_full
 def test_a_hanging_mirror_leaves_a_pull_that_never_ends(real: Cluster, broken: Any) -> None:
     broken("mirror-hangs")
     run_pod(real, "hangs", BROKEN)
@@ -416,6 +417,7 @@ def test_disk_pressure_taints_the_node_and_evicts_its_pods(real: Cluster, broken
     eventually(lambda: condition(real, BROKEN, "DiskPressure") == "False", "the node to recover")
 
 
+@pytest.mark.real_nodes_full
 def test_memory_pressure_is_reported_by_the_kubelet(real: Cluster, broken: Any) -> None:
     broken("memory-pressure")
     eventually(lambda: condition(real, BROKEN, "MemoryPressure") == "True", "MemoryPressure")
