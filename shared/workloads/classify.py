@@ -338,8 +338,64 @@ def unschedulable_due_to_exclusions(pod: Pod, cfg: Config) -> Failure | None:
 
 
 @judges_pod
+@dataclass(frozen=True)
+class Started:
+    """A container of a controller's pod that the runtime started on a node: what a pod's
+    siblings say about an image, for a pod still pulling it elsewhere."""
+
+    controller: str
+    container: str
+    image: str
+    node: str
+    at: datetime
+
+
+def started_containers(pod: Pod) -> list[Started]:
+    """Every container of ``pod`` that started (running, or ended after a real start), with
+    the image its spec names, when its pod has a controller and a node."""
+    ref = controller_of(pod)
+    node = pod.get("spec", {}).get("nodeName")
+    if ref is None or not ref.get("uid") or not node:
+        return []
+    specs = _container_specs(pod)
+    found = []
+    for is_init, status in _container_statuses(pod):
+        state = status.get("state", {})
+        block = state.get("running") or state.get("terminated") or {}
+        at = parse_kube_time(block.get("startedAt"))
+        image = (specs.get((is_init, status.get("name", ""))) or {}).get("image")
+        if at is None or at <= _NEVER_STARTED or not image:
+            continue
+        found.append(Started(str(ref["uid"]), status.get("name", ""), str(image), node, at))
+    return found
+
+
+def _started_beside(
+    pod: Pod, node: str, since: datetime, started: Sequence[Started]
+) -> Started | None:
+    """A sibling's container, of the same controller, name and image as one this pod is still
+    waiting to create, that started on another node after this pod's sandbox came up."""
+    ref = controller_of(pod)
+    if ref is None or not ref.get("uid"):
+        return None
+    specs = _container_specs(pod)
+    for is_init, status in _container_statuses(pod):
+        name = status.get("name", "")
+        image = (specs.get((is_init, name)) or {}).get("image")
+        for s in started:
+            if (s.controller, s.container, s.image) == (ref["uid"], name, image) and (
+                s.node != node and s.at >= since
+            ):
+                return s
+    return None
+
+
 def stuck_pending(
-    pod: Pod, cfg: Config, now: datetime, events: Sequence[PodEvent] = ()
+    pod: Pod,
+    cfg: Config,
+    now: datetime,
+    events: Sequence[PodEvent] = (),
+    started_elsewhere: Sequence[Started] = (),
 ) -> Failure | None:
     """A pod bound to a node whose kubelet has not started it for too long.
 
@@ -364,6 +420,14 @@ def stuck_pending(
     failed to create the pod's sandbox (``FailedCreatePodSandBox``) and still has not, for
     `waiting_failure_after` since the first failure, is the node's failure, long before
     `pending_stuck_after`.
+
+    ``started_elsewhere``, the started containers of the other pods (started_containers), are
+    the evidence for a pull: a pod whose sandbox is up and whose image another pod of the same
+    controller started on another node since (pulled there, or already there) is stuck after
+    `pending_stuck_after`, not `pull_stuck_after`. A node-local registry mirror that accepts
+    connections and never answers leaves a pull with no error and no timeout (containerd 1.6;
+    recorded: tests/fixtures/real-kubelet/image-pull-hangs.json), while the same image starts
+    in seconds on other nodes.
     """
     if skip_reason(pod, cfg) is not None:
         return None
@@ -404,6 +468,13 @@ def stuck_pending(
         since = parse_kube_time(sandbox.get("lastTransitionTime"))
         threshold = override or cfg.pull_stuck_after
         stage = "its sandbox is up but its containers are still being created (image pull?)"
+        sibling = None if since is None else _started_beside(pod, node, since, started_elsewhere)
+        if sibling is not None and override is None:
+            threshold = min(threshold, cfg.pending_stuck_after)
+            stage += (
+                f", while another pod of its controller started {sibling.container} "
+                f"({sibling.image}) on node {sibling.node} at {sibling.at:%H:%M:%S}"
+            )
     else:
         since = parse_kube_time(status.get("startTime"))
         if since is None:
@@ -433,10 +504,11 @@ def stuck_pending(
     )
 
 
-def still_without_sandbox(pod: Pod, node: str, cfg: Config) -> bool:
+def still_starting(pod: Pod, node: str, cfg: Config, *, sandbox: bool | None = None) -> bool:
     """Whether ``pod`` is still bound to ``node``, Pending, every container in a starting
-    state and its sandbox not up: the stage in which the sweep found it failing by its Events
-    (a ``FailedCreatePodSandBox``), which a later read of the pod alone cannot show again."""
+    state (and its sandbox up, or not, when ``sandbox`` says which): the stage in which the
+    sweep found it stuck by evidence a later read of the pod alone cannot show again (the
+    kubelet's Events, the pod's siblings)."""
     if skip_reason(pod, cfg) is not None:
         return False
     status = pod.get("status", {})
@@ -446,8 +518,9 @@ def still_without_sandbox(pod: Pod, node: str, cfg: Config) -> bool:
         state = container.get("state", {})
         if "waiting" not in state or state["waiting"].get("reason") not in _STARTING_REASONS:
             return False
-    sandbox = _condition(pod, "PodReadyToStartContainers")
-    return sandbox is None or sandbox.get("status") != "True"
+    condition = _condition(pod, "PodReadyToStartContainers")
+    up = condition is not None and condition.get("status") == "True"
+    return sandbox is None or up == sandbox
 
 
 _IMAGE_PULL_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})

@@ -393,3 +393,46 @@ def test_a_moved_pod_held_by_a_finalizer_is_replaced_at_once_and_moved_once(
         timeout=30,
         every=0.5,
     )
+
+
+@pytest.fixture
+def mirror_hangs_on_broken(cluster: Cluster) -> Iterator[None]:
+    cluster.set_fault(BROKEN, "mirror-hangs")
+    yield
+    # Healing closes the mirror's connections: the hung pull fails and the kubelet can end
+    # the pod it held.
+    cluster.set_fault(BROKEN, None)
+
+
+@pytest.mark.usefixtures("mirror_hangs_on_broken")
+def test_a_pull_that_never_ends_is_moved_once_a_sibling_started_the_image_elsewhere(
+    cluster: Cluster, namespace: str, api: Kube, stack: Stack
+) -> None:
+    # Two replicas, spread one per node: one pulls from the hanging mirror forever, the other
+    # pulls the same image on the healthy node in milliseconds.
+    body = workload("Deployment", "hung", {"app": "hung"}, replicas=2)
+    spec = body["spec"]["template"]["spec"]
+    spec.pop("affinity", None)
+    spec["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "hung"}},
+        }
+    ]
+    t0 = time.monotonic()
+    api.create("Deployment", namespace, body)
+
+    def both_on_healthy() -> list[dict[str, Any]] | None:
+        live = [p for p in pods(api, namespace) if not p["metadata"].get("deletionTimestamp")]
+        good = len(live) == 2 and all(ready(p) and p["spec"]["nodeName"] == HEALTHY for p in live)
+        return live if good else None
+
+    # The spread keeps the replacement off the healthy node until the hung pod is gone from
+    # the count: a pod being deleted no longer counts (the scheduler skips it).
+    sweeping_until(stack, f"both replicas Ready on {HEALTHY}", both_on_healthy)
+    took = time.monotonic() - t0
+    (move,) = moves_of(stack, namespace)
+    assert (move["data"]["node"], move["data"]["reason"]) == (BROKEN, "StuckPending")
+    print(f"hung pull: both Ready on {HEALTHY} {took:.1f}s after creation")

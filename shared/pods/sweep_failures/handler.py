@@ -39,7 +39,10 @@ from shared.platform import kube, metrics
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import (
+    Started,
     classify,
+    controller_of,
+    started_containers,
     stuck_pending,
     unschedulable_due_to_exclusions,
     worth_forwarding,
@@ -70,8 +73,14 @@ def find_failures(
     Events about pods, by pod uid (podevents.warning_events)."""
     events = events or {}
     found = []
+    # One pass over the pages (memory stays flat): what every pod's containers started where,
+    # and the few pods still starting, judged again at the end against their siblings.
+    started: dict[str, list[Started]] = {}
+    starting: list[Pod] = []
     for pod in pods:
         try:
+            for s in started_containers(pod):
+                started.setdefault(s.controller, []).append(s)
             # As in detect-failures: our own exclusions are always cleared, whatever the policy.
             failure = unschedulable_due_to_exclusions(pod, cfg)
             if failure is None:
@@ -81,6 +90,8 @@ def find_failures(
                 failure = classify(pod, cfg, now) or stuck_pending(
                     pod, cfg, now, events.get(uid, ())
                 )
+                if failure is None and _may_be_pulling(pod):
+                    starting.append(pod)
             if failure is not None:
                 with judged(pod):
                     found.append(FailingPod.from_pod(pod, failure))
@@ -88,7 +99,26 @@ def find_failures(
             # Never from a real API server; a list that carried one is not worth a crash.
             log.warning("skipping an object that is not a pod: %s", exc)
             continue
+    for pod in starting:
+        ref = controller_of(pod) or {}
+        siblings = started.get(str(ref.get("uid", "")), [])
+        uid = pod.get("metadata", {}).get("uid", "")
+        failure = stuck_pending(pod, cfg, now, events.get(uid, ()), siblings) if siblings else None
+        if failure is not None:
+            with judged(pod):
+                found.append(FailingPod.from_pod(pod, failure))
     return found
+
+
+def _may_be_pulling(pod: Pod) -> bool:
+    """Pending on a node with its sandbox up: an image pull may be under way."""
+    if pod.get("status", {}).get("phase") != "Pending" or not pod.get("spec", {}).get("nodeName"):
+        return False
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(
+        c.get("type") == "PodReadyToStartContainers" and c.get("status") == "True"
+        for c in conditions
+    )
 
 
 class Sweeper:

@@ -53,8 +53,7 @@ from shared.workloads.classify import (
     FailureKind,
     classify,
     controller_of,
-    still_without_sandbox,
-    stuck_pending,
+    still_starting,
     unschedulable_due_to_exclusions,
 )
 from shared.workloads.everywhere import ALONE, Witnesses, witnesses_of
@@ -440,13 +439,16 @@ def current_failure(
 
 def _still_stuck(live: Pod, found: Failure, cfg: Config, now: datetime) -> Failure | None:
     """The sweep's own verdicts, which the pod's status alone does not repeat to classify: a
-    pod stuck starting on its node (judged again by the clock), and a node that failed to
-    create its sandbox (the sweep read it in the kubelet's Events; it still stands while the
-    pod is bound there, Pending, with no sandbox up)."""
+    pod stuck starting on its node, and a node that failed to create its sandbox. The sweep
+    judged them on evidence beside the pod (the kubelet's Events, the pod's siblings); they
+    still stand while the pod is bound there, Pending, not started (for a sandbox failure,
+    with no sandbox up)."""
+    if not found.node:
+        return None
     if found.reason == STUCK_PENDING:
-        return stuck_pending(live, cfg, now)
-    if found.reason == FAILED_CREATE_POD_SANDBOX and found.node:
-        return found if still_without_sandbox(live, found.node, cfg) else None
+        return found if still_starting(live, found.node, cfg) else None
+    if found.reason == FAILED_CREATE_POD_SANDBOX:
+        return found if still_starting(live, found.node, cfg, sandbox=False) else None
     return None
 
 
