@@ -350,6 +350,7 @@ class Started:
     at: datetime
 
 
+@judges_pod
 def started_containers(pod: Pod) -> list[Started]:
     """Every container of ``pod`` that started (running, or ended after a real start), with
     the image its spec names, when its pod has a controller and a node."""

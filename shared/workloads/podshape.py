@@ -45,7 +45,7 @@ _CONTAINER_STATUS: Final[dict[str, Any]] = {
     "state": _STATE,
     "lastState": _STATE,
 }
-_CONTAINER: Final[dict[str, Any]] = {"name": str, "resources": {"limits": {}}}
+_CONTAINER: Final[dict[str, Any]] = {"name": str, "image": str, "resources": {"limits": {}}}
 POD_SHAPE: Final[dict[str, Any]] = {
     "metadata": {
         "name": str,

@@ -79,34 +79,34 @@ def find_failures(
     starting: list[Pod] = []
     for pod in pods:
         try:
-            for s in started_containers(pod):
-                started.setdefault(s.controller, []).append(s)
-            # As in detect-failures: our own exclusions are always cleared, whatever the policy.
-            failure = unschedulable_due_to_exclusions(pod, cfg)
-            if failure is None:
-                if not worth_forwarding(pod, cfg):
-                    continue
-                uid = pod.get("metadata", {}).get("uid", "")
-                failure = classify(pod, cfg, now) or stuck_pending(
-                    pod, cfg, now, events.get(uid, ())
-                )
-                if failure is None and _may_be_pulling(pod):
-                    starting.append(pod)
-            if failure is not None:
-                with judged(pod):
+            with judged(pod):
+                for s in started_containers(pod):
+                    started.setdefault(s.controller, []).append(s)
+                # As in detect-failures: our own exclusions are always cleared, whatever the
+                # policy.
+                failure = unschedulable_due_to_exclusions(pod, cfg)
+                if failure is None:
+                    if not worth_forwarding(pod, cfg):
+                        continue
+                    uid = pod.get("metadata", {}).get("uid", "")
+                    failure = classify(pod, cfg, now) or stuck_pending(
+                        pod, cfg, now, events.get(uid, ())
+                    )
+                    if failure is None and _may_be_pulling(pod):
+                        starting.append(pod)
+                if failure is not None:
                     found.append(FailingPod.from_pod(pod, failure))
         except MalformedPod as exc:
             # Never from a real API server; a list that carried one is not worth a crash.
             log.warning("skipping an object that is not a pod: %s", exc)
             continue
-    for pod in starting:
+    for pod in starting:  # each already read once above without a fault
         ref = controller_of(pod) or {}
         siblings = started.get(str(ref.get("uid", "")), [])
         uid = pod.get("metadata", {}).get("uid", "")
         failure = stuck_pending(pod, cfg, now, events.get(uid, ()), siblings) if siblings else None
         if failure is not None:
-            with judged(pod):
-                found.append(FailingPod.from_pod(pod, failure))
+            found.append(FailingPod.from_pod(pod, failure))
     return found
 
 
