@@ -107,9 +107,11 @@ EXPECTED: dict[str, Expected] = {
         (NODE_FIXABLE, "ImagePullBackOff"),
         (NODE_FIXABLE, "ImagePullBackOff"),
     ),
-    # FINDING: a pull that never answers leaves only ContainerCreating and a Pulling event;
-    # the sandbox is up (PodReadyToStartContainers True), so only the sweep's pull_stuck_after
-    # (1 hour) catches it: the pod sits on the broken node for an hour.
+    # A pull that never answers leaves only ContainerCreating and a Pulling event; the sandbox
+    # is up (PodReadyToStartContainers True). Alone (this recorded pod has no controller, so
+    # no sibling), it is a pull in progress for pull_stuck_after (1 hour); beside a sibling
+    # that started the image on another node it is stuck after 10 minutes
+    # (tests/unit/test_pull_beside_siblings.py).
     "image-pull-hangs": Expected(None, None, None, STUCK),
     # A node that cannot create sandboxes (broken CNI, broken runtime): the pod only says
     # ContainerCreating, so classify (on the pod event) cannot tell; the sweep reads the
