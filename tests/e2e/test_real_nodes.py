@@ -433,8 +433,14 @@ def test_a_stopped_runtime_turns_the_node_not_ready_while_its_pod_looks_fine(
     eventually(lambda: condition(real, BROKEN, "Ready") != "True", "NotReady", timeout=90)
     # The API still shows the pod running: only the taint manager will act, later.
     assert running(real, "stranded")
-    assert "node.kubernetes.io/not-ready" in taints(real, BROKEN) or (
-        "node.kubernetes.io/unreachable" in taints(real, BROKEN)
+    # The node lifecycle controller taints it a moment after the kubelet's condition.
+    eventually(
+        lambda: (
+            {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+            & taints(real, BROKEN)
+        ),
+        "the not-ready taint",
+        timeout=30,
     )
     real.set_fault(BROKEN, None)
     eventually(lambda: condition(real, BROKEN, "Ready") == "True", "Ready again", timeout=90)
