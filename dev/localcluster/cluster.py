@@ -24,7 +24,6 @@ import atexit
 import base64
 import logging
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -47,7 +46,7 @@ from dev.localcluster.keys import (
 from dev.localcluster.kubelet import FakeKubelet, Timing
 from dev.localcluster.nodeexporter import NodeExporter
 from dev.localcluster.podstatus import FAULT_MODES, HEALTHY
-from dev.localcluster.procs import Component, Proc, stop_all
+from dev.localcluster.procs import Component, Proc, free_ports, stop_all
 from dev.localcluster.prometheus import LocalPrometheus, PrometheusError, find_binary
 from dev.localcluster.rest import ApiError, Rest
 
@@ -81,20 +80,6 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (all held open until all are chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _kubeconfig(server: str, ca: Path, crt: Path, key: Path, user: str) -> dict[str, Any]:

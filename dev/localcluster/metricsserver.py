@@ -573,8 +573,8 @@ def manifests(port: int, ca_bundle: bytes, *, load: bool = True) -> list[tuple[s
             },
         ),
     ]
-    # The load DaemonSet, last, is kwok's alone: a real kubelet reports its own usage.
-    return made if load else made[:-1]
+    # The load DaemonSet is kwok's alone: a real kubelet reports its own usage.
+    return [(path, obj) for path, obj in made if load or obj["kind"] != "DaemonSet"]
 
 
 def ensure_binary() -> str:

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -174,3 +175,17 @@ def names_path(args: list[str], directory: str) -> bool:
     ``/a/b2/x``)."""
     d = directory.rstrip("/")
     return any(a == d or a.endswith("=" + d) or d + "/" in a for a in args)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (all held open until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

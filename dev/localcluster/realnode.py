@@ -56,8 +56,8 @@ from typing import Any, Final
 import yaml
 
 from dev.localcluster import hostchanges, pki
-from dev.localcluster.nodeimages import BUSYBOX_IMAGE, IMAGE_HOST, PAUSE_IMAGE
-from dev.localcluster.procs import Proc
+from dev.localcluster.nodeimages import IMAGE_HOST, PAUSE_IMAGE
+from dev.localcluster.procs import Proc, free_ports
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,6 @@ CONTAINERD: Final = "containerd"
 CTR: Final = "ctr"
 RUNC: Final = "/usr/sbin/runc"
 CNI_BIN_DIR: Final = "/usr/lib/cni"
-# Images the pods of real nodes name; the node's certs.d sends this registry to the local one.
-IMAGE_REGISTRY: Final = IMAGE_HOST
-__all__ = ["BUSYBOX_IMAGE", "FAULTS", "PAUSE_IMAGE", "RealNodeError", "RealNodes"]
 # The cgroup roots of all real nodes sit under this one (named per cluster).
 CGROUP_PREFIX: Final = "kn-rescheduler"
 # Every container on a real node sees its node's own directory here (read-only).
@@ -130,19 +127,6 @@ def machine_address() -> str:
         "real nodes need a non-loopback IPv4 address on the machine (a kubelet refuses a "
         "loopback node IP); `ip -4 addr` shows none"
     )
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def missing_tools() -> list[str]:
@@ -218,7 +202,7 @@ class NodeLayout:
 
     @property
     def hosts_toml(self) -> Path:
-        return self.directory / "certs.d" / IMAGE_REGISTRY / "hosts.toml"
+        return self.directory / "certs.d" / IMAGE_HOST / "hosts.toml"
 
 
 # -- configuration files (pure: a layout in, text out) -------------------------------------------
@@ -311,7 +295,8 @@ def cni_config(node: NodeLayout, network: str, *, broken: bool = False) -> str:
 
 
 def hosts_toml(upstream: str) -> str:
-    """The node's mirror for IMAGE_REGISTRY: ``upstream`` is ``host:port`` (plain HTTP)."""
+    """The node's mirror for IMAGE_HOST, the registry the pods' images name: ``upstream`` is
+    ``host:port`` (plain HTTP)."""
     return f"""server = "http://{upstream}"
 
 [host."http://{upstream}"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Final
 import requests
 import yaml
 
-from dev.localcluster.procs import Proc
+from dev.localcluster.procs import Proc, free_ports
 
 # Names the registry binary to run instead of Debian's docker-registry.
 ENV_REGISTRY: Final = "KN_RESCHEDULER_REGISTRY"
@@ -53,14 +52,6 @@ def find_binary() -> str:
     if not found or not os.access(found, os.X_OK):
         raise RegistryError(f"no registry binary found; {INSTALL_HINT}")
     return found
-
-
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (cluster.free_ports' idea; cluster imports us)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def config(storage_dir: Path, port: int) -> dict[str, Any]:
@@ -99,7 +90,7 @@ class LocalRegistry:
         """``port``: None picks a free one now; it stays the registry's across restarts."""
         self.directory = directory
         self.log_path = log_dir / f"{PROCESS_NAME}.log"
-        self.port = port if port is not None else _free_port()
+        self.port = port if port is not None else free_ports(1)[0]
         self.binary = binary
         self.config_file = directory / "config.yml"
         self.storage_dir = directory / "storage"

@@ -443,7 +443,7 @@ def stuck_pending(
         if "waiting" not in state or reason not in _STARTING_REASONS:
             return None
         waiting_reasons.append(reason)
-    if missing_volume_source(events) is not None:
+    if missing_volume_source(events, now - cfg.pending_stuck_after) is not None:
         return None
     sandbox = _condition(pod, "PodReadyToStartContainers")
     sandbox_up = sandbox is not None and sandbox.get("status") == "True"

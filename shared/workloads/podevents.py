@@ -72,10 +72,15 @@ def warning_events(items: Iterable[Mapping[str, Any]]) -> dict[str, tuple[PodEve
     return {uid: tuple(events) for uid, events in found.items()}
 
 
-def missing_volume_source(events: Iterable[PodEvent]) -> str | None:
-    """The kubelet's message when a volume's ConfigMap or Secret does not exist, else None."""
+def missing_volume_source(events: Iterable[PodEvent], since: datetime) -> str | None:
+    """The kubelet's message when a volume's ConfigMap or Secret does not exist, written again
+    since ``since``, else None. The kubelet retries a failed mount at most 2m2s apart
+    (pkg/util/goroutinemap/exponentialbackoff) and each failure renews the Event's
+    lastTimestamp: an older one is from before the object was created, and says nothing
+    about why the pod is still waiting now."""
     for event in events:
-        if event.reason == FAILED_MOUNT and _MISSING_SOURCE.search(event.message):
+        recent = event.last is not None and event.last >= since
+        if event.reason == FAILED_MOUNT and recent and _MISSING_SOURCE.search(event.message):
             return event.message
     return None
 
@@ -96,9 +101,8 @@ def sandbox_failures(events: Iterable[PodEvent], node: str) -> SandboxFailures |
     ]
     if not mine:
         return None
-    latest = max(mine, key=lambda e: e.last or e.first)  # type: ignore[arg-type, return-value]
+    firsts = [e.first for e in mine if e.first is not None]
+    latest = max(mine, key=lambda e: e.last or e.first or firsts[0])
     return SandboxFailures(
-        attempts=sum(e.count for e in mine),
-        first=min(e.first for e in mine if e.first is not None),
-        message=latest.message,
+        attempts=sum(e.count for e in mine), first=min(firsts), message=latest.message
     )

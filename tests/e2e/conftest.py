@@ -20,6 +20,7 @@ from typing import Any, Final
 import pytest
 from kubernetes import client as k8s
 
+from dev.localcluster import realnode
 from dev.localcluster.keys import (
     SIM_CPU_USAGE_ANNOTATION,
     SIM_MEMORY_USAGE_ANNOTATION,
@@ -51,6 +52,15 @@ from tests.handlers.conftest import function_client  # noqa: F401 - shared fixtu
 FAULTY_PREFERENCE_WEIGHT = 100
 # The functions' settings for the fake kubelet's compressed clock (see LOCAL_FUNCTION_SETTINGS).
 LOCAL = Config.from_env(LOCAL_FUNCTION_SETTINGS)
+
+
+# The real-node tests (docs/local-cluster.md, "Real nodes") need root and what
+# hack/install-packages.sh installs; elsewhere they are skipped, saying what is missing.
+REAL_NODES_MISSING: Final = realnode.missing_tools()
+needs_real_nodes: Final = pytest.mark.skipif(
+    bool(REAL_NODES_MISSING),
+    reason=f"real nodes need {', '.join(REAL_NODES_MISSING)} (hack/install-packages.sh, as root)",
+)
 
 
 def wait_for(

@@ -16,18 +16,10 @@ from typing import Any
 
 import pytest
 
-from dev.localcluster import realnode
+from tests.e2e.conftest import needs_real_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
-MISSING = realnode.missing_tools()
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        bool(MISSING),
-        reason=f"real nodes need {', '.join(MISSING)} (hack/install-packages.sh, as root)",
-    ),
-]
+pytestmark = [pytest.mark.e2e, needs_real_nodes]
 
 
 @pytest.fixture(scope="module")

@@ -20,21 +20,14 @@ from typing import Any
 import pytest
 from kubernetes.utils import parse_quantity
 
-from dev.localcluster import Cluster, realnode
+from dev.localcluster import Cluster
 from dev.localcluster import metricsserver as ms
 from shared.api.keys import LOAD_BUCKETS, LOAD_LABEL, PING_EVENT_TYPE, USAGE_ANNOTATION
 from shared.api.usage import UsageRecord
+from tests.e2e.conftest import needs_real_nodes
 from tests.handlers.conftest import cloudevent
 
-MISSING = realnode.missing_tools()
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        bool(MISSING),
-        reason=f"real nodes need {', '.join(MISSING)} (hack/install-packages.sh, as root)",
-    ),
-]
+pytestmark = [pytest.mark.e2e, needs_real_nodes]
 
 
 @pytest.fixture(scope="module")

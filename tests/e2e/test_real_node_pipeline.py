@@ -30,18 +30,10 @@ from shared.api.keys import (
 )
 from shared.platform.kube import Kube
 from tests import builders
-from tests.e2e.conftest import preferring, state_of, wait_for
+from tests.e2e.conftest import needs_real_nodes, preferring, state_of, wait_for
 from tests.e2e.test_rescheduling import only, pods, ready
 
-MISSING = realnode.missing_tools()
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        bool(MISSING),
-        reason=f"real nodes need {', '.join(MISSING)} (hack/install-packages.sh, as root)",
-    ),
-]
+pytestmark = [pytest.mark.e2e, needs_real_nodes]
 
 BROKEN, HEALTHY = "real-0", "real-1"
 # The real back-off: pulls retried after 10 s, 20 s, 40 s ...; a move, a real grace period.

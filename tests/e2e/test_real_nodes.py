@@ -28,17 +28,11 @@ from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE
 from dev.localcluster.procs import pid_alive
 from dev.localcluster.rest import ApiError
+from tests.e2e.conftest import needs_real_nodes
 
-MISSING = realnode.missing_tools()
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        bool(MISSING),
-        reason=f"real nodes need {', '.join(MISSING)} (hack/install-packages.sh, as root)",
-    ),
-]
+pytestmark = [pytest.mark.e2e, needs_real_nodes]
 
 BROKEN, HEALTHY = "real-0", "real-1"
 PODS = "/api/v1/namespaces/default/pods"

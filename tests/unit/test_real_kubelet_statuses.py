@@ -19,6 +19,7 @@ current behaviour so a change to it is a deliberate one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import datetime, timedelta
@@ -42,6 +43,7 @@ from shared.workloads.classify import (
 )
 from shared.workloads.podevents import (
     FAILED_CREATE_POD_SANDBOX,
+    PodEvent,
     missing_volume_source,
     sandbox_failures,
     warning_events,
@@ -169,14 +171,22 @@ def outcome(failure: Failure | None) -> Outcome:
 
 
 def sweep(pod: Pod, now: datetime) -> Failure | None:
-    """What the sweep decides, with the pod's recorded Events as the list it reads."""
+    """What the sweep decides, with the pod's recorded Events as the list it reads, renewed up
+    to a minute before ``now`` as the kubelet renews them while it keeps failing (the same
+    status kept, the same Events kept coming)."""
     scenario = next(
         s
         for s in recorded_scenarios()
         if load(s)["pod"]["metadata"]["uid"] == pod["metadata"]["uid"]
     )
-    events = warning_events(load(scenario)["events"]).get(pod["metadata"]["uid"], ())
+    recorded = warning_events(load(scenario)["events"]).get(pod["metadata"]["uid"], ())
+    events = [kept_coming(e, now) for e in recorded]
     return classify(pod, CFG, now) or stuck_pending(pod, CFG, now, events)
+
+
+def kept_coming(event: PodEvent, now: datetime) -> PodEvent:
+    last = max(event.last or now, now - timedelta(minutes=1))
+    return dataclasses.replace(event, last=last)
 
 
 @pytest.mark.parametrize("scenario", ["sandbox-cni-broken", "sandbox-runtime-broken"])
@@ -195,15 +205,28 @@ def test_a_sandbox_failure_is_the_nodes_after_waiting_failure_after(scenario: st
     assert stuck_pending(pod_of(scenario), CFG, failed.first + CFG.waiting_failure_after) is None
 
 
-def test_a_missing_configmap_is_never_stuck_however_long_it_waits() -> None:
+def test_a_missing_configmap_is_never_stuck_while_the_kubelet_keeps_failing_the_mount() -> None:
     events = warning_events(load("missing-configmap-volume")["events"])
     pod = pod_of("missing-configmap-volume")
-    mine = events[pod["metadata"]["uid"]]
-    assert missing_volume_source(mine) is not None
     later = recorded_at("missing-configmap-volume") + timedelta(days=1)
+    mine = [kept_coming(e, later) for e in events[pod["metadata"]["uid"]]]
+    assert missing_volume_source(mine, later - CFG.pending_stuck_after) is not None
     assert stuck_pending(pod, CFG, later, mine) is None
     # The status alone would have moved it.
     assert stuck_pending(pod, CFG, later) is not None
+
+
+def test_a_failed_mount_from_before_the_configmap_existed_holds_nothing_back() -> None:
+    # The kubelet renews FailedMount at most 2m2s apart while it fails; one last seen more
+    # than pending_stuck_after ago is from before the object was created. A pod still not
+    # started since is stuck for another reason, and judged by the clock.
+    events = warning_events(load("missing-configmap-volume")["events"])
+    pod = pod_of("missing-configmap-volume")
+    later = recorded_at("missing-configmap-volume") + timedelta(days=1)
+    stale = events[pod["metadata"]["uid"]]
+    assert missing_volume_source(stale, later - CFG.pending_stuck_after) is None
+    failure = stuck_pending(pod, CFG, later, stale)
+    assert failure is not None and failure.reason == STUCK_PENDING
 
 
 def recorded_scenarios() -> list[str]:
