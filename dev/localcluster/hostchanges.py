@@ -10,10 +10,10 @@ A test session that crashes must not leave a machine that behaves differently.
 
 So every real-node cluster writes a :class:`HostRecord` into :data:`RECORD_DIR` before it
 changes anything: its owner's pid, its work directory, the bridges, cgroup roots and CNI
-network names it will make, and the sysctls' values before. :func:`undo` takes all of it
-back and is what a clean stop runs; :func:`clean_stale` runs it for every record whose owner
-is gone, at the next start. ``/run`` is a tmpfs: a reboot, which undoes everything anyway,
-also forgets the records.
+network names it will make, the nodes' network namespaces, and the sysctls' values before.
+:func:`undo` takes all of it back and is what a clean stop runs; :func:`clean_stale` runs it
+for every record whose owner is gone, at the next start. ``/run`` is a tmpfs: a reboot, which
+undoes everything anyway, also forgets the records.
 
 Sysctls are machine-wide and shared by every kubelet on it: they are restored only when no
 other live record remains (the last cluster out puts them back).
@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
+from dev.localcluster import nodenet
 from dev.localcluster.procs import cmdline, pid_alive
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class HostRecord:
     # Machine-wide directories containerd makes if they are missing (its shims' sockets in
     # /run/containerd/s): removed at the end if they were absent before and are empty then.
     created_dirs: tuple[str, ...] = ()
+    # The nodes' network namespaces (localcluster.nodenet), with everything running in them.
+    netns: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
@@ -100,6 +103,7 @@ class HostRecord:
                 runtime_sockets=tuple(raw.get("runtime_sockets", ())),
                 sysctls=dict(raw.get("sysctls", {})),
                 created_dirs=tuple(raw.get("created_dirs", ())),
+                netns=tuple(raw.get("netns", ())),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -302,11 +306,15 @@ def undo(record: HostRecord) -> None:
     # that supervise them (daemonized: no parent of ours kills them).
     kill_all(pids_in_cgroups(record.cgroup_roots), "containers")
     kill_all(shim_pids(record.runtime_sockets), "containerd shims")
+    # What a crashed owner left running in the nodes' namespaces (kubelets, kube-proxies).
+    kill_all(set().union(*(nodenet.netns_pids(n) for n in record.netns)), "node processes")
     for path in [*sockets, *map(Path, record.runtime_sockets)]:
         path.unlink(missing_ok=True)
         Path(f"{path}.ttrpc").unlink(missing_ok=True)
     unmount_all(record.workdir)
     shutil.rmtree(record.workdir, ignore_errors=True)
+    for netns in record.netns:
+        nodenet.delete_netns(netns)
     for bridge in record.bridges:
         delete_link(bridge)
     for root in record.cgroup_roots:
