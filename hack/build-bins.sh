@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl), the kubelet of the real nodes, and kwok from their Go modules, into a cache keyed by version, so
-# that a second run builds nothing. The first build takes a while on 2 cores; it says so.
+# kube-scheduler, kubectl), the kubelet and kube-proxy of the real nodes, and kwok from their
+# Go modules, into a cache keyed by version, so that a second run builds nothing. The first
+# build takes a while on 2 cores; it says so.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,6 +44,8 @@ build kubectl k8s.io/kubernetes/cmd/kubectl
 # The real nodes' kubelet (docs/local-cluster.md, "Real nodes"). CGO_ENABLED=0 as above: it
 # then talks to the container runtime only over CRI, which is all the real nodes use.
 build kubelet k8s.io/kubernetes/cmd/kubelet
+# Each real node's kube-proxy (iptables mode, in the node's network namespace): Services.
+build kube-proxy k8s.io/kubernetes/cmd/kube-proxy
 
 if [[ -x "$out/kwok" ]]; then
   log "kwok: cached"

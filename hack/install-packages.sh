@@ -43,6 +43,10 @@ command -v gcc >/dev/null || apt_packages+=" gcc"
 # own containerd with its own socket) and the CNI plugins (bridge, host-local).
 command -v containerd >/dev/null || apt_packages+=" containerd"
 [[ -x /usr/lib/cni/bridge ]] || apt_packages+=" containernetworking-plugins"
+# Each real node's kube-proxy writes its Services' rules with iptables (in the node's own
+# network namespace), and the nodes' processes are started there with util-linux's nsenter.
+[[ -x /usr/sbin/iptables-restore ]] || apt_packages+=" iptables"
+command -v nsenter >/dev/null || apt_packages+=" util-linux"
 if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   own_policy=""
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then

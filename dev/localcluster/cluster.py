@@ -36,7 +36,15 @@ from typing import Any, Final
 import yaml
 from kubernetes import client as k8s_client
 
-from dev.localcluster import kwok, metricsserver, nodeimages, pki, realnode, registry
+from dev.localcluster import (
+    addons,
+    kwok,
+    metricsserver,
+    nodeimages,
+    pki,
+    realnode,
+    registry,
+)
 from dev.localcluster.bins import ensure_bins
 from dev.localcluster.keys import (
     SIM_CPU_USAGE_ANNOTATION,
@@ -358,9 +366,10 @@ class Cluster:
         bins = self.bins_dir  # may build; not part of the start-up time
         if self.real_nodes:
             absent = realnode.missing_tools()
-            if absent or not (bins / "kubelet").exists():
+            lacking = [b for b in ("kubelet", "kube-proxy") if not (bins / b).exists()]
+            if absent or lacking:
                 raise ClusterError(
-                    f"real nodes need {', '.join(absent or ['the kubelet'])}: run "
+                    f"real nodes need {', '.join(absent or lacking)}: run "
                     "`make cluster-bins` (as root) first"
                 )
             try:
@@ -535,8 +544,12 @@ class Cluster:
         *control_plane, prometheus_port = free_ports(7)
         ports = Ports(*control_plane)
         self.ports = ports
-        self.server = f"https://127.0.0.1:{ports.apiserver}"
-        p = pki.generate(self.workdir / "pki")
+        # Real nodes reach the API server on their network's gateway, an address of the
+        # machine's that only the nodes' bridge carries (nodenet.py); kwok-only clusters keep
+        # it on loopback.
+        host = self._prepare_real_nodes() if self.real_nodes else "127.0.0.1"
+        self.server = f"https://{host}:{ports.apiserver}"
+        p = pki.generate(self.workdir / "pki", apiserver_ips=(host,) if self.real_nodes else ())
         self._pki = p
         self.kubeconfig.write_text(
             yaml.safe_dump(
@@ -596,8 +609,8 @@ class Cluster:
             [
                 str(bins / "kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={ports.apiserver}",
                 f"--cert-dir={self.workdir / 'certs'}",
                 f"--tls-cert-file={p.apiserver_crt}",
@@ -618,11 +631,19 @@ class Cluster:
                 "--enable-admission-plugins=NodeRestriction,MutatingAdmissionWebhook,"
                 "ValidatingAdmissionWebhook",
                 "--allow-privileged=true",
-                # The default reconciler would publish 127.0.0.1 as the endpoint of the
-                # `kubernetes` Service, which Endpoints validation rejects (loopback).
-                "--endpoint-reconciler-type=none",
-                # Real nodes share the machine's address and differ by kubelet port; their
-                # Hostname resolves nowhere. The admin identity reads logs and execs.
+                *(
+                    # Pods reach the API server through the `kubernetes` Service (kube-proxy
+                    # on every real node), whose endpoint is the advertised address; the API
+                    # server reaches webhooks and aggregated APIs at their pods' addresses,
+                    # as no kube-proxy runs on the machine itself.
+                    ["--enable-aggregator-routing=true"]
+                    if self.real_nodes
+                    # The default reconciler would publish 127.0.0.1 as the endpoint of the
+                    # `kubernetes` Service, which Endpoints validation rejects (loopback).
+                    else ["--endpoint-reconciler-type=none"]
+                ),
+                # Real nodes' Hostnames resolve nowhere. The admin identity reads logs and
+                # execs.
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
                 f"--kubelet-client-certificate={p.admin_crt}",
                 f"--kubelet-client-key={p.admin_key}",
@@ -719,6 +740,8 @@ class Cluster:
         )
         self.kubelet.start()
         self.wait_ready(deadline)
+        if self.real_nodes:
+            self._install_addons(max(deadline, time.monotonic() + 60.0))
         if self.prometheus is not None:
             try:
                 self.prometheus.wait_scraped(self.nodes, deadline)
@@ -729,31 +752,64 @@ class Cluster:
         for component in self.components:
             self.start_component(component, deadline=time.monotonic() + component.ready_timeout)
 
-    def _start_real_nodes(self, deadline: float) -> None:
-        """The local registry with the node images, then containerd and a kubelet per real
-        node (see realnode.py); their Nodes register themselves."""
-        images = self._node_images
-        reg = registry.LocalRegistry(self.workdir / "registry", self.log_dir)
-        self.registry = reg
+    def _prepare_real_nodes(self) -> str:
+        """The real nodes' network, made before the API server that listens on it; returns
+        its gateway (the machine's address there)."""
         nodes = realnode.RealNodes(
-            self.workdir,
             self.log_dir,
             self.real_nodes,
             kubelet_bin=self.bins_dir / "kubelet",
-            server=self.server,
-            cluster_pki=self._require_pki(),
-            registry=reg.host,
-            pause_archive=images / nodeimages.PAUSE_ARCHIVE,
+            kube_proxy_bin=self.bins_dir / "kube-proxy",
         )
         self.realnodes = nodes
         try:
+            return nodes.prepare().gateway
+        except realnode.RealNodeError as e:
+            raise ClusterError(str(e)) from e
+
+    def _start_real_nodes(self, deadline: float) -> None:
+        """The local registry with the node images, then containerd, a kubelet and kube-proxy
+        per real node (see realnode.py); their Nodes register themselves."""
+        images = self._node_images
+        nodes = self.realnodes
+        assert nodes is not None
+        reg = registry.LocalRegistry(self.workdir / "registry", self.log_dir, host=nodes.gateway)
+        self.registry = reg
+        try:
             reg.start(deadline)
             nodeimages.push_node_images(reg, images)
-            nodes.prepare()
-            nodes.start(deadline)
+            nodes.start(
+                deadline,
+                server=self.server,
+                cluster_pki=self._require_pki(),
+                registry=reg.host,
+                pause_archive=images / nodeimages.PAUSE_ARCHIVE,
+            )
         except (realnode.RealNodeError, registry.RegistryError, nodeimages.NodeImagesError) as e:
             raise ClusterError(str(e)) from e
         self._say(f"real nodes {', '.join(self.real_nodes)} started (registry {reg.host})")
+
+    def _install_addons(self, deadline: float) -> None:
+        """CoreDNS, from Kubernetes' own add-on manifest (addons.py), ready before start()
+        returns: a pod's first lookup must not race the cluster DNS."""
+        try:
+            addons.install_coredns(
+                self.bins_dir / "kubectl",
+                self.kubeconfig,
+                self._node_images,
+                real_nodes_only=bool(self.kwok_nodes),
+                available=self._coredns_available,
+                deadline=deadline,
+            )
+        except addons.AddonError as e:
+            raise ClusterError(str(e)) from e
+        self._say("CoreDNS ready (kube-system/kube-dns)")
+
+    def _coredns_available(self) -> bool:
+        status = self.rest.get("/apis/apps/v1/namespaces/kube-system/deployments/coredns").get(
+            "status", {}
+        )
+        return int(status.get("readyReplicas") or 0) >= 1
 
     def _start_prometheus_stack(self, binary: str, port: int, deadline: float) -> None:
         """The node-exporter endpoints, then Prometheus scraping them (see prometheus.py)."""
@@ -793,6 +849,7 @@ class Cluster:
             port=free_ports(1)[0],
             log=logging.getLogger("localcluster.metricsserver"),
             real_kubelets=bool(self.real_nodes),
+            host=self.realnodes.gateway if self.realnodes is not None else "127.0.0.1",
         )
         self.metrics_server = stack
         stack.prepare()

@@ -43,7 +43,11 @@ same Node annotations as the node-exporter endpoints Prometheus scrapes
   ``ExternalName`` Service for ``127.0.0.1``: the aggregator resolves an ExternalName Service
   to that name and the APIService's port (k8s.io/apiserver pkg/util/proxy ``ResolveCluster``);
   routing through Endpoints (``--enable-aggregator-routing``) cannot work here, because
-  Endpoints and EndpointSlices refuse loopback addresses (``ValidateEndpointIP``). The
+  Endpoints and EndpointSlices refuse loopback addresses (``ValidateEndpointIP``). A
+  real-node cluster is the other way round: its API server routes through endpoints (it has
+  no kube-proxy of its own to reach a ClusterIP), which refuses ExternalName Services, so
+  metrics-server listens on the nodes' gateway and a selector-less Service with an
+  EndpointSlice of that address stands for it. The
   aggregator checks the serving certificate against the APIService's ``caBundle`` for the name
   ``metrics-server.kube-system.svc``, which the certificate made here carries.
 - **Real kubelets** (``Cluster(real_nodes=N, nodes=0, metrics_server=True)``): metrics-server
@@ -419,9 +423,13 @@ class NodeNetwork:
 # -- the objects metrics-server needs -------------------------------------------------------------
 
 
-def manifests(port: int, ca_bundle: bytes, *, load: bool = True) -> list[tuple[str, JSON]]:
+def manifests(
+    port: int, ca_bundle: bytes, *, load: bool = True, host: str = "127.0.0.1"
+) -> list[tuple[str, JSON]]:
     """(collection path, object) of everything to create: metrics-server's ServiceAccount and
-    RBAC (as in its manifests/base/rbac.yaml), its Service and APIService, the load DaemonSet."""
+    RBAC (as in its manifests/base/rbac.yaml), its Service and APIService, the load DaemonSet.
+    ``host``: where metrics-server listens; not loopback, the Service is one without a selector
+    and an EndpointSlice names that address (a real-node cluster's gateway)."""
     rbac = "/apis/rbac.authorization.k8s.io/v1"
     sa_subject = [{"kind": "ServiceAccount", "name": SERVICE_NAME, "namespace": NAMESPACE}]
     labels = {"k8s-app": SERVICE_NAME}
@@ -526,13 +534,45 @@ def manifests(port: int, ca_bundle: bytes, *, load: bool = True) -> list[tuple[s
                 "apiVersion": "v1",
                 "kind": "Service",
                 "metadata": {"name": SERVICE_NAME, "namespace": NAMESPACE, "labels": labels},
-                # Not a ClusterIP Service: nothing here routes ClusterIPs (no kube-proxy).
-                "spec": {
-                    "type": "ExternalName",
-                    "externalName": "127.0.0.1",
-                    "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-                },
+                "spec": (
+                    # Not a ClusterIP Service: nothing here routes ClusterIPs (no kube-proxy).
+                    {
+                        "type": "ExternalName",
+                        "externalName": host,
+                        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+                    }
+                    if host == "127.0.0.1"
+                    # The API server routes to endpoints there (--enable-aggregator-routing),
+                    # which refuses ExternalName Services: the address is the endpoint.
+                    else {"ports": [{"name": "https", "port": port, "protocol": "TCP"}]}
+                ),
             },
+        ),
+        *(
+            []
+            if host == "127.0.0.1"
+            else [
+                (
+                    f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices",
+                    {
+                        "apiVersion": "discovery.k8s.io/v1",
+                        "kind": "EndpointSlice",
+                        "metadata": {
+                            "name": SERVICE_NAME,
+                            "namespace": NAMESPACE,
+                            "labels": {
+                                **labels,
+                                "kubernetes.io/service-name": SERVICE_NAME,
+                                # Ours, not the EndpointSlice controller's, which leaves it be.
+                                "endpointslice.kubernetes.io/managed-by": "kn-rescheduler-local",
+                            },
+                        },
+                        "addressType": "IPv4",
+                        "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
+                        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+                    },
+                )
+            ]
         ),
         (
             "/apis/apiregistration.k8s.io/v1/apiservices",
@@ -608,8 +648,11 @@ class MetricsServerStack:
         port: int,
         log: logging.Logger,
         real_kubelets: bool = False,
+        host: str = "127.0.0.1",
     ) -> None:
         self.directory = directory
+        # Where it listens: loopback, or a real-node cluster's gateway (see manifests()).
+        self.host = host
         self.rest = rest
         self.server = server
         self.pki = cluster_pki
@@ -632,11 +675,12 @@ class MetricsServerStack:
             ca,
             "metrics-server",
             dns_names=(f"{SERVICE_NAME}.{NAMESPACE}.svc", "localhost"),
-            ip_addresses=("127.0.0.1",),
+            ip_addresses=tuple(dict.fromkeys(("127.0.0.1", self.host))),
             server=True,
         )
         self.cert, self.key = serving.write(self.directory, "serving")
-        for path, obj in manifests(self.port, ca.cert_pem, load=not self.real_kubelets):
+        made = manifests(self.port, ca.cert_pem, load=not self.real_kubelets, host=self.host)
+        for path, obj in made:
             try:
                 self.rest.post(path, obj)
             except ApiError as e:
@@ -691,7 +735,7 @@ class MetricsServerStack:
     def argv(self, binary: str) -> list[str]:
         return [
             binary,
-            "--bind-address=127.0.0.1",
+            f"--bind-address={self.host}",
             f"--secure-port={self.port}",
             f"--tls-cert-file={self.cert}",
             f"--tls-private-key-file={self.key}",

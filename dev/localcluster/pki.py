@@ -185,8 +185,9 @@ class ClusterPKI:
     front_proxy_client_key: Path
 
 
-def generate(directory: Path) -> ClusterPKI:
-    """Writes a fresh PKI for one local cluster into ``directory``."""
+def generate(directory: Path, *, apiserver_ips: tuple[str, ...] = ()) -> ClusterPKI:
+    """Writes a fresh PKI for one local cluster into ``directory``; the API server's
+    certificate names ``apiserver_ips`` besides loopback and the ``kubernetes`` Service."""
     ca = make_ca()
     ca_crt, ca_key = ca.write(directory, "ca")
     apiserver = issue(
@@ -199,7 +200,7 @@ def generate(directory: Path) -> ClusterPKI:
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
         ),
-        ip_addresses=("127.0.0.1", "10.96.0.1"),
+        ip_addresses=("127.0.0.1", "10.96.0.1", *apiserver_ips),
         server=True,
     )
     apiserver_crt, apiserver_key = apiserver.write(directory, "apiserver")

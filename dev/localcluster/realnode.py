@@ -8,14 +8,14 @@ and pod lifecycle.
 
 Several nodes share one machine, so each has its own of everything a node owns: containerd
 socket, root and state directories; cgroup root; CNI bridge, subnet and IPAM data; kubelet
-ports, root and certificate directories; registry configuration (``certs.d``). All nodes use
-the machine's own non-loopback address as their InternalIP (a kubelet refuses a loopback node
-IP), told apart by their kubelet ports, which the API server reads from the Node's
-``daemonEndpoints``.
+ports, root and certificate directories; registry configuration (``certs.d``); and its own
+network namespace with its own address, where its kubelet, containerd and kube-proxy run
+(:mod:`localcluster.nodenet`: pods reach each other across nodes, Services have endpoints).
 
 What a node changes on the machine is recorded first and undone at stop, or at the next start
 after a crash (:mod:`localcluster.hostchanges`). The kubelet is kept from what it need not do:
-no iptables chains (``makeIPTablesUtilChains: false``), no masquerading in the bridge plugin,
+no iptables chains of its own (``makeIPTablesUtilChains: false``; kube-proxy writes the
+Services' chains, in the node's namespace), no masquerading in the bridge plugin, sandbox
 network namespaces mounted under containerd's state directory rather than ``/var/run/netns``.
 
 Node faults are real causes, set and cleared while the node runs (:data:`FAULTS`):
@@ -55,8 +55,8 @@ from typing import Any, Final
 
 import yaml
 
-from dev.localcluster import hostchanges, pki
-from dev.localcluster.nodeimages import IMAGE_HOST, PAUSE_IMAGE
+from dev.localcluster import hostchanges, nodenet, pki
+from dev.localcluster.nodeimages import IMAGE_HOST, PAUSE_IMAGE, UPSTREAM_HOST
 from dev.localcluster.procs import Proc, free_ports
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,10 @@ FAULTS: Final = (
     "memory-pressure",
 )
 START_TIMEOUT: Final = 90.0
+# The cluster DNS: the kube-dns Service's address (in the control plane's service range) and
+# domain, as kubeadm sets them.
+CLUSTER_DNS: Final = "10.96.0.10"
+CLUSTER_DOMAIN: Final = "cluster.local"
 # The functions' settings for a cluster of real nodes: the defaults, made for a real kubelet's
 # back-off, where the kwok stack compresses them to follow its fake kubelet
 # (kubelet.LOCAL_FUNCTION_SETTINGS).
@@ -108,42 +112,18 @@ class RealNodeError(RuntimeError):
     """A real node could not be set up, started or changed (the message says why)."""
 
 
-def machine_address() -> str:
-    """The machine's first global IPv4 address (what every real node gives as its IP)."""
-    try:
-        out = subprocess.run(
-            ["ip", "-4", "-o", "addr", "show", "scope", "global"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise RealNodeError(f"cannot list the machine's addresses: {e}") from e
-    for line in out.splitlines():
-        fields = line.split()
-        if "inet" in fields:
-            return fields[fields.index("inet") + 1].split("/")[0]
-    raise RealNodeError(
-        "real nodes need a non-loopback IPv4 address on the machine (a kubelet refuses a "
-        "loopback node IP); `ip -4 addr` shows none"
-    )
-
-
 def missing_tools() -> list[str]:
     """What the machine lacks for real nodes (Debian: containerd, runc,
-    containernetworking-plugins, iproute2)."""
-    absent = [t for t in (CONTAINERD, CTR, "ip") if shutil.which(t) is None]
+    containernetworking-plugins, iproute2, iptables, util-linux's nsenter)."""
+    absent = [t for t in (CONTAINERD, CTR, "ip", "nsenter") if shutil.which(t) is None]
+    if shutil.which("iptables-restore") is None:
+        absent.append("iptables")
     if not os.access(RUNC, os.X_OK):
         absent.append("runc")
     if not Path(CNI_BIN_DIR, "bridge").exists():
         absent.append("containernetworking-plugins")
     if os.geteuid() != 0:
         absent.append("root")
-    if "ip" not in absent:
-        try:
-            machine_address()
-        except RealNodeError:
-            absent.append("a non-loopback IPv4 address")
     return absent
 
 
@@ -171,18 +151,36 @@ def pick_cluster_octet(taken: set[int]) -> int:
     raise RealNodeError("no free 10.X.0.0/16 range in 10.200-10.254 for real nodes' pods")
 
 
+# In its own network namespace a node has every port: the kubelet's are the usual ones.
+KUBELET_PORT: Final = 10250
+KUBELET_HEALTHZ_PORT: Final = 10248
+
+
 @dataclass(frozen=True)
 class NodeLayout:
     """Where one real node keeps what it owns."""
 
     name: str
-    index: int
     directory: Path
+    # The node's CNI bridge, in its namespace (named per cluster all the same: ``ip link`` on
+    # the machine lists no other, but a reader of a node's log knows whose it is).
     bridge: str
-    subnet: str
     cgroup_root: str
-    kubelet_port: int
-    healthz_port: int
+    net: nodenet.NodeNet
+    kubelet_port: int = KUBELET_PORT
+    healthz_port: int = KUBELET_HEALTHZ_PORT
+
+    @property
+    def index(self) -> int:
+        return self.net.index
+
+    @property
+    def subnet(self) -> str:
+        return self.net.pod_subnet
+
+    @property
+    def address(self) -> str:
+        return self.net.address
 
     @property
     def socket(self) -> Path:
@@ -202,7 +200,11 @@ class NodeLayout:
 
     @property
     def hosts_toml(self) -> Path:
-        return self.directory / "certs.d" / IMAGE_HOST / "hosts.toml"
+        return self.mirror_config(IMAGE_HOST)
+
+    def mirror_config(self, host: str) -> Path:
+        """containerd's configuration for pulls from ``host`` (``name`` or ``name:port``)."""
+        return self.directory / "certs.d" / host / "hosts.toml"
 
 
 # -- configuration files (pure: a layout in, text out) -------------------------------------------
@@ -277,8 +279,10 @@ def cni_config(node: NodeLayout, network: str, *, broken: bool = False) -> str:
     plugin: dict[str, Any] = {
         "type": "bridge",
         "bridge": node.bridge,
-        # The machine reaches its pods (the kubelet's probes) through the bridge's address.
+        # The bridge's address is the pods' default route: the node routes them on to other
+        # nodes' pods, to the machine, and to Services (kube-proxy's rules, in the node).
         "isGateway": True,
+        "isDefaultGateway": True,
         # No NAT rules on the machine: pods talk to each other and to the machine only.
         "ipMasq": False,
         "hairpinMode": True,
@@ -322,13 +326,13 @@ exec {RUNC} "$@"
 
 
 def kubelet_config(
-    node: NodeLayout, *, address: str, ca_file: Path, eviction_hard: dict[str, str] | None
+    node: NodeLayout, *, ca_file: Path, eviction_hard: dict[str, str] | None
 ) -> dict[str, Any]:
     d = node.directory / "kubelet"
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": address,
+        "address": node.address,
         "port": node.kubelet_port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -349,11 +353,14 @@ def kubelet_config(
         # The machines these run on mount cgroup v1; kubelet 1.35+ refuses it by default.
         "failCgroupV1": False,
         "failSwapOn": False,
-        # No KUBE-FIREWALL or KUBE-IPTABLES-HINT chains on the machine.
-        "makeIPTablesUtilChains": False,
+        # Its KUBE-FIREWALL and KUBE-IPTABLES-HINT chains, as every kubelet makes them: in the
+        # node's network namespace, which is the node's own.
+        "makeIPTablesUtilChains": True,
         "protectKernelDefaults": False,
         "resolvConf": str(node.directory / "resolv.conf"),
-        "clusterDNS": [],
+        # The kube-dns Service (CoreDNS, localcluster.addons) for every ClusterFirst pod.
+        "clusterDNS": [CLUSTER_DNS],
+        "clusterDomain": CLUSTER_DOMAIN,
         "serializeImagePulls": False,
         "registerNode": True,
         "nodeStatusUpdateFrequency": "10s",
@@ -366,7 +373,47 @@ def kubelet_config(
         "maxPods": 110,
         "shutdownGracePeriod": "0s",
         "volumePluginDir": str(d / "volume-plugins"),
+        # Containers' logs in the node's directory, not the machine's /var/log/pods.
+        "podLogsDir": str(d / "pod-logs"),
         "staticPodPath": "",
+        "logging": {"format": "text"},
+    }
+
+
+def kube_proxy_config(node: NodeLayout, *, cluster_cidr: str) -> dict[str, Any]:
+    """kube-proxy in iptables mode, as a DaemonSet's would run, minus what reaches past its node:
+    conntrack's table size and timeouts (``nf_conntrack_max`` is machine-wide; 0 leaves each
+    as it is) and its own OOM score."""
+    leave = "0s"
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(node.directory / "kube-proxy" / "kubeconfig")},
+        "hostnameOverride": node.name,
+        "bindAddress": "0.0.0.0",
+        "healthzBindAddress": "0.0.0.0:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "mode": "iptables",
+        "clusterCIDR": cluster_cidr,
+        "iptables": {
+            # Every Service connection leaves with the node's address: a reply from a backend
+            # on the same bridge then comes back through the node to be un-NATed, whether or
+            # not the machine passes bridged traffic to iptables (br_netfilter).
+            "masqueradeAll": True,
+            # route_localnet is not set, and NodePorts on 127.0.0.1 need it.
+            "localhostNodePorts": False,
+            "syncPeriod": "30s",
+            "minSyncPeriod": "1s",
+        },
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": leave,
+            "tcpCloseWaitTimeout": leave,
+            "udpTimeout": leave,
+            "udpStreamTimeout": leave,
+        },
+        "oomScoreAdj": 0,
         "logging": {"format": "text"},
     }
 
@@ -395,12 +442,13 @@ def pressure_thresholds(fault: str) -> dict[str, str]:
 class HangingMirror:
     """A listener that accepts registry connections and never answers one."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str) -> None:
+        """``host``: an address of the machine the nodes reach (the cluster network's gateway)."""
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock.bind((host, 0))
         self._sock.listen(64)
-        self.address = f"127.0.0.1:{self._sock.getsockname()[1]}"
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._held: list[socket.socket] = []
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="hanging-mirror", daemon=True)
@@ -427,45 +475,52 @@ class HangingMirror:
 
 
 class RealNodes:
-    """The real nodes of one local cluster."""
+    """The real nodes of one local cluster.
+
+    Two steps, because the control plane sits between them: :meth:`prepare` claims the
+    cluster's network (the API server listens on its gateway, where nodes and pods reach it);
+    :meth:`start`, once the API server runs, configures and starts every node."""
 
     def __init__(
         self,
-        workdir: Path,
         log_dir: Path,
         names: list[str],
         *,
         kubelet_bin: Path,
-        server: str,
-        cluster_pki: pki.ClusterPKI,
-        registry: str,
-        pause_archive: Path,
+        kube_proxy_bin: Path,
     ) -> None:
-        self.workdir = workdir
         self.log_dir = log_dir
         self.names = list(names)
         self.kubelet_bin = kubelet_bin
-        self.server = server
-        self.pki = cluster_pki
-        self.registry = registry
-        self.pause_archive = pause_archive
-        self.address = ""
+        self.kube_proxy_bin = kube_proxy_bin
+        self.server = ""
+        self.pki: pki.ClusterPKI | None = None
+        self.registry = ""
         self.layouts: dict[str, NodeLayout] = {}
         self.containerd: dict[str, Proc] = {}
         self.kubelets: dict[str, Proc] = {}
+        self.kube_proxies: dict[str, Proc] = {}
         self.faults: dict[str, set[str]] = {n: set() for n in names}
         self.record: hostchanges.HostRecord | None = None
+        self.net: nodenet.ClusterNet | None = None
         self.network = ""
         self.base = NODE_ROOT
         self._refused_port = 0
         self._hanging: HangingMirror | None = None
         self._spec: dict[str, Any] | None = None
 
+    @property
+    def gateway(self) -> str:
+        """The machine's address on the nodes' network (where the API server listens)."""
+        if self.net is None:
+            raise RealNodeError("the real nodes' network is not prepared")
+        return self.net.gateway
+
     # -- start and stop -------------------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Cleans what crashed runs left, records what these nodes will change, lays out their
-        directories and configuration."""
+    def prepare(self) -> nodenet.ClusterNet:
+        """Cleans what crashed runs left, records what these nodes will change, makes their
+        network (bridge, namespaces, routes), directories and cgroups."""
         absent = missing_tools()
         if absent:
             raise RealNodeError(
@@ -473,54 +528,67 @@ class RealNodes:
                 "the packages; run as root)"
             )
         hostchanges.clean_stale()
-        self.address = machine_address()
         live = hostchanges.records()
         taken = _used_second_octets() | {
             int(n.split("-")[0][len("knr") :]) for r in live for n in r.cni_networks
         }
         octet = pick_cluster_octet(taken)
-        self.network = f"knr{octet}"
+        net = nodenet.plan(octet, self.names)
+        self.net = net
+        self.network = net.bridge
         cgroup_base = f"/{CGROUP_PREFIX}-{octet}"
         self.base = NODE_ROOT / self.network
         # A directory of a crashed run whose record is gone: nothing can use it.
         hostchanges.unmount_all(str(self.base))
         shutil.rmtree(self.base, ignore_errors=True)
-        ports = free_ports(2 * len(self.names) + 1)
-        self._refused_port = ports.pop()
-        for i, name in enumerate(self.names):
+        # A port nothing listens on in a node's namespace (the mirror-refused fault).
+        self._refused_port = free_ports(1)[0]
+        for node_net in net.nodes:
+            name = node_net.name
             self.layouts[name] = NodeLayout(
                 name=name,
-                index=i,
-                directory=self.base / f"n{i}",
-                bridge=f"{self.network}n{i}",
-                subnet=f"10.{octet}.{i}.0/24",
+                directory=self.base / f"n{node_net.index}",
+                bridge=f"{self.network}n{node_net.index}",
                 cgroup_root=f"{cgroup_base}/{name}",
-                kubelet_port=ports[2 * i],
-                healthz_port=ports[2 * i + 1],
+                net=node_net,
             )
         self.record = hostchanges.HostRecord(
             owner_pid=os.getpid(),
             owner_start=hostchanges.start_time(os.getpid()),
             workdir=str(self.base),
-            bridges=tuple(n.bridge for n in self.layouts.values()),
+            bridges=(net.bridge,),
             cgroup_roots=(cgroup_base,),
             cni_networks=(self.network,),
             runtime_sockets=tuple(str(n.socket) for n in self.layouts.values()),
             sysctls=hostchanges.read_sysctls(),
             created_dirs=tuple(d for d in CONTAINERD_RUN_DIRS if not Path(d).exists()),
+            netns=tuple(n.netns for n in net.nodes),
         )
         self.base.mkdir(parents=True, exist_ok=True)
         self.record.write()
+        try:
+            nodenet.create(net)
+        except nodenet.NodeNetError as e:
+            raise RealNodeError(f"cannot make the real nodes' network: {e}") from e
         for node in self.layouts.values():
-            self._write_files(node)
             try:
                 hostchanges.make_cgroup(node.cgroup_root)
             except OSError as e:
                 raise RealNodeError(f"cannot make the cgroup {node.cgroup_root}: {e}") from e
+        return net
 
     def _write_files(self, node: NodeLayout) -> None:
         shutil.rmtree(node.directory, ignore_errors=True)
-        for sub in ("containerd", "cni", "cni-ipam", "kubelet", "faults", "certs.d", "local"):
+        for sub in (
+            "containerd",
+            "cni",
+            "cni-ipam",
+            "kubelet",
+            "kube-proxy",
+            "faults",
+            "certs.d",
+            "local",
+        ):
             (node.directory / sub).mkdir(parents=True, exist_ok=True)
         (node.directory / "containerd" / "config.toml").write_text(containerd_config(node))
         (node.directory / "base-spec.json").write_text(
@@ -528,25 +596,60 @@ class RealNodes:
         )
         (node.directory / "local" / "app-ok").write_text("this node has what the app needs\n")
         node.cni_conf.write_text(cni_config(node, self.network))
-        node.hosts_toml.parent.mkdir(parents=True, exist_ok=True)
-        node.hosts_toml.write_text(hosts_toml(self.registry))
+        self._write_mirrors(node, self.registry)
         wrapper = node.directory / "runc"
         wrapper.write_text(runc_wrapper(node))
         wrapper.chmod(0o755)
-        (node.directory / "resolv.conf").write_text("nameserver 127.0.0.1\n")
-        ca = pki.KeyPair(self.pki.ca_crt.read_bytes(), self.pki.ca_key.read_bytes())
+        # The node's upstream resolver, which CoreDNS forwards to (dnsPolicy: Default): the
+        # machine, where nothing answers DNS. Names outside the cluster fail at once, and
+        # CoreDNS's loop plugin finds no loop (127.0.0.1 would be CoreDNS itself).
+        (node.directory / "resolv.conf").write_text(f"nameserver {self.gateway}\n")
+        cluster_pki = self._require_pki()
+        ca = pki.KeyPair(cluster_pki.ca_crt.read_bytes(), cluster_pki.ca_key.read_bytes())
         client = pki.issue(
             ca, f"system:node:{node.name}", organizations=("system:nodes",), client=True
         )
         crt, key = client.write(node.directory / "kubelet", "client")
         serving = pki.issue(
-            ca, node.name, dns_names=(node.name,), ip_addresses=(self.address,), server=True
+            ca, node.name, dns_names=(node.name,), ip_addresses=(node.address,), server=True
         )
         serving.write(node.directory / "kubelet", "serving")
         (node.directory / "kubelet" / "kubeconfig").write_text(
-            yaml.safe_dump(_kubeconfig(self.server, self.pki.ca_crt, crt, key, node.name))
+            yaml.safe_dump(_kubeconfig(self.server, cluster_pki.ca_crt, crt, key, node.name))
         )
         self._write_kubelet_config(node)
+        # kube-proxy's identity: the user the bootstrap policy binds to system:node-proxier.
+        proxy = pki.issue(ca, "system:kube-proxy", client=True)
+        crt, key = proxy.write(node.directory / "kube-proxy", "client")
+        (node.directory / "kube-proxy" / "kubeconfig").write_text(
+            yaml.safe_dump(
+                _kubeconfig(self.server, cluster_pki.ca_crt, crt, key, "system:kube-proxy")
+            )
+        )
+        (node.directory / "kube-proxy" / "config.yaml").write_text(
+            yaml.safe_dump(
+                kube_proxy_config(node, cluster_cidr=self._require_net().pod_cidr), sort_keys=False
+            )
+        )
+
+    def _write_mirrors(self, node: NodeLayout, upstream: str) -> None:
+        """Every registry the node's pods name, served by ``upstream``: the local names
+        (IMAGE_HOST), registry.k8s.io (add-ons keep their upstream names) and the local
+        registry's own address (images pushed there by reference, plain HTTP)."""
+        for host in (IMAGE_HOST, UPSTREAM_HOST, self.registry):
+            path = node.mirror_config(host)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(hosts_toml(upstream))
+
+    def _require_pki(self) -> pki.ClusterPKI:
+        if self.pki is None:
+            raise RealNodeError("the real nodes are not started: no cluster PKI yet")
+        return self.pki
+
+    def _require_net(self) -> nodenet.ClusterNet:
+        if self.net is None:
+            raise RealNodeError("the real nodes' network is not prepared")
+        return self.net
 
     def _default_spec(self) -> dict[str, Any]:
         if self._spec is None:
@@ -562,25 +665,41 @@ class RealNodes:
             if fault in self.faults[node.name]:
                 eviction = pressure_thresholds(fault)
         path = node.directory / "kubelet" / "config.yaml"
-        config = kubelet_config(
-            node, address=self.address, ca_file=self.pki.ca_crt, eviction_hard=eviction
-        )
+        config = kubelet_config(node, ca_file=self._require_pki().ca_crt, eviction_hard=eviction)
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
-    def start(self, deadline: float) -> None:
-        """containerd on every node (the pause image imported), then the kubelets."""
+    def start(
+        self,
+        deadline: float,
+        *,
+        server: str,
+        cluster_pki: pki.ClusterPKI,
+        registry: str,
+        pause_archive: Path,
+    ) -> None:
+        """Every node's files, then containerd on every node (the pause image imported), then
+        the kubelets and kube-proxies. ``registry``: ``host:port`` of the local registry, on
+        an address the nodes reach."""
+        self.server = server
+        self.pki = cluster_pki
+        self.registry = registry
+        for node in self.layouts.values():
+            self._write_files(node)
         for node in self.layouts.values():
             self._start_containerd(node, deadline)
-            self._import(node, self.pause_archive, deadline)
+            self._import(node, pause_archive, deadline)
         for node in self.layouts.values():
             self._start_kubelet(node)
+            self._start_kube_proxy(node)
 
-    def _spawn(self, name: str, argv: list[str]) -> Proc:
-        return Proc(name, argv, self.log_dir / f"{name}.log")
+    def _spawn(self, node: NodeLayout, name: str, argv: list[str]) -> Proc:
+        """``argv`` in ``node``'s network namespace."""
+        return Proc(name, node.net.enter(argv), self.log_dir / f"{name}.log")
 
     def _start_containerd(self, node: NodeLayout, deadline: float) -> None:
         proc = self._spawn(
+            node,
             f"containerd-{node.name}",
             [CONTAINERD, "--config", str(node.directory / "containerd" / "config.toml")],
         )
@@ -624,6 +743,7 @@ class RealNodes:
         d = node.directory / "kubelet"
         config = self._write_kubelet_config(node)
         self.kubelets[node.name] = self._spawn(
+            node,
             f"kubelet-{node.name}",
             [
                 str(self.kubelet_bin),
@@ -632,14 +752,26 @@ class RealNodes:
                 f"--root-dir={d / 'root'}",
                 f"--cert-dir={d / 'pki'}",
                 f"--hostname-override={node.name}",
-                f"--node-ip={self.address}",
+                f"--node-ip={node.address}",
                 "--node-labels=type=real,kn-rescheduler.local/real-node=true",
                 "--v=1",
             ],
         )
 
+    def _start_kube_proxy(self, node: NodeLayout) -> None:
+        self.kube_proxies[node.name] = self._spawn(
+            node,
+            f"kube-proxy-{node.name}",
+            [
+                str(self.kube_proxy_bin),
+                f"--config={node.directory / 'kube-proxy' / 'config.yaml'}",
+                "--v=1",
+            ],
+        )
+
     def check_alive(self) -> None:
-        for name, proc in [*self.containerd.items(), *self.kubelets.items()]:
+        procs = [*self.containerd.items(), *self.kubelets.items(), *self.kube_proxies.items()]
+        for name, proc in procs:
             if "runtime-stopped" in self.faults.get(name, set()) and proc.name.startswith(
                 "containerd"
             ):
@@ -651,10 +783,12 @@ class RealNodes:
                 )
 
     def stop(self) -> None:
-        """Kubelets, then every container, shim and containerd, then what they changed."""
-        for proc in self.kubelets.values():
+        """Kubelets and kube-proxies, then every container, shim and containerd, then what
+        they changed (the network included)."""
+        for proc in [*self.kubelets.values(), *self.kube_proxies.values()]:
             proc.stop(grace=10.0)
         self.kubelets.clear()
+        self.kube_proxies.clear()
         if self.record is not None:
             hostchanges.kill_all(
                 hostchanges.pids_in_cgroups(self.record.cgroup_roots), "containers"
@@ -687,11 +821,11 @@ class RealNodes:
         mirror = self.registry
         if "mirror-hangs" in after:
             if self._hanging is None:
-                self._hanging = HangingMirror()
+                self._hanging = HangingMirror(self.gateway)
             mirror = self._hanging.address
         if "mirror-refused" in after:
             mirror = f"127.0.0.1:{self._refused_port}"
-        node.hosts_toml.write_text(hosts_toml(mirror))
+        self._write_mirrors(node, mirror)
         node.cni_conf.write_text(cni_config(node, self.network, broken="cni-broken" in after))
         needed = node.directory / "local" / "app-ok"
         if "app-crash" in after:
@@ -715,6 +849,8 @@ class RealNodes:
     def state(self) -> dict[str, Any]:
         return {
             name: {
+                "address": node.address,
+                "netns": node.net.netns,
                 "kubelet_port": node.kubelet_port,
                 "subnet": node.subnet,
                 "bridge": node.bridge,

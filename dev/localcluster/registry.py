@@ -4,8 +4,9 @@ The real nodes (kubelet + containerd) pull images the way a production node does
 registry API, rather than having them imported into containerd's store: a pull, its progress
 and its failures are part of what a pod's start looks like. The registry is Debian's
 ``docker-registry`` (the CNCF distribution registry, 2.8), or any ``registry`` binary named by
-``KN_RESCHEDULER_REGISTRY``, serving plain HTTP on a free 127.0.0.1 port with no auth; its
-storage and configuration live under a directory of the cluster's. Images are put into it with
+``KN_RESCHEDULER_REGISTRY``, serving plain HTTP with no auth on a free port of 127.0.0.1, or
+of a real-node cluster's gateway, which its nodes reach; its storage and configuration live
+under a directory of the cluster's. Images are put into it with
 ``skopeo copy`` from the OCI archives hack/build-node-images.sh makes
 (:mod:`localcluster.nodeimages`).
 
@@ -54,9 +55,9 @@ def find_binary() -> str:
     return found
 
 
-def config(storage_dir: Path, port: int) -> dict[str, Any]:
+def config(storage_dir: Path, port: int, host: str = "127.0.0.1") -> dict[str, Any]:
     """The registry's configuration: filesystem storage under ``storage_dir``, plain HTTP on
-    127.0.0.1:``port``, no auth."""
+    ``host``:``port``, no auth."""
     return {
         "version": 0.1,
         "log": {"level": "info", "fields": {"service": PROCESS_NAME}},
@@ -68,7 +69,7 @@ def config(storage_dir: Path, port: int) -> dict[str, Any]:
             "maintenance": {"uploadpurging": {"enabled": False}},
         },
         "http": {
-            "addr": f"127.0.0.1:{port}",
+            "addr": f"{host}:{port}",
             # Without one it logs a warning at every start and makes one up; with one registry
             # process there is nothing to share it with.
             "secret": "kn-rescheduler-local",
@@ -86,9 +87,13 @@ class LocalRegistry:
         *,
         port: int | None = None,
         binary: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
-        """``port``: None picks a free one now; it stays the registry's across restarts."""
+        """``port``: None picks a free one now; it stays the registry's across restarts.
+        ``host``: the address it listens on (a real-node cluster's gateway, which its nodes
+        reach; loopback otherwise)."""
         self.directory = directory
+        self.bind_host = host
         self.log_path = log_dir / f"{PROCESS_NAME}.log"
         self.port = port if port is not None else free_ports(1)[0]
         self.binary = binary
@@ -96,12 +101,12 @@ class LocalRegistry:
         self.storage_dir = directory / "storage"
         self.proc: Proc | None = None
         self._http = requests.Session()
-        self._http.trust_env = False  # loopback: no proxy
+        self._http.trust_env = False  # a local address: no proxy
 
     @property
     def host(self) -> str:
-        """``127.0.0.1:PORT``, the registry part of an image reference."""
-        return f"127.0.0.1:{self.port}"
+        """``HOST:PORT``, the registry part of an image reference."""
+        return f"{self.bind_host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -120,7 +125,7 @@ class LocalRegistry:
         binary = self.binary or find_binary()
         self.storage_dir.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(
-            yaml.safe_dump(config(self.storage_dir, self.port), sort_keys=False)
+            yaml.safe_dump(config(self.storage_dir, self.port, self.bind_host), sort_keys=False)
         )
         self.proc = Proc(PROCESS_NAME, [binary, "serve", str(self.config_file)], self.log_path)
         while True:

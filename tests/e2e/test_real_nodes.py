@@ -48,6 +48,8 @@ class Footprint:
     processes: list[int]
     mounts: list[str]
     links: list[str]
+    netns: list[str]
+    routes: list[str]
     cgroups: list[str]
     cni_results: list[str]
     shim_sockets: list[str]
@@ -60,6 +62,8 @@ class Footprint:
                 self.processes,
                 self.mounts,
                 self.links,
+                self.netns,
+                self.routes,
                 self.cgroups,
                 self.cni_results,
                 self.shim_sockets,
@@ -93,6 +97,12 @@ class Tracker:
             else []
         )
         octet = self.network.removeprefix("knr")
+        namespaces = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        routes = subprocess.run(
+            ["ip", "-4", "route", "show"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
         return Footprint(
             processes=runtime_processes(self.base),
             mounts=hostchanges.mounts_under(str(self.base)),
@@ -101,6 +111,8 @@ class Tracker:
                 for line in links.splitlines()
                 if (name := line.split(":")[1].strip().split("@")[0]).startswith(self.network)
             ],
+            netns=[n for n in namespaces if n.startswith(self.network)],
+            routes=[r for r in routes if r.startswith(f"10.{octet}.")],
             cgroups=[str(d) for d in hostchanges.cgroup_dirs(f"/{realnode.CGROUP_PREFIX}-{octet}")],
             cni_results=[
                 r
@@ -154,10 +166,11 @@ def test_a_stopped_cluster_leaves_the_machine_as_it_was(tmp_path: Path) -> None:
         during = tracker.footprint()
         # Everything the check looks for is there while the cluster runs.
         assert during.processes and during.mounts and during.links and during.cgroups
+        assert during.netns and during.routes
         assert during.cni_results and during.shim_sockets and during.records
     finally:
         c.stop()
-    assert tracker.footprint() == Footprint([], [], [], [], [], [], [], False)
+    assert tracker.footprint() == Footprint([], [], [], [], [], [], [], [], [], False)
     assert iptables() == rules
     if alone:  # the last real-node cluster out restores the kubelet's sysctls
         assert hostchanges.read_sysctls() == sysctls
@@ -210,7 +223,7 @@ def test_a_crashed_run_is_cleaned_at_the_next_start(tmp_path: Path) -> None:
     left = tracker.footprint()
     assert left.mounts and left.links and left.cgroups and left.shim_sockets and left.records
     assert base in hostchanges.clean_stale()
-    assert tracker.footprint() == Footprint([], [], [], [], [], [], [], False)
+    assert tracker.footprint() == Footprint([], [], [], [], [], [], [], [], [], False)
     assert iptables() == rules
     if alone:
         assert hostchanges.read_sysctls() == sysctls

@@ -1,8 +1,9 @@
 """The real nodes' configuration files, as values: what each promises the machine.
 
-The e2e tests (tests/e2e/test_real_nodes.py) run them; these say, without root or a cluster,
-that a node keeps to its own directory, touches no iptables, masquerades nothing, and that a
-fault is a change of one file.
+The e2e tests (tests/e2e/test_real_nodes.py, test_cluster_network.py) run them; these say,
+without root or a cluster, that a node keeps to its own directory and network namespace,
+masquerades nothing out of the cluster, reaches past its node in nothing machine-wide, and that
+a fault is a change of one file.
 """
 
 from __future__ import annotations
@@ -14,20 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from dev.localcluster import hostchanges, realnode
+from dev.localcluster import hostchanges, nodenet, realnode
 from dev.localcluster.nodeimages import PAUSE_IMAGE
 
 
 def layout(base: Path = realnode.NODE_ROOT / "knr200", index: int = 0) -> realnode.NodeLayout:
+    net = nodenet.plan(200, [f"real-{i}" for i in range(index + 1)])
     return realnode.NodeLayout(
         name=f"real-{index}",
-        index=index,
         directory=base / f"n{index}",
         bridge=f"knr200n{index}",
-        subnet=f"10.200.{index}.0/24",
         cgroup_root=f"/kn-rescheduler-200/real-{index}",
-        kubelet_port=40000,
-        healthz_port=40001,
+        net=net.nodes[index],
     )
 
 
@@ -66,6 +65,8 @@ def test_the_bridge_masquerades_nothing_and_keeps_its_ipam_in_the_node() -> None
     assert plugin["type"] == "bridge"
     assert plugin["bridge"] == "knr200n0"
     assert plugin["ipMasq"] is False
+    # Pods route through their node: to other nodes' pods, the machine and Services.
+    assert plugin["isDefaultGateway"] is True
     assert plugin["ipam"]["dataDir"].startswith(str(node.directory))
     assert plugin["ipam"]["ranges"] == [[{"subnet": "10.200.0.0/24"}]]
     assert len(node.bridge) <= 15  # IFNAMSIZ
@@ -82,17 +83,37 @@ def test_the_mirror_is_plain_http_to_the_given_address() -> None:
     assert hosts["host"]["http://127.0.0.1:5000"]["capabilities"] == ["pull", "resolve"]
 
 
-def test_the_kubelet_makes_no_iptables_chains_and_serves_with_authentication() -> None:
-    config = realnode.kubelet_config(
-        layout(), address="192.0.2.2", ca_file=Path("/ca.crt"), eviction_hard=None
-    )
-    assert config["makeIPTablesUtilChains"] is False
+def test_the_kubelet_serves_on_its_node_address_with_authentication() -> None:
+    config = realnode.kubelet_config(layout(index=1), ca_file=Path("/ca.crt"), eviction_hard=None)
+    assert config["address"] == "10.200.255.3"
+    assert config["port"] == 10250
     assert config["failCgroupV1"] is False
     assert config["readOnlyPort"] == 0
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["authorization"]["mode"] == "Webhook"
-    assert config["containerRuntimeEndpoint"] == f"unix://{layout().socket}"
-    assert config["cgroupRoot"] == "/kn-rescheduler-200/real-0"
+    assert config["containerRuntimeEndpoint"] == f"unix://{layout(index=1).socket}"
+    assert config["cgroupRoot"] == "/kn-rescheduler-200/real-1"
+
+
+def test_the_kubelet_points_pods_at_the_cluster_dns_and_keeps_their_logs_in_the_node() -> None:
+    config = realnode.kubelet_config(layout(), ca_file=Path("/ca.crt"), eviction_hard=None)
+    assert config["clusterDNS"] == ["10.96.0.10"]
+    assert config["clusterDomain"] == "cluster.local"
+    assert config["podLogsDir"].startswith(f"{layout().directory}/")
+
+
+def test_kube_proxy_writes_iptables_and_leaves_machine_wide_conntrack_alone() -> None:
+    config = realnode.kube_proxy_config(layout(index=1), cluster_cidr="10.200.0.0/16")
+    assert config["mode"] == "iptables"
+    assert config["hostnameOverride"] == "real-1"
+    assert config["clusterCIDR"] == "10.200.0.0/16"
+    # nf_conntrack_max is one for the whole machine: 0 leaves it (and each timeout) alone.
+    conntrack = config["conntrack"]
+    assert conntrack["maxPerCore"] == 0
+    assert conntrack["min"] == 0
+    assert {conntrack[k] for k in conntrack if k.endswith("Timeout")} == {"0s"}
+    assert config["oomScoreAdj"] == 0
+    assert config["clientConnection"]["kubeconfig"].startswith(f"{layout(index=1).directory}/")
 
 
 def test_memory_pressure_stays_below_capacity_so_the_kubelet_accepts_it() -> None:
@@ -131,6 +152,7 @@ def test_a_record_survives_a_round_trip(tmp_path: Path, monkeypatch: pytest.Monk
         runtime_sockets=("/x.sock",),
         sysctls={"vm/overcommit_memory": "0"},
         created_dirs=("/run/containerd/s",),
+        netns=("knr200n0", "knr200n1"),
     )
     record.write()
     assert hostchanges.records() == [record]
