@@ -9,7 +9,15 @@
 #                    build/pause/Dockerfile and Makefile make it (entrypoint /pause, user 65535);
 #   busybox.oci.tar  kn-rescheduler.local/busybox:1.35   the test pods' image: Debian's
 #                    statically linked busybox (busybox-static) at /bin/busybox and a symlink for
-#                    each of its applets where `busybox --install -s` would put it; cmd sh.
+#                    each of its applets where `busybox --install -s` would put it; cmd sh;
+#   coredns.oci.tar  registry.k8s.io/coredns/coredns:<v>  the cluster DNS: CoreDNS at the version
+#                    Kubernetes' add-on manifest names, built from its Go module with the plugins
+#                    that manifest's Corefile uses (hack/coredns), on scratch, entrypoint
+#                    /coredns; named as the manifest names it (containerd on the real nodes
+#                    mirrors registry.k8s.io to the local registry), so the manifest is applied
+#                    as Kubernetes ships it;
+#   coredns.yaml     that manifest (cluster/addons/dns/coredns/coredns.yaml.base of the pinned
+#                    k8s.io/kubernetes module), with its placeholders left for the cluster.
 #
 # The tags are the versions inside (pause.c says v3.10.2 at Kubernetes v1.36.3; Debian
 # bookworm's busybox is 1.35); the archives' directory is keyed
@@ -28,6 +36,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache_root=${KN_RESCHEDULER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kn-rescheduler}
 PAUSE_REF=kn-rescheduler.local/pause:3.10.2
 BUSYBOX_REF=kn-rescheduler.local/busybox:1.35
+COREDNS_VERSION=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" {print $3}' \
+  "$here/coredns/go.mod")
+COREDNS_REF=registry.k8s.io/coredns/coredns:$COREDNS_VERSION
 BUSYBOX_BIN=/bin/busybox
 
 log() { printf '[node-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -57,11 +68,18 @@ K8S_VERSION=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$he
 # The key: everything that changes the archives' content. Static linking copies libc into pause,
 # so the libc version counts as much as the compiler's.
 key=$(printf '%s\n' "$K8S_VERSION" "$busybox_version" "$(gcc -dumpfullversion)" \
-  "$(deb_version libc6-dev)" "$(sha256sum <"$0")" | sha256sum | cut -c1-16)
+  "$(deb_version libc6-dev)" "$(sha256sum <"$0")" "$(go version)" \
+  "$(cat "$here/coredns/go.mod" "$here/coredns/go.sum" "$here/coredns/main.go" | sha256sum)" |
+  sha256sum | cut -c1-16)
 out="$cache_root/node-images/$K8S_VERSION-$key"
 mkdir -p "$out"
 
-if [[ -s "$out/pause.oci.tar" && -s "$out/busybox.oci.tar" ]]; then
+complete() {
+  [[ -s "$out/pause.oci.tar" && -s "$out/busybox.oci.tar" && -s "$out/coredns.oci.tar" &&
+    -s "$out/coredns.yaml" ]]
+}
+
+if complete; then
   log "$out: cached"
   echo "$out"
   exit 0
@@ -71,7 +89,7 @@ fi
 # and the output names: the second waits, then finds the archives.
 exec 9>"$out/.lock"
 flock 9
-if [[ -s "$out/pause.oci.tar" && -s "$out/busybox.oci.tar" ]]; then
+if complete; then
   log "$out: built meanwhile"
   echo "$out"
   exit 0
@@ -148,6 +166,28 @@ ctr=$("${bh[@]}" from --quiet scratch)
   --label "org.opencontainers.image.source=Debian busybox-static" \
   --created-by "busybox-static $busybox_version with its applets' symlinks" "$ctr"
 commit_and_push "$BUSYBOX_REF" "$ctr" "$out/busybox.oci.tar"
+
+# CoreDNS: a static binary (CGO_ENABLED=0), so scratch holds all it needs. Upstream's image runs
+# it as a non-root user with a file capability to bind port 53; this one runs as root, and the
+# manifest's securityContext drops every capability but NET_BIND_SERVICE all the same.
+log "coredns: go build github.com/coredns/coredns $COREDNS_VERSION (hack/coredns)"
+mkdir -p "$tmp/coredns"
+(cd "$here/coredns" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/coredns/coredns" .)
+ctr=$("${bh[@]}" from --quiet scratch)
+"${bh[@]}" copy --quiet --chmod 0755 "$ctr" "$tmp/coredns/coredns" /coredns >/dev/null
+"${bh[@]}" config --entrypoint '["/coredns"]' --port 53/udp --port 53/tcp --port 9153/tcp \
+  --label "org.opencontainers.image.version=$COREDNS_VERSION" \
+  --label "org.opencontainers.image.source=github.com/coredns/coredns@$COREDNS_VERSION" \
+  --created-by "go build (hack/coredns: CoreDNS $COREDNS_VERSION, the Corefile's plugins)" "$ctr"
+commit_and_push "$COREDNS_REF" "$ctr" "$out/coredns.oci.tar"
+manifest="$k8s_dir/cluster/addons/dns/coredns/coredns.yaml.base"
+[[ -f "$manifest" ]] || { echo "no $manifest in k8s.io/kubernetes $K8S_VERSION" >&2; exit 1; }
+grep -q "image: $COREDNS_REF\$" "$manifest" || {
+  echo "$manifest names another CoreDNS than hack/coredns/go.mod ($COREDNS_VERSION):" \
+    "$(grep 'image:' "$manifest")" >&2
+  exit 1
+}
+install -m 0644 "$manifest" "$out/coredns.yaml"
 
 log "built in $((SECONDS - start)) s"
 echo "$out"

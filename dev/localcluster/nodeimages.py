@@ -1,4 +1,4 @@
-"""Finds (building on first use) the images the real nodes run: pause and busybox.
+"""Finds (building on first use) the images the real nodes run: pause, busybox and CoreDNS.
 
 A real node (kubelet + containerd) needs a pod sandbox image and the test pods need something to
 run, and no registry on the internet is reachable: ``hack/build-node-images.sh`` makes both from
@@ -32,17 +32,36 @@ PAUSE_NAME: Final = "pause:3.10.2"
 BUSYBOX_NAME: Final = "busybox:1.35"
 PAUSE_IMAGE: Final = f"{IMAGE_HOST}/{PAUSE_NAME}"
 BUSYBOX_IMAGE: Final = f"{IMAGE_HOST}/{BUSYBOX_NAME}"
-# archive file name -> name in the registry.
-ARCHIVES: Final = {PAUSE_ARCHIVE: PAUSE_NAME, BUSYBOX_ARCHIVE: BUSYBOX_NAME}
+# CoreDNS keeps the name Kubernetes' add-on manifest gives it; the nodes mirror this host too.
+UPSTREAM_HOST: Final = "registry.k8s.io"
+COREDNS_ARCHIVE: Final = "coredns.oci.tar"
+
+
+def coredns_version() -> str:
+    """The CoreDNS version hack/coredns/go.mod pins (the one the add-on manifest names)."""
+    for line in (REPO_ROOT / "hack" / "coredns" / "go.mod").read_text().splitlines():
+        fields = line.split()
+        if fields[:2] == ["require", "github.com/coredns/coredns"]:
+            return fields[2]
+    raise NodeImagesError("hack/coredns/go.mod requires no github.com/coredns/coredns")
 
 
 class NodeImagesError(RuntimeError):
     """The node images could not be built or pushed (the message says why)."""
 
 
+COREDNS_NAME: Final = f"coredns/coredns:{coredns_version()}"
+# archive file name -> name in the registry (the archive's own name: its host and this).
+ARCHIVES: Final = {
+    PAUSE_ARCHIVE: (IMAGE_HOST, PAUSE_NAME),
+    BUSYBOX_ARCHIVE: (IMAGE_HOST, BUSYBOX_NAME),
+    COREDNS_ARCHIVE: (UPSTREAM_HOST, COREDNS_NAME),
+}
+
+
 def ensure_node_images() -> Path:
-    """The directory holding PAUSE_ARCHIVE and BUSYBOX_ARCHIVE; builds them first when needed
-    (a few seconds)."""
+    """The directory holding the ARCHIVES and CoreDNS's manifest; builds them first when needed
+    (a few seconds, and CoreDNS's Go build the first time)."""
     try:
         directory = Path(run_build_script(BUILD_SCRIPT))
     except BinsError as err:
@@ -57,11 +76,11 @@ def ensure_node_images() -> Path:
 
 def push_node_images(registry: LocalRegistry, directory: Path) -> dict[str, str]:
     """Pushes every archive in ``directory`` (from ensure_node_images) into ``registry``;
-    returns image name (PAUSE_IMAGE, BUSYBOX_IMAGE) -> its reference in the registry."""
+    returns image name (PAUSE_IMAGE, BUSYBOX_IMAGE, CoreDNS's) -> its reference there."""
     pushed = {}
-    for archive, name in ARCHIVES.items():
+    for archive, (host, name) in ARCHIVES.items():
         try:
-            pushed[f"{IMAGE_HOST}/{name}"] = registry.push(directory / archive, name)
+            pushed[f"{host}/{name}"] = registry.push(directory / archive, name)
         except RegistryError as err:
             raise NodeImagesError(f"pushing {archive}: {err}") from err
     return pushed

@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,6 +135,34 @@ def program_header_types(elf: bytes) -> list[int]:
 def test_archives_are_named_as_the_nodes_refer_to_them(images: Path) -> None:
     assert OciArchive(images / nodeimages.PAUSE_ARCHIVE).ref_name() == nodeimages.PAUSE_IMAGE
     assert OciArchive(images / nodeimages.BUSYBOX_ARCHIVE).ref_name() == nodeimages.BUSYBOX_IMAGE
+    # CoreDNS by the name Kubernetes' add-on manifest gives it, which is copied beside it.
+    coredns = OciArchive(images / nodeimages.COREDNS_ARCHIVE).ref_name()
+    assert coredns == f"{nodeimages.UPSTREAM_HOST}/{nodeimages.COREDNS_NAME}"
+    assert f"image: {coredns}\n" in (images / "coredns.yaml").read_text()
+
+
+def test_coredns_is_a_static_binary_with_the_corefiles_plugins(images: Path) -> None:
+    archive = OciArchive(images / nodeimages.COREDNS_ARCHIVE)
+    assert PT_INTERP not in program_header_types(archive.layer_file("coredns"))
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "coredns"
+        binary.write_bytes(archive.layer_file("coredns"))
+        binary.chmod(0o755)
+        plugins = subprocess.run(
+            [str(binary), "-plugins"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        version = subprocess.run(
+            [str(binary), "-version"], capture_output=True, text=True, check=True
+        ).stdout
+    # The Corefile's directives: the lines one level inside its server block (`.:53 {`).
+    corefile = (images / "coredns.yaml").read_text().split("Corefile: |", 1)[1].split("---")[0]
+    lines = [line for line in corefile.splitlines() if line.strip()]
+    depth = len(lines[1]) - len(lines[1].lstrip())
+    inside = [x for x in lines[1:] if len(x) - len(x.lstrip()) == depth]
+    used = {x.split()[0] for x in inside if x.strip() != "}"}
+    assert {"kubernetes", "forward", "cache", "loop", "health", "ready"} <= used
+    assert used <= set(plugins)
+    assert f"CoreDNS-{nodeimages.COREDNS_NAME.rsplit(':v', 1)[1]}" in version
 
 
 def test_a_second_build_is_the_cache(images: Path) -> None:
@@ -165,13 +194,13 @@ def test_busybox_runs_sh_by_default(registry: LocalRegistry, pushed: dict[str, s
 def test_the_registry_serves_the_archives_unchanged(
     images: Path, registry: LocalRegistry, pushed: dict[str, str]
 ) -> None:
-    for archive, name in nodeimages.ARCHIVES.items():
+    for archive, (_, name) in nodeimages.ARCHIVES.items():
         digest = OciArchive(images / archive).descriptor["digest"]
         assert skopeo_inspect(registry.reference(name))["Digest"] == digest, archive
     http = requests.Session()
     http.trust_env = False
     catalog = http.get(f"{registry.url}/v2/_catalog", timeout=5).json()
-    assert sorted(catalog["repositories"]) == ["busybox", "pause"]
+    assert sorted(catalog["repositories"]) == ["busybox", "coredns/coredns", "pause"]
 
 
 def test_the_binaries_are_statically_linked(images: Path) -> None:
