@@ -336,6 +336,8 @@ class KnativeBroker:
             self.port = int(self._reserved.getsockname()[1])
         self.broker_url_in_namespace = ""
         self._api_forward = ""
+        # What the processes in the namespace use (_write_namespace_kubeconfig).
+        self.namespace_kubeconfig = workdir / "kubeconfig-in-namespace"
         # Whether the channel answers before delivering (its async-handler annotation), and
         # the longest a retry of any Trigger can wait after a failed attempt.
         self.is_async = False
@@ -365,7 +367,8 @@ class KnativeBroker:
         # Out of the namespace, same port: the API server and every URL a Trigger resolves to.
         # The API server's is not an event path (and client-go speaks HTTP/2 on it, where
         # "the client spoke last" does not mean a request is waiting): wait_idle ignores it.
-        api_port = self._api_port()
+        api_host, api_port = self._api_endpoint()
+        self._write_namespace_kubeconfig(api_port)
         self._api_forward = f"out-{api_port}"
         ports = {api_port} | {urllib.parse.urlsplit(u).port or 80 for u in services.values()}
         clash = sorted(ports & RESERVED_PORTS)
@@ -375,7 +378,8 @@ class KnativeBroker:
                 "run the function or API server on another port"
             )
         for port in sorted(ports):
-            self._forward(f"out-{port}", self.netns.path, port, None, port)
+            host = api_host if port == api_port else "127.0.0.1"
+            self._forward(f"out-{port}", self.netns.path, port, None, port, host=host)
         # The Broker's address: a forward to the ingress, as a Service is to its pod.
         self._forward("broker", self.netns.path, BROKER_PORT, self.netns.path, INGRESS_PORT)
         self._forward("source", self.netns.path, SOURCE_PORT, self.netns.path, INGRESS_PORT)
@@ -715,10 +719,18 @@ class KnativeBroker:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _api_port(self) -> int:
+    def _api_endpoint(self) -> tuple[str, int]:
         config = yaml.safe_load(self.kubeconfig.read_text())
-        server = config["clusters"][0]["cluster"]["server"]
-        return urllib.parse.urlsplit(server).port or 443
+        server = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
+        return server.hostname or "127.0.0.1", server.port or 443
+
+    def _write_namespace_kubeconfig(self, api_port: int) -> None:
+        """The kubeconfig of the processes in the namespace: the API server at the forward's
+        end there, 127.0.0.1 (which its certificate names), wherever it listens outside."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        for cluster in config["clusters"]:
+            cluster["cluster"]["server"] = f"https://127.0.0.1:{api_port}"
+        self.namespace_kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _forward(
         self,
@@ -728,6 +740,7 @@ class KnativeBroker:
         connect_in: Path | None,
         port: int,
         listener: socket.socket | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         f = Forward(
             name,
@@ -736,6 +749,7 @@ class KnativeBroker:
             connect_in=connect_in,
             port=port,
             listener=listener,
+            host=host,
         ).start()
         self.forwards.append(f)
 
@@ -753,7 +767,7 @@ class KnativeBroker:
             **env,
         }
         argv = self.netns.argv(
-            [str(self._bins / name), "--kubeconfig", str(self.kubeconfig), *args]
+            [str(self._bins / name), "--kubeconfig", str(self.namespace_kubeconfig), *args]
         )
         with log_path.open("ab") as out:
             proc = subprocess.Popen(

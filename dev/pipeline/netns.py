@@ -371,8 +371,10 @@ def _reset(sock: socket.socket) -> None:
 
 
 class Forward:
-    """Accept on 127.0.0.1:``listen_port`` in one namespace, connect to 127.0.0.1:``port`` in
-    another; ``None`` for a namespace is the process's own."""
+    """Accept on 127.0.0.1:``listen_port`` in one namespace, connect to ``host``:``port`` in
+    another; ``None`` for a namespace is the process's own. ``host`` is 127.0.0.1 but for an
+    API server that listens elsewhere on the machine (a real-node cluster's, on its nodes'
+    network)."""
 
     def __init__(
         self,
@@ -383,8 +385,10 @@ class Forward:
         connect_in: Path | None,
         port: int,
         listener: socket.socket | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.name = name
+        self.host = host
         # A socket already bound to listen_port (a port reserved up front), used as it is.
         self._bound = listener
         self.listen_in = listen_in
@@ -475,10 +479,10 @@ class Forward:
             with entered(self.connect_in):
                 upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            upstream.connect(("127.0.0.1", self.port))
+            upstream.connect((self.host, self.port))
         except OSError as exc:
             # As a Service with no ready endpoint: the connection is refused/reset.
-            log.debug("%s: cannot reach 127.0.0.1:%d: %s", self.name, self.port, exc)
+            log.debug("%s: cannot reach %s:%d: %s", self.name, self.host, self.port, exc)
             return None
         return upstream
 

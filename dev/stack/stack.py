@@ -179,7 +179,7 @@ class Stack:
         # The adapter runs beside the Broker in its network namespace, as the ApiServerSource's
         # Deployment runs in the cluster; its sink is the Broker's address there.
         self.source = ApiServerSource.from_manifest(
-            self.kubeconfig,
+            self.broker.namespace_kubeconfig,
             self.broker.source_url,
             manifest=self.triggers_dir / "sources.yaml",
             log_path=self.log_dir / "apiserversource.log",
