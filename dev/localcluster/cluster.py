@@ -38,6 +38,7 @@ from kubernetes import client as k8s_client
 
 from dev.localcluster import (
     addons,
+    knative,
     kwok,
     metricsserver,
     nodeimages,
@@ -804,6 +805,29 @@ class Cluster:
         except addons.AddonError as e:
             raise ClusterError(str(e)) from e
         self._say("CoreDNS ready (kube-system/kube-dns)")
+
+    def install_knative_eventing(self, timeout: float = 900.0) -> Path:
+        """Knative Eventing from the manifests ko resolves from its module, as a user installs
+        it (knative.py); returns the directory of those manifests. Real nodes only: Knative's
+        controllers, webhook and data plane run as pods."""
+        if self.realnodes is None or self.registry is None or self.kwok_nodes:
+            raise ClusterError("Knative Eventing installs on a cluster of real nodes only")
+        try:
+            directory = knative.ensure_eventing()  # may build: several minutes the first time
+            knative.install(
+                self.registry,
+                self.bins_dir / "kubectl",
+                self.kubeconfig,
+                directory,
+                deployments=lambda: self.rest.get(
+                    f"/apis/apps/v1/namespaces/{knative.NAMESPACE}/deployments"
+                ).get("items", []),
+                deadline=time.monotonic() + timeout,
+                say=self._say,
+            )
+        except knative.KnativeError as e:
+            raise ClusterError(str(e)) from e
+        return directory
 
     def _coredns_available(self) -> bool:
         status = self.rest.get("/apis/apps/v1/namespaces/kube-system/deployments/coredns").get(

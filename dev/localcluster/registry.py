@@ -17,10 +17,12 @@ once, so a ``stop``/``start`` keeps the address (and the images: the storage sta
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Final
 
@@ -197,6 +199,50 @@ class LocalRegistry:
                 f"({self.log_path}):\n{self.proc.log_tail()}"
             )
         return reference
+
+    def push_from_layout(self, layout: Path, repository: str, digest: str) -> str:
+        """Uploads the image ``digest`` of the OCI layout ``layout`` (its manifest, config and
+        layers, byte for byte, so the digest is the same) as ``repository`` over the registry
+        API; returns ``HOST:PORT/repository@digest``. What the registry has already is not
+        sent again."""
+        if self.proc is None or not self.proc.alive():
+            raise RegistryError(f"cannot push {repository}: the registry is not running")
+
+        def blob(d: str) -> Path:
+            algorithm, hexa = d.split(":", 1)
+            return layout / "blobs" / algorithm / hexa
+
+        try:
+            manifest_bytes = blob(digest).read_bytes()
+            manifest = json.loads(manifest_bytes)
+        except (OSError, ValueError) as err:
+            raise RegistryError(f"{layout} has no readable manifest {digest}: {err}") from err
+        base = f"{self.url}/v2/{repository}"
+        try:
+            for d in [manifest["config"]["digest"], *(x["digest"] for x in manifest["layers"])]:
+                if self._http.head(f"{base}/blobs/{d}", timeout=30).status_code == 200:
+                    continue
+                started = self._http.post(f"{base}/blobs/uploads/", timeout=30)
+                started.raise_for_status()
+                location = urllib.parse.urljoin(self.url, started.headers["Location"])
+                sep = "&" if "?" in location else "?"
+                done = self._http.put(
+                    f"{location}{sep}digest={d}",
+                    data=blob(d).read_bytes(),
+                    headers={"Content-Type": "application/octet-stream"},
+                    timeout=PUSH_TIMEOUT,
+                )
+                done.raise_for_status()
+            put = self._http.put(
+                f"{base}/manifests/{digest}",
+                data=manifest_bytes,
+                headers={"Content-Type": manifest["mediaType"]},
+                timeout=60,
+            )
+            put.raise_for_status()
+        except (requests.RequestException, KeyError, OSError) as err:
+            raise RegistryError(f"pushing {repository}@{digest} from {layout}: {err}") from err
+        return f"{self.host}/{repository}@{digest}"
 
     def _ready(self) -> bool:
         try:

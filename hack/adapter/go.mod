@@ -1,15 +1,26 @@
-// Pins Knative Eventing's data plane, run locally as processes against the local control plane:
-// the ApiServerSource receive adapter, the Broker's ingress and filter, and the in-memory channel
-// dispatcher (hack/build-adapter.sh builds them, dev/pipeline/broker.py runs them).
+// Pins Knative Eventing. Its data plane runs locally as processes against the local control
+// plane: the ApiServerSource receive adapter, the Broker's ingress and filter, and the in-memory
+// channel dispatcher (hack/build-adapter.sh builds them, dev/pipeline/broker.py runs them). The
+// whole of it (controllers, webhook and data plane) is installed as a user installs it from the
+// images ko builds of every command its config/ manifests name (hack/build-knative-eventing.sh).
 module github.com/kn-rescheduler/kn-rescheduler/hack/adapter
 
 go 1.25.0
 
 tool (
 	knative.dev/eventing/cmd/apiserver_receive_adapter
+	knative.dev/eventing/cmd/auth_proxy
 	knative.dev/eventing/cmd/broker/filter
 	knative.dev/eventing/cmd/broker/ingress
+	knative.dev/eventing/cmd/controller
+	knative.dev/eventing/cmd/event_display
+	knative.dev/eventing/cmd/in_memory/channel_controller
 	knative.dev/eventing/cmd/in_memory/channel_dispatcher
+	knative.dev/eventing/cmd/jobsink
+	knative.dev/eventing/cmd/mtchannel_broker
+	knative.dev/eventing/cmd/mtping
+	knative.dev/eventing/cmd/requestreply
+	knative.dev/eventing/cmd/webhook
 )
 
 require (
@@ -37,6 +48,7 @@ require (
 	github.com/go-openapi/jsonpointer v0.21.0 // indirect
 	github.com/go-openapi/jsonreference v0.21.0 // indirect
 	github.com/go-openapi/swag v0.23.0 // indirect
+	github.com/gobuffalo/flect v1.0.3 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
@@ -51,6 +63,7 @@ require (
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_golang v1.24.1 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect

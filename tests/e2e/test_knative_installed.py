@@ -1,0 +1,307 @@
+"""Knative Eventing installed as a user installs it, on a cluster of real nodes.
+
+ko resolves Eventing's own config/ manifests from the pinned module (hack/build-knative-
+eventing.sh); the cluster pushes the images into its registry and applies the manifests with
+kubectl (dev/localcluster/knative.py). Nothing of ours writes a Knative status here: Knative's
+controllers, webhook and data plane run as pods, and these tests read what they write and
+what they deliver, through Knative's own event-display.
+
+Needs root and the real-node packages (hack/install-packages.sh); the first run builds
+Knative's commands with ko (several minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dev.localcluster import knative
+from dev.localcluster.cluster import Cluster
+from dev.localcluster.nodeimages import BUSYBOX_IMAGE, IMAGE_HOST
+from tests.e2e.conftest import needs_real_nodes
+from tests.e2e.test_real_nodes import eventually
+
+pytestmark = [pytest.mark.e2e, needs_real_nodes]
+
+NS = "demo"
+
+
+def kubectl(c: Cluster, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    done = subprocess.run(
+        [str(c.bins_dir / "kubectl"), f"--kubeconfig={c.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check:
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path]]:
+    c = Cluster(
+        tmp_path_factory.mktemp("knative") / "cluster",
+        nodes=0,
+        real_nodes=2,
+        prometheus=False,
+        quiet=True,
+    )
+    c.start()
+    try:
+        directory = c.install_knative_eventing()
+        kubectl(c, "create", "namespace", NS)
+        kubectl(c, "apply", "-n", NS, "-f", str(directory / knative.EVENT_DISPLAY))
+        yield c, directory
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(installed: tuple[Cluster, Path]) -> Cluster:
+    return installed[0]
+
+
+def ready(c: Cluster, kind: str, name: str, ns: str = NS) -> bool:
+    out = kubectl(
+        c,
+        "get",
+        kind,
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+        check=False,
+    )
+    return out.strip() == "True"
+
+
+def displayed(c: Cluster) -> str:
+    return kubectl(c, "logs", "-n", NS, "deployment/event-display", check=False)
+
+
+def apply(c: Cluster, manifest: str) -> None:
+    kubectl(c, "apply", "-n", NS, "-f", "-", stdin=manifest)
+
+
+@pytest.fixture(scope="module")
+def broker(cluster: Cluster) -> str:
+    apply(
+        cluster,
+        """
+apiVersion: eventing.knative.dev/v1
+kind: Broker
+metadata:
+  name: default
+---
+apiVersion: eventing.knative.dev/v1
+kind: Trigger
+metadata:
+  name: display-all
+spec:
+  broker: default
+  subscriber:
+    ref:
+      apiVersion: v1
+      kind: Service
+      name: event-display
+""",
+    )
+    eventually(lambda: ready(cluster, "broker", "default"), "the Broker to be Ready", 120)
+    eventually(lambda: ready(cluster, "trigger", "display-all"), "the Trigger to be Ready", 120)
+    return kubectl(
+        cluster, "get", "broker", "default", "-n", NS, "-o", "jsonpath={.status.address.url}"
+    )
+
+
+def test_knatives_controllers_webhook_and_data_plane_run_as_pods_on_real_nodes(
+    cluster: Cluster, installed: tuple[Cluster, Path]
+) -> None:
+    deployments = cluster.rest.get(f"/apis/apps/v1/namespaces/{knative.NAMESPACE}/deployments")
+    names = {d["metadata"]["name"] for d in deployments["items"]}
+    assert {"eventing-controller", "eventing-webhook", "imc-controller", "imc-dispatcher"} <= names
+    assert {"mt-broker-controller", "mt-broker-filter", "mt-broker-ingress"} <= names
+    assert knative.unavailable(deployments["items"]) == []
+    pods = cluster.rest.get(f"/api/v1/namespaces/{knative.NAMESPACE}/pods")["items"]
+    assert pods and all(p["spec"]["nodeName"] in cluster.real_nodes for p in pods)
+    # Every image is the one ko built, pulled by the digest ko wrote into the manifest.
+    written = "".join((installed[1] / m).read_text() for m in knative.MANIFESTS)
+    for p in pods:
+        for container in p["spec"]["containers"]:
+            assert container["image"].startswith(f"{IMAGE_HOST}/knative/"), container["image"]
+            assert container["image"] in written
+
+
+def test_a_broker_and_its_trigger_are_made_ready_by_knative(cluster: Cluster, broker: str) -> None:
+    assert broker.startswith("http://broker-ingress.knative-eventing.svc.cluster.local/demo/")
+    channel = kubectl(
+        cluster,
+        "get",
+        "inmemorychannels",
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={.items[0].status.address.url}",
+    )
+    assert channel.startswith("http://")  # the Broker's channel, made by Knative's controller
+
+
+def test_an_event_sent_to_the_broker_reaches_the_triggers_subscriber(
+    cluster: Cluster, broker: str
+) -> None:
+    # A pod posts a CloudEvent to the Broker's address, as any event producer in the cluster:
+    # by the ingress's ClusterIP (busybox's static wget resolves no names).
+    ingress = kubectl(
+        cluster,
+        "get",
+        "service",
+        "broker-ingress",
+        "-n",
+        knative.NAMESPACE,
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    )
+    path = broker.split(".cluster.local", 1)[1]
+    command = (
+        f"wget -q -O- --header 'Ce-Id: hello-1' --header 'Ce-Specversion: 1.0' "
+        f"--header 'Ce-Type: io.kn-rescheduler.test.hello' --header 'Ce-Source: /test' "
+        f"--header 'Content-Type: application/json' --post-data '{{\"hello\":\"knative\"}}' "
+        f"http://{ingress}{path}"
+    )
+    sender: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "sender", "namespace": NS},
+        "spec": {
+            "restartPolicy": "OnFailure",
+            "containers": [
+                {"name": "main", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", command]}
+            ],
+        },
+    }
+    cluster.rest.post(f"/api/v1/namespaces/{NS}/pods", sender)
+    eventually(
+        lambda: "io.kn-rescheduler.test.hello" in displayed(cluster),
+        "event-display to show the event",
+        120,
+    )
+    assert '"hello": "knative"' in displayed(cluster)
+
+
+def test_an_apiserversource_sends_pod_events_through_the_broker(
+    cluster: Cluster, broker: str
+) -> None:
+    apply(
+        cluster,
+        """
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: pod-watcher
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: pod-watcher
+rules:
+  - apiGroups: [""]
+    resources: [pods]
+    verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: pod-watcher
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: pod-watcher
+subjects:
+  - kind: ServiceAccount
+    name: pod-watcher
+    namespace: demo
+---
+apiVersion: sources.knative.dev/v1
+kind: ApiServerSource
+metadata:
+  name: pods
+spec:
+  mode: Reference
+  serviceAccountName: pod-watcher
+  resources:
+    - apiVersion: v1
+      kind: Pod
+  sink:
+    ref:
+      apiVersion: eventing.knative.dev/v1
+      kind: Broker
+      name: default
+""",
+    )
+    eventually(lambda: ready(cluster, "apiserversource", "pods"), "the source to be Ready", 180)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "watched", "namespace": NS},
+        "spec": {"containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["true"]}]},
+    }
+    cluster.rest.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    eventually(
+        lambda: (
+            "dev.knative.apiserver.ref.add" in displayed(cluster)
+            and '"name": "watched"' in displayed(cluster)
+        ),
+        "event-display to show the pod's add event",
+        120,
+    )
+
+
+def test_a_pingsource_fires_into_the_broker(cluster: Cluster, broker: str) -> None:
+    apply(
+        cluster,
+        """
+apiVersion: sources.knative.dev/v1
+kind: PingSource
+metadata:
+  name: every-minute
+spec:
+  schedule: "* * * * *"
+  contentType: application/json
+  data: '{"ping": "from knative"}'
+  sink:
+    ref:
+      apiVersion: eventing.knative.dev/v1
+      kind: Broker
+      name: default
+""",
+    )
+    eventually(lambda: ready(cluster, "pingsource", "every-minute"), "the PingSource Ready", 180)
+    eventually(
+        lambda: '"ping": "from knative"' in displayed(cluster),
+        "event-display to show a ping (once a minute)",
+        150,
+    )
+
+
+def test_every_knative_object_a_user_lists_is_ready(cluster: Cluster, broker: str) -> None:
+    time.sleep(0)  # the objects are those the tests above made
+    out = kubectl(
+        cluster,
+        "get",
+        "brokers,triggers,apiserversources,pingsources",
+        "-A",
+        "-o",
+        "jsonpath={range .items[*]}{.kind}/{.metadata.name}="
+        "{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+    )
+    states = dict(line.split("=", 1) for line in out.split())
+    assert "Broker/default" in states and "Trigger/display-all" in states
+    assert all(v == "True" for v in states.values()), states
