@@ -197,6 +197,6 @@ rollforward: knr-check-fn
 	    -p '{"spec":{"selector":{"serving.knative.dev/revision":null}}}'; fi
 
 webhook-cert:
-	KUBECTL=$(KUBECTL) bash hack/webhook-cert.sh --out $(KNR_CERT_DIR) --apply
+	KUBECTL='$(KUBECTL)' bash hack/webhook-cert.sh --out $(KNR_CERT_DIR) --apply
 
 .DEFAULT_GOAL := $(KNR_SAVED_DEFAULT_GOAL)

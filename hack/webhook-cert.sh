@@ -19,7 +19,8 @@ service=mutate-admission-webhook
 secret=mutate-admission-tls
 webhook=kn-rescheduler-mutate-admission
 days=${DAYS:-365}
-kubectl=${KUBECTL:-kubectl}
+# A command and its flags, as the Makefile's KUBECTL (e.g. "kubectl --context prod").
+read -r -a kubectl <<<"${KUBECTL:-kubectl}"
 out=""
 apply=false
 
@@ -61,11 +62,11 @@ rm -f "$out/tls.csr" "$out/serving.ext" "$out/ca.srl"
 echo "wrote $out/ca.crt, $out/tls.crt, $out/tls.key (valid $days days)"
 
 if $apply; then
-  "$kubectl" -n "$namespace" create secret generic "$secret" --type=kubernetes.io/tls \
+  "${kubectl[@]}" -n "$namespace" create secret generic "$secret" --type=kubernetes.io/tls \
     --from-file=tls.crt="$out/tls.crt" --from-file=tls.key="$out/tls.key" \
-    --from-file=ca.crt="$out/ca.crt" --dry-run=client -o yaml | "$kubectl" apply -f -
+    --from-file=ca.crt="$out/ca.crt" --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
   ca_bundle=$(base64 < "$out/ca.crt" | tr -d '\n')
-  "$kubectl" patch mutatingwebhookconfiguration "$webhook" --type=json \
+  "${kubectl[@]}" patch mutatingwebhookconfiguration "$webhook" --type=json \
     -p "[{\"op\": \"add\", \"path\": \"/webhooks/0/clientConfig/caBundle\", \"value\": \"$ca_bundle\"}]"
   echo "installed Secret $namespace/$secret and the caBundle of $webhook"
 fi
