@@ -90,6 +90,22 @@ def push_images(registry: LocalRegistry, directory: Path) -> list[str]:
     return pushed
 
 
+# Where Knative publishes event-display, the image manifests written for any cluster name.
+EVENT_DISPLAY_RELEASE: Final = "knative-releases/knative.dev/eventing/cmd/event_display"
+
+
+def push_event_display_release(registry: LocalRegistry, directory: Path) -> str:
+    """ko's event-display also as ``gcr.io/<EVENT_DISPLAY_RELEASE>:latest`` (nodes mirror
+    gcr.io to the local registry): what kn-rescheduler's dead-letters sink runs."""
+    (image,) = images((directory / EVENT_DISPLAY).read_text())
+    try:
+        return registry.push_from_layout(
+            directory / "images", EVENT_DISPLAY_RELEASE, image.digest, tag="latest"
+        )
+    except RegistryError as err:
+        raise KnativeError(f"event-display as {EVENT_DISPLAY_RELEASE}: {err}") from err
+
+
 def kubectl_apply(kubectl: Path, kubeconfig: Path, manifest: Path) -> None:
     # Server-side: Knative's CRDs are larger than client-side apply's annotation can hold.
     argv = [str(kubectl), f"--kubeconfig={kubeconfig}", "apply", "--server-side"]
@@ -126,6 +142,7 @@ def install(
     """Pushes the images, then applies each manifest once the Deployments of the ones before
     are available (``deployments()`` lists knative-eventing's)."""
     pushed = push_images(registry, directory)
+    push_event_display_release(registry, directory)
     say(f"Knative Eventing: {len(pushed)} images pushed to {registry.host}")
     for name in MANIFESTS:
         # The webhook may still be starting after the previous file: apply again until it

@@ -34,6 +34,10 @@ PAUSE_IMAGE: Final = f"{IMAGE_HOST}/{PAUSE_NAME}"
 BUSYBOX_IMAGE: Final = f"{IMAGE_HOST}/{BUSYBOX_NAME}"
 # CoreDNS keeps the name Kubernetes' add-on manifest gives it; the nodes mirror this host too.
 UPSTREAM_HOST: Final = "registry.k8s.io"
+# Knative's releases, where manifests written for any cluster name images (kn-rescheduler's
+# dead-letters sink names Knative's event-display there): mirrored to the local registry too,
+# which holds only what was built here.
+KNATIVE_RELEASES_HOST: Final = "gcr.io"
 COREDNS_ARCHIVE: Final = "coredns.oci.tar"
 
 

@@ -56,7 +56,12 @@ from typing import Any, Final
 import yaml
 
 from dev.localcluster import hostchanges, nodenet, pki
-from dev.localcluster.nodeimages import IMAGE_HOST, PAUSE_IMAGE, UPSTREAM_HOST
+from dev.localcluster.nodeimages import (
+    IMAGE_HOST,
+    KNATIVE_RELEASES_HOST,
+    PAUSE_IMAGE,
+    UPSTREAM_HOST,
+)
 from dev.localcluster.procs import Proc, free_ports
 
 log = logging.getLogger(__name__)
@@ -634,9 +639,10 @@ class RealNodes:
 
     def _write_mirrors(self, node: NodeLayout, upstream: str) -> None:
         """Every registry the node's pods name, served by ``upstream``: the local names
-        (IMAGE_HOST), registry.k8s.io (add-ons keep their upstream names) and the local
-        registry's own address (images pushed there by reference, plain HTTP)."""
-        for host in (IMAGE_HOST, UPSTREAM_HOST, self.registry):
+        (IMAGE_HOST), registry.k8s.io and gcr.io (add-ons and Knative's images keep their
+        upstream names) and the local registry's own address (images pushed there by
+        reference, plain HTTP)."""
+        for host in (IMAGE_HOST, UPSTREAM_HOST, KNATIVE_RELEASES_HOST, self.registry):
             path = node.mirror_config(host)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(hosts_toml(upstream))

@@ -200,11 +200,13 @@ class LocalRegistry:
             )
         return reference
 
-    def push_from_layout(self, layout: Path, repository: str, digest: str) -> str:
+    def push_from_layout(
+        self, layout: Path, repository: str, digest: str, *, tag: str | None = None
+    ) -> str:
         """Uploads the image ``digest`` of the OCI layout ``layout`` (its manifest, config and
         layers, byte for byte, so the digest is the same) as ``repository`` over the registry
-        API; returns ``HOST:PORT/repository@digest``. What the registry has already is not
-        sent again."""
+        API, tagged ``tag`` too if given; returns ``HOST:PORT/repository@digest``. What the
+        registry has already is not sent again."""
         if self.proc is None or not self.proc.alive():
             raise RegistryError(f"cannot push {repository}: the registry is not running")
 
@@ -233,13 +235,14 @@ class LocalRegistry:
                     timeout=PUSH_TIMEOUT,
                 )
                 done.raise_for_status()
-            put = self._http.put(
-                f"{base}/manifests/{digest}",
-                data=manifest_bytes,
-                headers={"Content-Type": manifest["mediaType"]},
-                timeout=60,
-            )
-            put.raise_for_status()
+            for reference in (digest, *([tag] if tag else [])):
+                put = self._http.put(
+                    f"{base}/manifests/{reference}",
+                    data=manifest_bytes,
+                    headers={"Content-Type": manifest["mediaType"]},
+                    timeout=60,
+                )
+                put.raise_for_status()
         except (requests.RequestException, KeyError, OSError) as err:
             raise RegistryError(f"pushing {repository}@{digest} from {layout}: {err}") from err
         return f"{self.host}/{repository}@{digest}"
