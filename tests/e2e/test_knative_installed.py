@@ -1,13 +1,15 @@
-"""Knative Eventing installed as a user installs it, on a cluster of real nodes.
+"""Knative Eventing and kn-rescheduler installed as a user installs them, on real nodes.
 
 ko resolves Eventing's own config/ manifests from the pinned module (hack/build-knative-
 eventing.sh); the cluster pushes the images into its registry and applies the manifests with
-kubectl (dev/localcluster/knative.py). Nothing of ours writes a Knative status here: Knative's
-controllers, webhook and data plane run as pods, and these tests read what they write and
-what they deliver, through Knative's own event-display.
+kubectl (dev/localcluster/knative.py). Then kn-rescheduler is installed from knative/ with the
+without-serving component by the commands docs/install.md gives (`make deploy-all`,
+`make webhook-cert`). Nothing of ours writes a Knative status or carries an event here:
+Knative's controllers, webhook and data plane and kn-rescheduler's functions run as pods, and
+these tests read what they write and deliver, through Knative's own event-display.
 
-Needs root and the real-node packages (hack/install-packages.sh); the first run builds
-Knative's commands with ko (several minutes on 2 cores).
+Needs root and the real-node packages (hack/install-packages.sh), and the functions' images
+(`make images`); the first run builds Knative's commands with ko (several minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -20,10 +22,18 @@ from typing import Any
 
 import pytest
 
-from dev.localcluster import knative
+from dev.localcluster import knative, realnode
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE, IMAGE_HOST
-from tests.e2e.conftest import needs_real_nodes
+from shared.api.keys import (
+    EVENT_POD_RESCHEDULED,
+    OPTED_IN_LABEL,
+    POLICY_ANNOTATION,
+    STATE_ANNOTATION,
+)
+from shared.api.state import load_state
+from tests import builders
+from tests.e2e.conftest import needs_real_nodes, preferring
 from tests.e2e.test_real_nodes import eventually
 
 pytestmark = [pytest.mark.e2e, needs_real_nodes]
@@ -264,6 +274,7 @@ spec:
     )
 
 
+@pytest.mark.real_nodes_full  # a PingSource fires on the minute: up to a minute's wait
 def test_a_pingsource_fires_into_the_broker(cluster: Cluster, broker: str) -> None:
     apply(
         cluster,
@@ -305,3 +316,160 @@ def test_every_knative_object_a_user_lists_is_ready(cluster: Cluster, broker: st
     states = dict(line.split("=", 1) for line in out.split())
     assert "Broker/default" in states and "Trigger/display-all" in states
     assert all(v == "True" for v in states.values()), states
+
+
+# -- kn-rescheduler, installed from knative/ without Knative Serving ------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEM = "kn-rescheduler"
+SHOP = "shop"
+BROKEN, HEALTHY = "real-0", "real-1"
+# Two levels under the repository, as the deploy targets' overlay expects (../../../knative).
+DEPLOY_WORK = ".local/e2e-install"
+# A crash loop on the real kubelet's back-off, a move and a real grace period.
+SETTLE = 240.0
+
+
+def make(target: str, **variables: str) -> str:
+    done = subprocess.run(
+        ["make", "--no-print-directory", target, *(f"{k}={v}" for k, v in variables.items())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, f"make {target}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def deployments_of(c: Cluster, ns: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = c.rest.get(f"/apis/apps/v1/namespaces/{ns}/deployments")["items"]
+    return items
+
+
+@pytest.fixture(scope="module")
+def rescheduler(installed: tuple[Cluster, Path]) -> Iterator[Cluster]:
+    """kn-rescheduler from knative/ plus components/without-serving, by docs/install.md's
+    commands: the images pushed to the cluster's registry and pinned by digest, the webhook's
+    certificate made with openssl."""
+    c, directory = installed
+    assert c.registry is not None
+    kubectl_cmd = f"{c.bins_dir / 'kubectl'} --kubeconfig={c.kubeconfig}"
+    common = {"KUBECTL": kubectl_cmd, "KNR_WORK": DEPLOY_WORK}
+    try:
+        make(
+            "deploy-all",
+            REGISTRY=f"{c.registry.host}/kn-rescheduler",
+            COMPONENTS="without-serving",
+            SKOPEO_FLAGS="--dest-tls-verify=false",
+            **common,
+        )
+        make("webhook-cert", KNR_CERT_DIR=f"{DEPLOY_WORK}/webhook-cert", **common)
+        eventually(
+            lambda: knative.unavailable(deployments_of(c, SYSTEM)) == [],
+            "every function's Deployment to be available",
+            300,
+        )
+        for kind, name in (("broker", "default"), ("apiserversource", "pod-events")):
+            eventually(lambda k=kind, n=name: ready(c, k, n, SYSTEM), f"{kind} {name} Ready", 180)  # type: ignore[misc]
+        kubectl(c, "create", "namespace", SHOP)
+        # A user's own receiver of kn-rescheduler's events, beside the functions.
+        kubectl(c, "apply", "-n", SYSTEM, "-f", str(directory / knative.EVENT_DISPLAY))
+        yield c
+    finally:
+        subprocess.run(["rm", "-rf", str(REPO / DEPLOY_WORK)], check=False)
+
+
+def pods_in(c: Cluster, ns: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = c.rest.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(x["type"] == "Ready" and x["status"] == "True" for x in conditions)
+
+
+def needy_deployment(name: str) -> dict[str, Any]:
+    """Opted in; prefers the broken node; its app needs a file that node lacks (app-crash)."""
+    labels = {"app": name}
+    container = {
+        "name": "app",
+        "image": BUSYBOX_IMAGE,
+        "command": list(realnode.NODE_DEPENDENT_APP),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: "3"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": builders.template(
+                labels, affinity=preferring(BROKEN), containers=[container], grace_period=5
+            ),
+        },
+    }
+
+
+def test_every_function_runs_as_a_deployment_with_the_knative_services_settings(
+    rescheduler: Cluster,
+) -> None:
+    deployments = {d["metadata"]["name"]: d for d in deployments_of(rescheduler, SYSTEM)}
+    assert {"detect-failures", "update-annotations", "mutate-admission", "dead-letters"} <= set(
+        deployments
+    )
+    registry = rescheduler.registry
+    assert registry is not None
+    image = deployments["detect-failures"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.startswith(f"{registry.host}/kn-rescheduler/detect-failures@sha256:")
+    assert kubectl(rescheduler, "get", "ksvc", "-A", check=False) == ""  # no Serving here
+
+
+def test_a_pod_crashing_on_its_node_is_moved_by_the_installed_system_and_announced(
+    rescheduler: Cluster,
+) -> None:
+    c = rescheduler
+    # The user's own Trigger on the moves, applied while everything runs.
+    apply_in = "\n".join(
+        [
+            "apiVersion: eventing.knative.dev/v1",
+            "kind: Trigger",
+            "metadata: {name: my-moves}",
+            "spec:",
+            "  broker: default",
+            f"  filter: {{attributes: {{type: {EVENT_POD_RESCHEDULED}}}}}",
+            "  subscriber: {ref: {apiVersion: v1, kind: Service, name: event-display}}",
+        ]
+    )
+    kubectl(c, "apply", "-n", SYSTEM, "-f", "-", stdin=apply_in)
+    eventually(lambda: ready(c, "trigger", "my-moves", SYSTEM), "the user's Trigger Ready", 120)
+    c.set_fault(BROKEN, "app-crash")
+    try:
+        t0 = time.monotonic()
+        c.rest.post(f"/apis/apps/v1/namespaces/{SHOP}/deployments", needy_deployment("shop"))
+
+        def settled() -> bool:
+            live = pods_in(c, SHOP)
+            return len(live) == 1 and is_ready(live[0]) and live[0]["spec"]["nodeName"] == HEALTHY
+
+        eventually(settled, f"the pod Ready on {HEALTHY}", SETTLE)
+        took = time.monotonic() - t0
+    finally:
+        c.set_fault(BROKEN, None)
+    (pod,) = pods_in(c, SHOP)
+    assert pod["metadata"]["labels"].get(OPTED_IN_LABEL) == "true"  # the webhook's doing
+    rs = pod["metadata"]["ownerReferences"][0]["name"]
+    meta = c.rest.get(f"/apis/apps/v1/namespaces/{SHOP}/replicasets/{rs}")["metadata"]
+    state = load_state((meta.get("annotations") or {}).get(STATE_ANNOTATION))
+    assert state.excluded_nodes == (BROKEN,)
+    assert state.moves == 1
+
+    def display_log() -> str | None:
+        out = kubectl(c, "logs", "-n", SYSTEM, "deployment/event-display", check=False)
+        return out if EVENT_POD_RESCHEDULED in out else None
+
+    log = eventually(display_log, "the user's event-display to receive the move", 120)
+    assert BROKEN in log
+    print(f"installed: Ready on {HEALTHY} {took:.1f}s after creation")
