@@ -53,7 +53,7 @@ same Node annotations as the node-exporter endpoints Prometheus scrapes
 - **Real kubelets** (``Cluster(real_nodes=N, nodes=0, metrics_server=True)``): metrics-server
   scrapes them as on any cluster, over HTTPS at the Node's InternalIP and kubelet port, the
   kubelet's serving certificate checked against the cluster CA (which signed it for the
-  machine's address, :mod:`localcluster.realnode`), its ServiceAccount token authenticated and
+  node's own address, :mod:`localcluster.realnode`), its ServiceAccount token authenticated and
   authorized by the kubelet's webhooks (``nodes/metrics``). No proxy, no load DaemonSet: the
   usage is the kubelet's own, from cAdvisor. All real nodes share the machine, and a kubelet
   reports its node's usage from the root cgroup, so each reports the whole machine's.

@@ -3,7 +3,7 @@
 kwok nodes and the fake kubelet write pod statuses shaped as a kubelet writes them, but their
 dynamics are ours. A real node is the real thing: kubelet (built from the Kubernetes module
 with the control plane) and Debian's containerd with runc and the CNI plugins, pulling real
-images from a registry on loopback, with the kubelet's real back-off, grace periods, evictions
+images from a local registry, with the kubelet's real back-off, grace periods, evictions
 and pod lifecycle.
 
 Several nodes share one machine, so each has its own of everything a node owns: containerd
@@ -20,7 +20,8 @@ network namespaces mounted under containerd's state directory rather than ``/var
 
 Node faults are real causes, set and cleared while the node runs (:data:`FAULTS`):
 
-- ``mirror-refused``: the node's registry mirror is a closed local port (connection refused);
+- ``mirror-refused``: the node's registry mirror is a closed port on the node's loopback
+  (connection refused);
 - ``mirror-hangs``: the mirror accepts and never answers (containerd 1.6 has no pull
   progress timeout, so the pull hangs);
 - ``cni-broken``: the node's CNI configuration names a plugin that does not exist (every new
