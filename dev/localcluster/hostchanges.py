@@ -31,7 +31,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
@@ -284,7 +284,9 @@ def shim_sockets(workdir: str) -> set[Path]:
     """The sockets of the shims of the runtimes under ``workdir``. containerd 1.6 puts them in
     the machine-wide /run/containerd/s, named by a hash of (its address, namespace, task id)
     (runtime/v2/shim/util_unix.go), and writes each one's address into the task's bundle; a
-    shim killed by SIGKILL leaves its socket behind."""
+    shim killed by SIGKILL leaves its socket behind. A containerd still running deletes the
+    bundle of a shim it sees die (its dead-shim cleanup), address file and all: read them
+    before killing shims under a live containerd."""
     pattern = "*/containerd/state/io.containerd.runtime.v2.task/*/*/address"
     found = set()
     for address in Path(workdir).glob(pattern):
@@ -295,13 +297,14 @@ def shim_sockets(workdir: str) -> set[Path]:
     return found
 
 
-def undo(record: HostRecord) -> None:
-    """Takes back everything ``record`` names; safe to run twice."""
+def undo(record: HostRecord, *, known_sockets: Iterable[Path] = ()) -> None:
+    """Takes back everything ``record`` names; safe to run twice. ``known_sockets``: shim
+    sockets found before the shims were killed (see shim_sockets)."""
     # Killed, not stopped through CRI, the sandboxes never get a CNI DEL: their results stay
     # in /var/lib/cni/results as <network>-<sandbox id>-<interface> (cni-loopback is the
     # loopback network containerd adds to every sandbox).
     sandboxes = sandbox_ids(record.workdir)
-    sockets = shim_sockets(record.workdir)
+    sockets = shim_sockets(record.workdir) | set(known_sockets)
     # Containers first (their processes hold mounts and network namespaces), then the shims
     # that supervise them (daemonized: no parent of ours kills them).
     kill_all(pids_in_cgroups(record.cgroup_roots), "containers")

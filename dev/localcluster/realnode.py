@@ -796,6 +796,9 @@ class RealNodes:
             proc.stop(grace=10.0)
         self.kubelets.clear()
         self.kube_proxies.clear()
+        # Before any shim dies: containerd deletes a dead shim's bundle, where its socket's
+        # path is written, and the socket outlives a SIGKILLed shim.
+        sockets = hostchanges.shim_sockets(str(self.base)) if self.record is not None else set()
         if self.record is not None:
             hostchanges.kill_all(
                 hostchanges.pids_in_cgroups(self.record.cgroup_roots), "containers"
@@ -810,7 +813,7 @@ class RealNodes:
             self._hanging.close()
             self._hanging = None
         if self.record is not None:
-            hostchanges.undo(self.record)
+            hostchanges.undo(self.record, known_sockets=sockets)
             self.record = None
 
     # -- faults ----------------------------------------------------------------------------------
