@@ -4,6 +4,9 @@ The same demo as tests/e2e/test_demo.py, run as its users run it, on a cluster o
 nodes: real-1's app misses a file of its node and crash-loops there, with the real kubelet's
 back-off; the functions run at their default thresholds. Act 2 needs two healthy nodes and is
 skipped, which the demo says.
+
+In the full real-node suite only (`make real-nodes`): about 2 minutes, and the short suite
+already moves a crash loop on real nodes end to end (test_knative_installed.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 from tests.e2e.conftest import needs_real_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.e2e, needs_real_nodes]
+pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes_full]
 
 
 @pytest.fixture(scope="module")

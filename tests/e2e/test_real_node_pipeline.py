@@ -224,6 +224,9 @@ def test_a_job_pod_moves_and_the_job_completes(
     print(f"job: complete on {HEALTHY} {took:.1f}s after creation")
 
 
+# Full suite only: test_knative_installed.py moves the same crash loop in the short one, by
+# the installed system.
+@pytest.mark.real_nodes_full
 @pytest.mark.usefixtures("app_crashes_on_broken")
 def test_a_crash_loop_on_one_node_moves_after_the_kubelets_real_back_off(
     cluster: Cluster, namespace: str, api: Kube, stack: Stack
