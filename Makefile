@@ -65,8 +65,8 @@ replay: venv
 
 # Benchmarks against the peers (vanilla, the descheduler) on the local control plane (issue 6):
 # dev/bench/results/<date>.json, plots, dev/bench/RESULTS.md. bench-quick: tiny sizes, for CI.
-# The full real-node suite (docs/testing.md): every test on real kubelets, about 14 minutes;
-# make test runs the short one (about 9).
+# The full real-node suite (docs/testing.md): every test on real kubelets, about 28 minutes;
+# make test runs the short one (about 17).
 real-nodes: venv cluster-bins adapter-bin
 	KN_RESCHEDULER_REAL_NODES=full $(PY) -m pytest -q -m e2e tests/e2e/test_real_nodes.py \
 		tests/e2e/test_cluster_network.py tests/e2e/test_knative_installed.py \
