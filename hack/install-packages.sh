@@ -47,6 +47,10 @@ command -v containerd >/dev/null || apt_packages+=" containerd"
 # network namespace), and the nodes' processes are started there with util-linux's nsenter.
 [[ -x /usr/sbin/iptables-restore ]] || apt_packages+=" iptables"
 command -v nsenter >/dev/null || apt_packages+=" util-linux"
+# Knative Eventing's images (hack/build-knative-eventing.sh): a registry on loopback for ko's
+# base image, asked with curl, whose base holds the machine's CA certificates.
+command -v curl >/dev/null || apt_packages+=" curl"
+[[ -f /etc/ssl/certs/ca-certificates.crt ]] || apt_packages+=" ca-certificates"
 if [[ -n "${apt_packages// /}" ]] && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   own_policy=""
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
