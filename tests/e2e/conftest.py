@@ -10,6 +10,7 @@ pipeline through Knative's Broker is tested separately).
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,7 @@ import pytest
 from kubernetes import client as k8s
 
 from dev.localcluster import realnode
+from dev.localcluster.cluster import Cluster
 from dev.localcluster.keys import (
     SIM_CPU_USAGE_ANNOTATION,
     SIM_MEMORY_USAGE_ANNOTATION,
@@ -61,6 +63,21 @@ needs_real_nodes: Final = pytest.mark.skipif(
     bool(REAL_NODES_MISSING),
     reason=f"real nodes need {', '.join(REAL_NODES_MISSING)} (hack/install-packages.sh, as root)",
 )
+
+
+def kubectl(c: Cluster, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    """The cluster's own kubectl, as a user runs it; fails the test on an error (``check``)."""
+    done = subprocess.run(
+        [str(c.bins_dir / "kubectl"), f"--kubeconfig={c.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check:
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
 
 
 def wait_for(

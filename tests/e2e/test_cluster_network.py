@@ -19,7 +19,7 @@ import pytest
 
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE
-from tests.e2e.conftest import needs_real_nodes
+from tests.e2e.conftest import kubectl, needs_real_nodes
 from tests.e2e.test_real_nodes import eventually, iptables, pod
 
 pytestmark = [pytest.mark.e2e, needs_real_nodes]
@@ -46,19 +46,6 @@ def net(tmp_path_factory: pytest.TempPathFactory, rules_before: list[str]) -> It
         yield c
     finally:
         c.stop()
-
-
-def kubectl(c: Cluster, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        [str(c.bins_dir / "kubectl"), f"--kubeconfig={c.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 def in_pod(c: Cluster, name: str, *command: str) -> str:

@@ -36,26 +36,12 @@ from shared.api.keys import (
 )
 from shared.api.state import load_state
 from tests import builders
-from tests.e2e.conftest import needs_real_nodes, preferring
+from tests.e2e.conftest import kubectl, needs_real_nodes, preferring
 from tests.e2e.test_real_nodes import eventually
 
 pytestmark = [pytest.mark.e2e, needs_real_nodes]
 
 NS = "demo"
-
-
-def kubectl(c: Cluster, *args: str, stdin: str | None = None, check: bool = True) -> str:
-    done = subprocess.run(
-        [str(c.bins_dir / "kubectl"), f"--kubeconfig={c.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check:
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 @pytest.fixture(scope="module")
