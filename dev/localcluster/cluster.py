@@ -819,9 +819,7 @@ class Cluster:
                 self.bins_dir / "kubectl",
                 self.kubeconfig,
                 directory,
-                deployments=lambda: self.rest.get(
-                    f"/apis/apps/v1/namespaces/{knative.NAMESPACE}/deployments"
-                ).get("items", []),
+                deployments=self._knative_deployments,
                 deadline=time.monotonic() + timeout,
                 say=self._say,
             )
@@ -830,10 +828,19 @@ class Cluster:
         return directory
 
     def _coredns_available(self) -> bool:
-        status = self.rest.get("/apis/apps/v1/namespaces/kube-system/deployments/coredns").get(
-            "status", {}
-        )
-        return int(status.get("readyReplicas") or 0) >= 1
+        try:
+            deployment = self.rest.get("/apis/apps/v1/namespaces/kube-system/deployments/coredns")
+        except ApiError:
+            return False  # asked again until the deadline, which names what to look at
+        return int(deployment.get("status", {}).get("readyReplicas") or 0) >= 1
+
+    def _knative_deployments(self) -> list[dict[str, Any]]:
+        try:
+            listed = self.rest.get(f"/apis/apps/v1/namespaces/{knative.NAMESPACE}/deployments")
+        except ApiError:
+            return [{"metadata": {"name": "(the API server did not answer)"}}]
+        items: list[dict[str, Any]] = listed.get("items", [])
+        return items
 
     def _start_prometheus_stack(self, binary: str, port: int, deadline: float) -> None:
         """The node-exporter endpoints, then Prometheus scraping them (see prometheus.py)."""

@@ -29,7 +29,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -254,13 +253,7 @@ def unmount_all(directory: str) -> None:
 
 
 def delete_link(name: str) -> None:
-    subprocess.run(
-        ["ip", "link", "delete", name],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=False,
-    )
+    nodenet.run_quietly(["ip", "link", "delete", name])
 
 
 def restore_sysctls(values: Mapping[str, str]) -> None:

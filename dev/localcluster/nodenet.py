@@ -164,12 +164,17 @@ def netns_pids(netns: str) -> set[int]:
     return {int(p) for p in out.split() if p.isdigit()}
 
 
-def delete_netns(netns: str) -> None:
-    """Deletes the namespace; its eth0 goes with it, and so does the veth's other end."""
+def run_quietly(cmd: Sequence[str]) -> None:
+    """``cmd`` for its effect only: an undo that finds nothing to undo is not an error."""
     subprocess.run(
-        ["ip", "netns", "delete", netns],
+        list(cmd),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         check=False,
     )
+
+
+def delete_netns(netns: str) -> None:
+    """Deletes the namespace; its eth0 goes with it, and so does the veth's other end."""
+    run_quietly(["ip", "netns", "delete", netns])

@@ -9,6 +9,7 @@ pipeline through Knative's Broker is tested separately).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -63,6 +64,17 @@ needs_real_nodes: Final = pytest.mark.skipif(
     bool(REAL_NODES_MISSING),
     reason=f"real nodes need {', '.join(REAL_NODES_MISSING)} (hack/install-packages.sh, as root)",
 )
+
+
+@contextlib.contextmanager
+def real_cluster(directory: Path, real_nodes: int = 2, **options: Any) -> Iterator[Cluster]:
+    """A started cluster of ``real_nodes`` real nodes and no kwok one, stopped after."""
+    c = Cluster(directory, nodes=0, real_nodes=real_nodes, prometheus=False, quiet=True, **options)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
 
 
 def kubectl(c: Cluster, *args: str, stdin: str | None = None, check: bool = True) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE
-from tests.e2e.conftest import kubectl, needs_real_nodes
+from tests.e2e.conftest import kubectl, needs_real_nodes, real_cluster
 from tests.e2e.test_real_nodes import eventually, iptables, pod
 
 pytestmark = [pytest.mark.e2e, needs_real_nodes]
@@ -34,18 +34,8 @@ def rules_before() -> list[str]:
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory: pytest.TempPathFactory, rules_before: list[str]) -> Iterator[Cluster]:
-    c = Cluster(
-        tmp_path_factory.mktemp("net") / "cluster",
-        nodes=0,
-        real_nodes=2,
-        prometheus=False,
-        quiet=True,
-    )
-    c.start()
-    try:
+    with real_cluster(tmp_path_factory.mktemp("net") / "cluster") as c:
         yield c
-    finally:
-        c.stop()
 
 
 def in_pod(c: Cluster, name: str, *command: str) -> str:

@@ -36,7 +36,7 @@ from shared.api.keys import (
 )
 from shared.api.state import load_state
 from tests import builders
-from tests.e2e.conftest import kubectl, needs_real_nodes, preferring
+from tests.e2e.conftest import kubectl, needs_real_nodes, preferring, real_cluster
 from tests.e2e.test_real_nodes import eventually
 
 pytestmark = [pytest.mark.e2e, needs_real_nodes]
@@ -46,21 +46,11 @@ NS = "demo"
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path]]:
-    c = Cluster(
-        tmp_path_factory.mktemp("knative") / "cluster",
-        nodes=0,
-        real_nodes=2,
-        prometheus=False,
-        quiet=True,
-    )
-    c.start()
-    try:
+    with real_cluster(tmp_path_factory.mktemp("knative") / "cluster") as c:
         directory = c.install_knative_eventing()
         kubectl(c, "create", "namespace", NS)
         kubectl(c, "apply", "-n", NS, "-f", str(directory / knative.EVENT_DISPLAY))
         yield c, directory
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
