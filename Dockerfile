@@ -47,6 +47,14 @@ COPY functions/${FUNCTION}/ functions/${FUNCTION}/
 RUN test -f "functions/${FUNCTION}/main.py" || { echo "no function ${FUNCTION}" >&2; exit 1; } \
     && python -m compileall -q "functions/${FUNCTION}"
 
+# The version it is built as (make's TAG: `git describe`, or what you pass), in the image's
+# labels and in every log line (KN_RESCHEDULER_VERSION), so a pod says which build it runs. Two
+# tags are two images, and a new tag rolls a Deployment out. After the last RUN: it changes no
+# cached layer, only the image's config.
+ARG VERSION=dev
+LABEL org.opencontainers.image.version="${VERSION}"
+ENV KN_RESCHEDULER_VERSION=${VERSION}
+
 # A numeric user, so that runAsNonRoot can be verified by the kubelet.
 USER 65532:65532
 # Knative sets PORT to the container port; gunicorn.conf.py binds to it.

@@ -16,7 +16,7 @@
 # --layers, so the dependency layer is built once for all the functions) and written as an OCI
 # archive that `podman load`, `skopeo copy` or a cluster's importer take as is.
 #
-# Environment: KNR_IMAGE_TAG (default dev), KNR_DEBIAN_MIRROR (default deb.debian.org),
+# Environment: KNR_IMAGE_TAG (default dev: the tag, and the version the image reports), KNR_DEBIAN_MIRROR (default deb.debian.org),
 # KN_RESCHEDULER_CACHE (the cache root).
 set -euo pipefail
 
@@ -154,9 +154,15 @@ for fn in "${functions[@]}"; do
   # refuses a hybrid cgroup v1/v2 host) and no user namespace setup. --network host: pip reaches
   # the package index the way the host does, with no container network to set up. --layers:
   # the requirements layer is built once and shared by all the functions.
+  # The version is given twice: as the Dockerfile's build argument (docker builds) and as the
+  # label and variable it sets. buildah 1.28's layer cache does not tell a LABEL or ENV step
+  # from the same step with another ARG value, and would hand a new tag the previous tag's
+  # image; the flags are applied to the final image and make it tag-specific.
   buildah bud --quiet --layers --force-rm --pull=never --isolation chroot --network host \
     --format oci \
-    --build-arg PYTHON_IMAGE="$base_ref" --build-arg FUNCTION="$fn" "${pip_args[@]}" \
+    --build-arg PYTHON_IMAGE="$base_ref" --build-arg FUNCTION="$fn" --build-arg VERSION="$tag" \
+    --label org.opencontainers.image.version="$tag" --env KN_RESCHEDULER_VERSION="$tag" \
+    "${pip_args[@]}" \
     -t "$image" -f "$root/Dockerfile" "$root" >/dev/null
   # Writing the archive (compressing every layer) is most of a warm build: skipped when the
   # archive already holds this very image under this tag.

@@ -79,7 +79,7 @@ knr_image = $(if $(REGISTRY),$(REGISTRY),kn-rescheduler)/$(1):$(TAG)
 ifneq ($(knr_daemonless),)
 knr_build = KNR_IMAGE_TAG=$(TAG) bash hack/build-image.sh --out $(KNR_IMAGES) $(1)
 else
-knr_build = $(foreach f,$(1),$(CONTAINER) build --build-arg FUNCTION=$(f) -t $(call knr_image,$(f)) . &&) true
+knr_build = $(foreach f,$(1),$(CONTAINER) build --build-arg FUNCTION=$(f) --build-arg VERSION=$(TAG) -t $(call knr_image,$(f)) . &&) true
 endif
 
 image: knr-check-fn knr-check-engine

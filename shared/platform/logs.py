@@ -32,6 +32,10 @@ _event: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
 
 LOG_LEVEL_ENV: Final = "KN_RESCHEDULER_LOG_LEVEL"
 LOG_EVENTS_ENV: Final = "KN_RESCHEDULER_LOG_EVENTS"
+# The build the process runs (the image's org.opencontainers.image.version, set by the
+# Dockerfile): on every line, so that the lines of two versions side by side in one log store
+# (a rollout, a rollback) tell which build decided what.
+VERSION_ENV: Final = "KN_RESCHEDULER_VERSION"
 # actions: the full event only for events that led to something; all: every event in full.
 LOG_EVENTS_CHOICES: Final = ("actions", "all")
 
@@ -40,9 +44,10 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, function: str) -> None:
+    def __init__(self, function: str, version: str | None = None) -> None:
         super().__init__()
         self.function = function
+        self.version = version
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -52,6 +57,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if self.version:
+            line["version"] = self.version
         current = _event.get()
         if current:
             line.update(current)
@@ -74,7 +81,7 @@ def configure(function: str) -> None:
     if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
         return
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(JsonFormatter(function))
+    handler.setFormatter(JsonFormatter(function, os.environ.get(VERSION_ENV) or None))
     root.handlers = [handler]
     root.setLevel(os.environ.get(LOG_LEVEL_ENV, "INFO").upper())
 

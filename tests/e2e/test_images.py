@@ -21,6 +21,7 @@ import http.client
 import json
 import shutil
 import ssl
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -35,6 +36,7 @@ from dev.bench import images
 from dev.stack.functions import FUNCTIONS, free_port
 from dev.stack.webhook import make_tls
 from shared.api.keys import EVENT_POD_FAILING, POLICY_ANNOTATION
+from shared.platform import logs
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import classify
@@ -353,6 +355,25 @@ def test_image_refuses_a_post_that_is_not_a_cloudevent_as_its_function(
         page, "knr_events_received_total", function=function, type="malformed", outcome="400"
     )
     assert counted == 1, page
+
+
+@pytest.mark.usefixtures("built")
+def test_each_image_says_the_version_it_was_built_as_in_its_label_and_its_environment() -> None:
+    # hack/build-image.sh's default tag, which make's TAG (git describe) replaces.
+    image = images.load("detect-failures")
+    out = subprocess.run(
+        [
+            *("podman", "image", "inspect", "--format"),
+            '{{index .Labels "org.opencontainers.image.version"}} {{.Config.Env}}',
+            image,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    label, env = out.split(" ", 1)
+    assert label == image.rsplit(":", 1)[1] == "dev"
+    assert f"{logs.VERSION_ENV}=dev" in env
 
 
 def test_every_function_has_an_image_test() -> None:

@@ -4,6 +4,7 @@ which events are logged in full."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -99,3 +100,17 @@ def test_only_an_explicit_setting_logs_every_event_in_full(value: str | None, ev
 def test_an_unknown_log_events_setting_is_an_error_naming_the_variable() -> None:
     with pytest.raises(ValueError, match=r"KN_RESCHEDULER_LOG_EVENTS.*actions, all"):
         logs.log_every_event({logs.LOG_EVENTS_ENV: "everything"})
+
+
+def formatted(formatter: logs.JsonFormatter) -> dict[str, Any]:
+    record = logging.makeLogRecord({"msg": "event handled", "levelno": 20, "levelname": "INFO"})
+    line: dict[str, Any] = json.loads(formatter.format(record))
+    return line
+
+
+def test_every_line_names_the_build_that_wrote_it_when_the_image_says() -> None:
+    assert formatted(logs.JsonFormatter("detect-failures", "v1.2.0"))["version"] == "v1.2.0"
+
+
+def test_a_process_not_started_from_an_image_logs_no_version() -> None:
+    assert "version" not in formatted(logs.JsonFormatter("detect-failures"))
