@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay bench bench-quick clean fuzz chaos soak real-nodes
+.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay archive bench bench-quick clean fuzz chaos soak real-nodes
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -63,6 +63,17 @@ down:
 replay: venv
 	$(PY) -m dev.tools.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
 
+# The archive of an installed kn-rescheduler (docs/replay.md): every function pod's log, as
+# kubectl reads it (KUBECTL=...), made one event archive: make archive [FILE=...], then make
+# replay FILE=<the same>. A pod whose log cannot be read (still starting) is named in an error
+# line and skipped (--ignore-errors); the file is written whole or not at all.
+archive: venv
+	@set -o pipefail; out=$(or $(FILE),.local/cluster-archive.jsonl); mkdir -p "$$(dirname "$$out")"; \
+	$(KUBECTL) -n $(KNR_NAMESPACE) logs -l app.kubernetes.io/component=function -c function \
+	  --tail=-1 --max-log-requests=100 --ignore-errors \
+	  | $(PY) -m dev.tools.archive - > "$$out.partial" && mv "$$out.partial" "$$out" \
+	  && echo "make replay FILE=$$out" || { rm -f "$$out.partial"; exit 1; }
+
 # Benchmarks against the peers (vanilla, the descheduler) on the local control plane (issue 6):
 # dev/bench/results/<date>.json, plots, dev/bench/RESULTS.md. bench-quick: tiny sizes, for CI.
 # The full real-node suite (docs/testing.md): every test on real kubelets, about 28 minutes;
@@ -102,5 +113,7 @@ include hack/deploy.mk
 # The demo (docs/demo.md): a local cluster with faulty nodes, the whole pipeline, and three
 # workloads moved off the bad nodes, narrated live; ends with a summary and a timeline PNG.
 # DEMO_ARGS passes options, e.g. DEMO_ARGS="--existing" for the cluster in $KUBECONFIG.
+# INSTALL=1: Knative Eventing and kn-rescheduler installed from their manifests on real nodes,
+# as a platform team installs them (docs/demo.md, "Installed").
 demo: venv cluster-bins adapter-bin
-	$(PY) -m dev.stack.demo $(if $(REAL_NODES),--real-nodes $(REAL_NODES)) $(DEMO_ARGS)
+	$(PY) -m dev.stack.demo $(if $(REAL_NODES),--real-nodes $(REAL_NODES)) $(if $(INSTALL),--install) $(DEMO_ARGS)
