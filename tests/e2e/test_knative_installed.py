@@ -14,9 +14,9 @@ Needs root and the real-node packages (hack/install-packages.sh), and the functi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +27,9 @@ import pytest
 from dev.localcluster import knative, realnode
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE, IMAGE_HOST
+from dev.stack import installed as installed_rescheduler
 from shared.api.keys import (
+    APISERVER_UPDATE,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
     OPTED_IN_LABEL,
@@ -311,16 +313,15 @@ SETTLE = 240.0
 
 
 def make(target: str, **variables: str) -> str:
-    done = subprocess.run(
-        ["make", "--no-print-directory", target, *(f"{k}={v}" for k, v in variables.items())],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, f"make {target}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done.stdout
+    return installed_rescheduler.make(target, variables)
+
+
+def kubectl_command(c: Cluster) -> str:
+    return installed_rescheduler.kubectl_command(c)
+
+
+def deploy_variables(c: Cluster) -> dict[str, str]:
+    return installed_rescheduler.deploy_variables(c, DEPLOY_WORK)
 
 
 def deployments_of(c: Cluster, ns: str) -> list[dict[str, Any]]:
@@ -334,28 +335,15 @@ def rescheduler(installed: tuple[Cluster, Path]) -> Iterator[Cluster]:
     commands: the images pushed to the cluster's registry and pinned by digest, the webhook's
     certificate made with openssl."""
     c, directory = installed
-    assert c.registry is not None
-    kubectl_cmd = f"{c.bins_dir / 'kubectl'} --kubeconfig={c.kubeconfig}"
-    common = {"KUBECTL": kubectl_cmd, "KNR_WORK": DEPLOY_WORK}
     try:
-        make(
-            "deploy-all",
-            REGISTRY=f"{c.registry.host}/kn-rescheduler",
-            COMPONENTS="without-serving",
-            SKOPEO_FLAGS="--dest-tls-verify=false",
-            **common,
-        )
-        make("webhook-cert", KNR_CERT_DIR=f"{DEPLOY_WORK}/webhook-cert", **common)
-        eventually(
-            lambda: knative.unavailable(deployments_of(c, SYSTEM)) == [],
-            "every function's Deployment to be available",
-            300,
-        )
-        for kind, name in (("broker", "default"), ("apiserversource", "pod-events")):
-            eventually(lambda k=kind, n=name: ready(c, k, n, SYSTEM), f"{kind} {name} Ready", 180)  # type: ignore[misc]
+        installed_rescheduler.install(c, DEPLOY_WORK)
         kubectl(c, "create", "namespace", SHOP)
-        # A user's own receiver of kn-rescheduler's events, beside the functions.
+        # A user's own receiver of kn-rescheduler's events, beside the functions, running before
+        # the Trigger to it is: a Trigger is Ready once its subscriber's address resolves, and a
+        # delivery that finds no pod behind it is retried for about 15 s (the Broker's delivery
+        # spec, which a Trigger without one inherits), then dead-lettered.
         kubectl(c, "apply", "-n", SYSTEM, "-f", str(directory / knative.EVENT_DISPLAY))
+        kubectl(c, "rollout", "status", "-n", SYSTEM, "deployment/event-display", "--timeout=180s")
         yield c
     finally:
         subprocess.run(["rm", "-rf", str(REPO / DEPLOY_WORK)], check=False)
@@ -477,42 +465,48 @@ def test_the_users_own_trigger_received_the_move(rescheduler: Cluster) -> None:
     assert BROKEN in log
 
 
-def replay(c: Cluster, log: str, directory: Path) -> subprocess.CompletedProcess[str]:
-    """`make replay` of a function's `kubectl logs`, in dry run, against the installed
-    cluster, with the settings the installed functions read (knative/config.env)."""
-    path = directory / "function.log"
-    path.write_text(log)
-    settings = dict(
+def installed_settings() -> dict[str, str]:
+    """The settings the installed functions read (knative/config.env, their ConfigMap)."""
+    return dict(
         line.split("=", 1)
         for line in (REPO / "knative" / "config.env").read_text().splitlines()
         if line and not line.startswith("#") and "=" in line
     )
-    return subprocess.run(
-        [sys.executable, "-m", "dev.tools.replay", str(path), "--dry-run"],
-        cwd=REPO,
-        env={**os.environ, **settings, "KUBECONFIG": str(c.kubeconfig)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
-def test_the_installed_functions_logs_replay_to_the_decisions_they_made(
+def test_the_installed_functions_logs_make_an_archive_that_replays_their_decisions(
     rescheduler: Cluster, tmp_path: Path
 ) -> None:
-    """The move above, replayed from the functions' own logs as a user debugs one."""
+    """The move above, as a user debugs one: `make archive` reads the functions' logs with
+    kubectl, and `make replay` runs the archive again, in dry run, against the cluster."""
     c = rescheduler
-    detect = replay(c, kubectl(c, "logs", "-n", SYSTEM, "deployment/detect-failures"), tmp_path)
-    assert detect.returncode == 0, detect.stderr
-    # Judged again from the logged pod event alone: the same verdict, for the same pod.
-    assert f"reply: {EVENT_POD_FAILING} namespaces/{SHOP}/pods/shop-" in detect.stdout, (
-        detect.stdout
+    archive = tmp_path / "cluster-archive.jsonl"
+    said = make("archive", FILE=str(archive), KUBECTL=kubectl_command(c))
+    assert f"make replay FILE={archive}" in said
+    recorded = [json.loads(line) for line in archive.read_text().splitlines()]
+    identities = [(e["source"], e["id"]) for e in recorded]
+    assert len(identities) == len(set(identities))  # each event once
+    received = [e["_received"] for e in recorded]
+    assert received == sorted(received)  # in the order the functions received them
+    shop = f"namespaces/{SHOP}/pods/shop-"
+    about_shop = {e["type"] for e in recorded if shop in e.get("subject", "")}
+    assert {APISERVER_UPDATE, EVENT_POD_FAILING} <= about_shop, about_shop
+
+    done = subprocess.run(
+        ["make", "--no-print-directory", "replay", f"FILE={archive}", "ARGS=--dry-run"],
+        cwd=REPO,
+        env={**os.environ, **installed_settings(), "KUBECONFIG": str(c.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    update = replay(c, kubectl(c, "logs", "-n", SYSTEM, "deployment/update-annotations"), tmp_path)
-    assert update.returncode == 0, update.stderr + update.stdout
-    assert "-> update-annotations: HTTP 2" in update.stdout, update.stdout
-    assert "(dry run)" in update.stdout
+    assert done.returncode == 0, done.stderr + done.stdout[-3000:]
+    # detect-failures judges the logged pod event again: the same verdict, for the same pod;
+    # update-annotations answers the failing event, writing nothing (a dry run).
+    assert f"reply: {EVENT_POD_FAILING} namespaces/{SHOP}/pods/shop-" in done.stdout
+    assert "-> update-annotations: HTTP 2" in done.stdout, done.stdout[-3000:]
+    assert "(dry run)" in done.stdout
 
 
 def generations(c: Cluster) -> dict[str, int]:
@@ -527,15 +521,26 @@ def restarts(c: Cluster, ns: str) -> int:
     )
 
 
-@pytest.mark.real_nodes_full  # a second move on the real kubelet's back-off: about 2 minutes
-def test_one_function_restarted_and_rolled_back_mid_move_while_the_users_trigger_is_gone(
+def image_of(c: Cluster, function: str) -> str:
+    (d,) = [d for d in deployments_of(c, SYSTEM) if d["metadata"]["name"] == function]
+    image: str = d["spec"]["template"]["spec"]["containers"][0]["image"]
+    return image
+
+
+NEXT = "e2e-next"
+
+
+@pytest.mark.real_nodes_full  # a second move on the real kubelet's back-off: about 3 minutes
+def test_one_function_restarted_upgraded_and_rolled_back_mid_move_while_the_users_trigger_is_gone(
     rescheduler: Cluster,
 ) -> None:
-    """A per-function rollout and its rollback, while a workload's events are on their way,
-    change only that function and lose no event; a deleted Trigger delivers nothing more."""
+    """A per-function restart, a new image tag for that function alone and a rollback, while a
+    workload's events are on their way: only that function changes, and no event is lost. And a
+    deleted Trigger delivers nothing more."""
     c = rescheduler
     kubectl(c, "delete", "trigger", "my-moves", "-n", SYSTEM, "--ignore-not-found")
     before = generations(c)
+    first = image_of(c, "update-annotations")
     c.set_fault(BROKEN, "app-crash")
     try:
         c.rest.post(f"/apis/apps/v1/namespaces/{SHOP}/deployments", needy_deployment("shop2"))
@@ -544,8 +549,20 @@ def test_one_function_restarted_and_rolled_back_mid_move_while_the_users_trigger
         target = "deployment/update-annotations"
         kubectl(c, "rollout", "restart", "-n", SYSTEM, target)
         kubectl(c, "rollout", "status", "-n", SYSTEM, target, "--timeout=180s")
+        # A new version of one function, by docs/install.md's per-function deploy: its image
+        # built with another tag (so another image), pushed, pinned by digest and rolled out.
+        make("deploy", FN="update-annotations", TAG=NEXT, **deploy_variables(c))
+        upgraded = image_of(c, "update-annotations")
+        assert upgraded != first and upgraded.split("@")[0] == first.split("@")[0]
+        # Its pods say so on every log line (the old pod may still be stopping: asked again).
+        eventually(
+            lambda: f'"version":"{NEXT}"' in kubectl(c, "logs", "-n", SYSTEM, target, check=False),
+            f"update-annotations' log lines to carry version {NEXT}",
+            60,
+        )
         kubectl(c, "rollout", "undo", "-n", SYSTEM, target)
         kubectl(c, "rollout", "status", "-n", SYSTEM, target, "--timeout=180s")
+        assert image_of(c, "update-annotations") == first
 
         def settled() -> bool:
             live = [p for p in pods_in(c, SHOP) if p["metadata"]["name"].startswith("shop2-")]
@@ -557,7 +574,7 @@ def test_one_function_restarted_and_rolled_back_mid_move_while_the_users_trigger
     after = generations(c)
     changed = {n for n in before if after.get(n) != before[n]}
     assert changed == {"update-annotations"}
-    # Nothing was given up on: Knative's retries carried every event over the rollout.
+    # Nothing was given up on: Knative's retries carried every event over the rollouts.
     dead = kubectl(c, "logs", "-n", SYSTEM, "deployment/dead-letters", check=False)
     assert "io.kn-rescheduler" not in dead and "dev.knative.apiserver" not in dead
     # The user's Trigger is gone: its receiver saw the first move, not this one.
