@@ -82,7 +82,7 @@ real-nodes: venv cluster-bins adapter-bin
 	KN_RESCHEDULER_REAL_NODES=full $(PY) -m pytest -q -m e2e tests/e2e/test_real_nodes.py \
 		tests/e2e/test_cluster_network.py tests/e2e/test_knative_installed.py \
 		tests/e2e/test_real_node_pipeline.py tests/e2e/test_real_node_metrics.py \
-		tests/e2e/test_demo_real_nodes.py tests/e2e/test_node_images.py
+		tests/e2e/test_demo_real_nodes.py tests/e2e/test_demo_installed.py tests/e2e/test_node_images.py
 
 bench: venv cluster-bins adapter-bin
 	$(PY) -m dev.bench

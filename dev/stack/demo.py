@@ -47,7 +47,7 @@ from dev.localcluster.keys import (
     SIM_FAULT_LABEL,
 )
 from dev.pipeline.source import adapter_binary
-from dev.stack import demo_chart
+from dev.stack import demo_chart, installed
 from dev.stack.demo_feeds import ApiFeed, ArchiveFeed, Feed, Feeds, NodeFeed
 from dev.stack.demo_model import (
     APP_LABEL,
@@ -122,6 +122,9 @@ QUIET_CPU: Final = 0.1
 PRESSURE_RULE: Final = "cpu-usage"
 # How long each step of the act may take before the demo gives up on it.
 ACT_STEP_TIMEOUT: Final = 60.0
+# --install: the deploy targets' work directory (two levels under the repository, as their
+# overlays expect), kept after the run: the rendered manifests that were applied.
+INSTALL_WORK: Final = ".local/demo-install"
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -424,6 +427,8 @@ class Options:
     color: bool | None
     # Real nodes (a kubelet and containerd each) instead of kwok nodes: the cluster's size.
     real_nodes: int = 0
+    # Knative Eventing and kn-rescheduler installed from their manifests (real nodes only).
+    install: bool = False
 
 
 def _ensure_namespace(kube: Kube, console: Console, *, recreate: bool) -> None:
@@ -782,6 +787,8 @@ def _describe_setup(
     nodes: Sequence[str],
     workloads: Sequence[Workload],
     pressure: tuple[str, Workload] | None = None,
+    *,
+    real_nodes: bool = False,
 ) -> None:
     cfg = Config()
     console.plain()
@@ -790,15 +797,21 @@ def _describe_setup(
         mode = faults.get(n, HEALTHY)
         state = "healthy" if mode == HEALTHY else f"FAULTY {mode}: {_FAULT_TEXT.get(mode, mode)}"
         console.plain(f"  {n}  {state}")
-    console.plain(
-        f"simulated kubelet: containers start {TIMING.start:g}s after binding; a crashing "
-        f"container restarts every {TIMING.restart_interval:g}s (a real kubelet backs off 10s, "
-        "20s, 40s ... 5m);"
-    )
-    console.plain(
-        f"  failed image pulls back off after {TIMING.pull_backoff:g}s; healthy Job pods "
-        f"finish after {TIMING.job_runtime:g}s"
-    )
+    if real_nodes:
+        console.plain(
+            "real kubelets: a crashing container restarts on the kubelet's own back-off (10s, "
+            "20s, 40s ... 5m); images are pulled from the cluster's registry"
+        )
+    else:
+        console.plain(
+            f"simulated kubelet: containers start {TIMING.start:g}s after binding; a crashing "
+            f"container restarts every {TIMING.restart_interval:g}s (a real kubelet backs off "
+            "10s, 20s, 40s ... 5m);"
+        )
+        console.plain(
+            f"  failed image pulls back off after {TIMING.pull_backoff:g}s; healthy Job pods "
+            f"finish after {TIMING.job_runtime:g}s"
+        )
     console.plain(
         f"detect-failures: a crash loop counts after {cfg.crashloop_restart_threshold} restarts; "
         "OOMKilled, image pull errors and evictions at once"
@@ -975,7 +988,9 @@ class _QuietCached(io.TextIOBase):
         self.target.flush()
 
 
-def run_local(opts: Options, console: Console) -> int:
+def _local_nodes(opts: Options) -> tuple[list[str], dict[str, str], list[str]]:
+    """The local cluster's nodes, the faulty ones with their faults, and the healthy ones;
+    SystemExit for a --fault the cluster cannot have."""
     real = opts.real_nodes > 0
     nodes = (
         [f"real-{i}" for i in range(opts.real_nodes)]
@@ -993,7 +1008,12 @@ def run_local(opts: Options, console: Console) -> int:
     if unknown:
         raise SystemExit(f"--fault names nodes the cluster will not have: {', '.join(unknown)}")
     faults = {n: m for n, m in opts.faults.items() if m != HEALTHY}
-    healthy = [n for n in nodes if n not in faults]
+    return nodes, faults, [n for n in nodes if n not in faults]
+
+
+def run_local(opts: Options, console: Console) -> int:
+    real = opts.real_nodes > 0
+    nodes, faults, healthy = _local_nodes(opts)
     workloads = plan_workloads(sorted(faults, key=nodes.index), healthy)
     pressure = plan_pressure(healthy)
     everything = [*workloads, *([pressure[1]] if pressure else [])]
@@ -1022,7 +1042,7 @@ def run_local(opts: Options, console: Console) -> int:
             console.say(f"control plane ready in {cluster.startup_seconds or 0:.1f}s")
             for node, mode in faults.items():
                 cluster.set_fault(node, mode)
-            _describe_setup(console, faults, cluster.nodes, workloads, pressure)
+            _describe_setup(console, faults, cluster.nodes, workloads, pressure, real_nodes=real)
             console.say(
                 "starting the pipeline: ApiServerSource (Knative's adapter) -> Broker (the "
                 "Triggers in knative/) -> detect-failures -> update-annotations, assess-nodes, "
@@ -1073,6 +1093,89 @@ def run_local(opts: Options, console: Console) -> int:
         shutil.rmtree(opts.run_dir / "cluster" / "etcd", ignore_errors=True)
     console.say(f"stopped everything; logs and the event archive: {_shown(opts.run_dir)}")
     for line in replay_lines(opts.run_dir / "stack" / "archive.jsonl"):
+        console.plain(line)
+    return code
+
+
+def run_installed(opts: Options, console: Console) -> int:
+    """``--install``: the story on a cluster where Knative Eventing and kn-rescheduler are
+    installed from their manifests as a platform team installs them (docs/install.md, "Without
+    Knative Serving"), on real nodes with kube-proxy and CoreDNS. Nothing of the demo carries
+    an event: it creates the workloads and reads what the installed system does, from the API."""
+    nodes, faults, healthy = _local_nodes(opts)
+    workloads = plan_workloads(sorted(faults, key=nodes.index), healthy)
+    with contextlib.redirect_stderr(_QuietCached(sys.stderr)):
+        bins = ensure_bins()
+    console.say(
+        "starting a local control plane with "
+        f"{opts.real_nodes} real nodes (a kubelet, containerd and kube-proxy each), CoreDNS "
+        "and an image registry",
+        "step",
+    )
+    cluster = Cluster(
+        opts.run_dir / "cluster",
+        nodes=0,
+        real_nodes=opts.real_nodes,
+        prometheus=False,
+        bins_dir=bins,
+        quiet=True,
+    )
+    try:
+        with cluster:
+            console.say(f"control plane ready in {cluster.startup_seconds or 0:.1f}s")
+            console.say(
+                "installing Knative Eventing from its own manifests: core, the in-memory channel "
+                "and the MT channel-based Broker (images built with ko on first use: minutes)",
+                "step",
+            )
+            started = time.monotonic()
+            cluster.install_knative_eventing()
+            console.say(f"Knative Eventing running in {time.monotonic() - started:.0f}s")
+            console.say("installing kn-rescheduler from knative/, without Knative Serving", "step")
+            started = time.monotonic()
+            installed.install(cluster, INSTALL_WORK, say=console.say)
+            console.say(
+                f"kn-rescheduler running in {time.monotonic() - started:.0f}s: every function a "
+                "Deployment, the Broker and the ApiServerSource Ready (written by Knative)"
+            )
+            # Set once everything runs: a node whose mirror is down could not pull the install.
+            for node, mode in faults.items():
+                cluster.set_fault(node, mode)
+            _describe_setup(console, faults, cluster.nodes, workloads, real_nodes=True)
+            kube = Kube(cluster.api_client())
+            timeline = Timeline(workloads, faults, console.note)
+            feed = Feeds(ApiFeed(kube, timeline, console.t0), NodeFeed(kube, timeline, console.t0))
+            outcome = play(
+                kube,
+                feed,
+                timeline,
+                workloads,
+                console,
+                timeout=opts.timeout,
+                job_must_complete=True,
+                recreate_namespace=False,
+                real_nodes=True,
+            )
+            console.say(
+                "act 2 (node pressure) reads the Prometheus of the local stack, which this "
+                "install does not have: skipped"
+            )
+            code = _finish(kube, timeline, workloads, outcome, console, opts)
+            archive = opts.run_dir / "archive.jsonl"
+            try:
+                installed.save_archive(cluster, archive)
+            except installed.InstallError as e:
+                console.say(f"could not save the functions' logs as an archive: {e}", "warn")
+            console.say("stopping the control plane and the nodes")
+    except installed.InstallError as e:
+        console.say(str(e), "warn")
+        return 1
+    finally:
+        shutil.rmtree(opts.run_dir / "cluster" / "etcd", ignore_errors=True)
+    console.say(
+        f"stopped everything; logs and the archive of the functions' logs: {_shown(opts.run_dir)}"
+    )
+    for line in replay_lines(archive):
         console.plain(line)
     return code
 
@@ -1227,6 +1330,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(real-3 with 4 nodes or more); act 2 needs two healthy nodes",
     )
     p.add_argument(
+        "--install",
+        action="store_true",
+        help="install Knative Eventing and kn-rescheduler from their manifests, as a user does "
+        "(docs/install.md, without Knative Serving), on real nodes (--real-nodes, 2 by default; "
+        "needs root), and tell the story from what they do",
+    )
+    p.add_argument(
         "--archive",
         type=Path,
         help="with --existing: follow this Broker archive (make up writes "
@@ -1262,6 +1372,10 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     # Locally the default faults tell the story; an existing cluster is left as it is.
     if args.real_nodes and args.existing:
         raise SystemExit("--real-nodes starts a local cluster; it cannot go with --existing")
+    if args.install and args.existing:
+        raise SystemExit("--install starts and installs a local cluster; not with --existing")
+    if args.install and not args.real_nodes:
+        args.real_nodes = 2
     if args.real_nodes and args.real_nodes < 2:
         raise SystemExit("--real-nodes needs at least 2 nodes: a faulty one and a healthy one")
     local_faults = default_real_faults(args.real_nodes) if args.real_nodes else DEFAULT_FAULTS
@@ -1275,6 +1389,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
         nodes=args.nodes,
         color=args.color,
         real_nodes=args.real_nodes,
+        install=args.install,
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
@@ -1284,6 +1399,8 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     try:
         if args.existing:
             return run_existing(opts, console, args.archive)
+        if opts.install:
+            return run_installed(opts, console)
         return run_local(opts, console)
     except KeyboardInterrupt:
         console.say("interrupted: everything the demo started is stopped", "warn")
