@@ -285,21 +285,6 @@ spec:
     )
 
 
-def test_every_knative_object_a_user_lists_is_ready(cluster: Cluster, broker: str) -> None:
-    out = kubectl(
-        cluster,
-        "get",
-        "brokers,triggers,apiserversources,pingsources",
-        "-A",
-        "-o",
-        "jsonpath={range .items[*]}{.kind}/{.metadata.name}="
-        "{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
-    )
-    states = dict(line.split("=", 1) for line in out.split())
-    assert "Broker/default" in states and "Trigger/display-all" in states
-    assert all(v == "True" for v in states.values()), states
-
-
 # -- kn-rescheduler, installed from knative/ without Knative Serving ------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
@@ -393,6 +378,43 @@ def test_every_function_runs_as_a_deployment_with_the_knative_services_settings(
     image = deployments["detect-failures"]["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.startswith(f"{registry.host}/kn-rescheduler/detect-failures@sha256:")
     assert kubectl(rescheduler, "get", "ksvc", "-A", check=False) == ""  # no Serving here
+
+
+def knative_objects(c: Cluster) -> dict[str, str]:
+    """namespace/Kind/name -> its Ready status, for what a user lists."""
+    out = kubectl(
+        c,
+        "get",
+        "brokers,triggers,apiserversources,pingsources",
+        "-A",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.namespace}/{.kind}/{.metadata.name}="
+        "{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+    )
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def test_every_knative_object_a_user_lists_is_ready(rescheduler: Cluster, broker: str) -> None:
+    """Knative's own objects and kn-rescheduler's, each made Ready by Knative's controllers."""
+
+    def all_ready() -> dict[str, str] | None:
+        states = knative_objects(rescheduler)
+        return states if all(v == "True" for v in states.values()) else None
+
+    try:
+        states = eventually(all_ready, "every Broker, Trigger and source to be Ready", 120)
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {knative_objects(rescheduler)}") from e
+    assert {f"{NS}/Broker/default", f"{NS}/Trigger/display-all"} <= set(states)
+    ours = {k for k in states if k.startswith(f"{SYSTEM}/")}
+    assert {
+        f"{SYSTEM}/Broker/default",
+        f"{SYSTEM}/Trigger/detect-failures",
+        f"{SYSTEM}/Trigger/update-annotations",
+        f"{SYSTEM}/ApiServerSource/pod-events",
+        f"{SYSTEM}/PingSource/sweep-failures",
+        f"{SYSTEM}/PingSource/assess-nodes",
+    } <= ours, ours
 
 
 def test_a_pod_crashing_on_its_node_is_moved_by_the_installed_system(
