@@ -29,6 +29,7 @@ from typing import Any, Final
 import requests
 
 from dev.bench.common import JSON, summary
+from dev.localcluster import addresses
 from dev.stack.functions import FunctionServer
 from shared.api.keys import USAGE_ANNOTATION
 from shared.api.usage import Estimate, Reading, UsageRecord
@@ -242,8 +243,8 @@ def node_object(index: int, record: str) -> JSON:
             ],
         },
         "spec": {
-            "podCIDR": f"10.244.{index}.0/24",
-            "podCIDRs": [f"10.244.{index}.0/24"],
+            "podCIDR": addresses.node_pod_cidr(index),
+            "podCIDRs": [addresses.node_pod_cidr(index)],
             "providerID": f"aws:///eu-west-1a/i-{index:017x}",
         },
         "status": {
@@ -251,7 +252,7 @@ def node_object(index: int, record: str) -> JSON:
             "allocatable": {**capacity, "cpu": "7800m", "memory": "32158316Ki"},
             "conditions": conditions,
             "addresses": [
-                {"type": "InternalIP", "address": f"10.0.{index // 250}.{10 + index % 240}"},
+                {"type": "InternalIP", "address": addresses.node_ip(index)},
                 {"type": "Hostname", "address": name},
             ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},

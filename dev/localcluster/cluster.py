@@ -38,6 +38,7 @@ from kubernetes import client as k8s_client
 
 from dev.localcluster import (
     addons,
+    addresses,
     knative,
     kwok,
     metricsserver,
@@ -63,7 +64,6 @@ log = logging.getLogger("localcluster")
 
 K8S_VERSION: Final = "v1.36.3"
 SERVICE_CIDR: Final = "10.96.0.0/16"
-CLUSTER_CIDR: Final = "10.244.0.0/16"
 SA_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
 CLUSTER_NAME: Final = "kn-rescheduler-local"
 PROCESS_NAMES: Final = (
@@ -135,6 +135,10 @@ class Cluster:
     ) -> None:
         if nodes < 0 or real_nodes < 0 or nodes + real_nodes < 1:
             raise ValueError("a cluster needs at least one node")
+        if nodes > addresses.MAX_NODES:
+            raise ValueError(
+                f"{nodes} kwok nodes: the local cluster has addresses for {addresses.MAX_NODES}"
+            )
         self._own_workdir = workdir is None
         self.workdir = (
             Path(tempfile.mkdtemp(prefix="kn-rescheduler-cluster-"))
@@ -678,8 +682,8 @@ class Cluster:
                 f"--cluster-signing-key-file={p.ca_key}",
                 f"--cluster-name={CLUSTER_NAME}",
                 "--allocate-node-cidrs=true",
-                f"--cluster-cidr={CLUSTER_CIDR}",
-                "--node-cidr-mask-size=24",
+                f"--cluster-cidr={addresses.CLUSTER_CIDR}",
+                f"--node-cidr-mask-size={addresses.NODE_CIDR_MASK}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--profiling=false",
                 "--v=1",
@@ -905,7 +909,7 @@ class Cluster:
 
     def _fallback_cidr(self, node: str) -> str:
         index = self.nodes.index(node) if node in self.nodes else 0
-        return f"10.244.{index}.0/24"
+        return addresses.node_pod_cidr(index)
 
     def _kubelet_logger(self) -> logging.Logger:
         """A logger of this cluster's own, writing ``logs/fake-kubelet.log``."""
@@ -922,7 +926,7 @@ class Cluster:
 
     def _register_node(self, index: int, name: str) -> None:
         """Registers a node the way a kubelet does (labels, capacity, addresses, nodeInfo)."""
-        ip = f"10.0.0.{10 + index}"
+        ip = addresses.node_ip(index)
         capacity = {
             "cpu": "8",
             "memory": "32873196Ki",

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
+from dev.localcluster import addresses
 from dev.localcluster.keys import (
     SIM_FAULT_LABEL,
 )
@@ -557,7 +558,7 @@ class FakeKubelet:
     nodes: frozenset[str]
     timing: Timing = field(default_factory=Timing)
     shards: int = 2
-    fallback_cidr: Callable[[str], str] = lambda node: "10.244.0.0/24"
+    fallback_cidr: Callable[[str], str] = lambda node: addresses.node_pod_cidr(0)
     # Where decisions and problems go (one logger per cluster, so each has its own log file).
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("localcluster.kubelet"))
 

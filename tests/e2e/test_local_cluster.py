@@ -163,7 +163,7 @@ def test_the_cluster_has_ready_kwok_nodes_and_elected_leaders(cluster: Cluster) 
     assert sorted(n["metadata"]["name"] for n in nodes) == sorted(cluster.nodes)
     for n in nodes:
         assert conditions(n)["Ready"]["status"] == "True"
-        assert n["spec"]["podCIDR"].startswith("10.244.")
+        assert n["spec"]["podCIDR"].startswith("10.128.")
         lease = cluster.rest.get(
             f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{n['metadata']['name']}"
         )
