@@ -69,9 +69,11 @@ class Seen:
 @dataclass(frozen=True)
 class NodeHealth:
     failures: tuple[Seen, ...] = ()
-    # When the node was marked suspect (None: it is not), and by which workloads.
+    # When the node was marked suspect (None: it is not), and by which workloads and which of
+    # its conditions (their types; a record of a release before conditions counted has none).
     suspect_since: datetime | None = None
     suspect_workloads: tuple[str, ...] = ()
+    suspect_conditions: tuple[str, ...] = ()
 
     @property
     def suspect(self) -> bool:
@@ -118,6 +120,8 @@ class NodeHealth:
                     "since": format_time(self.suspect_since),
                     "workloads": list(self.suspect_workloads),
                 }
+                if self.suspect_conditions:
+                    out["suspect"]["conditions"] = list(self.suspect_conditions)
             try:
                 return records.dump(out, FORMAT)
             except records.RecordError:
@@ -148,6 +152,7 @@ def load(raw: str | None) -> NodeHealth:
         suspect = data.get("suspect")
         since: datetime | None = None
         workloads: tuple[str, ...] = ()
+        conditions: tuple[str, ...] = ()
         if suspect is not None:
             if not isinstance(suspect, dict):
                 raise ValueError("suspect is not an object")
@@ -156,6 +161,10 @@ def load(raw: str | None) -> NodeHealth:
             if not isinstance(listed, list) or not all(isinstance(w, str) for w in listed):
                 raise ValueError("suspect workloads is not a list of names")
             workloads = tuple(listed)
+            types = suspect.get("conditions") or []
+            if not isinstance(types, list) or not all(isinstance(c, str) for c in types):
+                raise ValueError("suspect conditions is not a list of condition types")
+            conditions = tuple(types)
     except ValueError as err:
         raise RecordError(f"the node-health record is malformed: {err}") from err
-    return NodeHealth(tuple(sorted(failures)[-MAX_FAILURES:]), since, workloads)
+    return NodeHealth(tuple(sorted(failures)[-MAX_FAILURES:]), since, workloads, conditions)

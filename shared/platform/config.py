@@ -103,6 +103,27 @@ START_EVERYWHERE_PATTERNS: Final = (
     r"denied)",
 )
 DEFAULT_EXCLUDED_NAMESPACES: Final = frozenset({"kube-system", DEFAULT_NAMESPACE})
+# Node conditions that make a node suspect before any pod fails there: the problem conditions
+# node-problem-detector's shipped monitors set True for a problem that does not go away by itself
+# (config/kernel-monitor.json, readonly-monitor.json, docker-monitor.json,
+# systemd-monitor-counter.json, health-checker-containerd.json of kubernetes/node-problem-
+# detector). Not the kubelet's MemoryPressure, DiskPressure and PIDPressure: the kubelet acts on
+# those itself (it taints the node NoSchedule and evicts), and they come and go with load.
+DEFAULT_SUSPECT_CONDITIONS: Final = frozenset(
+    {
+        "KernelDeadlock",
+        "ReadonlyFilesystem",
+        "XfsShutdown",
+        "CperHardwareErrorFatal",
+        "CorruptDockerOverlay2",
+        "FrequentKubeletRestart",
+        "FrequentDockerRestart",
+        "FrequentContainerdRestart",
+        "ContainerRuntimeUnhealthy",
+    }
+)
+# Conditions whose True means healthy: never evidence against a node.
+HEALTHY_CONDITIONS: Final = frozenset({"Ready"})
 
 
 class ConfigError(ValueError):
@@ -169,6 +190,9 @@ class Config:
     suspect_affinity_weight: int = 0
     # Move a pod failing on a suspect node at its first node-fixable failure.
     suspect_fast_path: bool = True
+    # Node conditions that, while True, make the node suspect with no pod failing there (under
+    # the same cap and opt-out); empty: conditions are no evidence.
+    suspect_conditions: frozenset[str] = DEFAULT_SUSPECT_CONDITIONS
 
     # --- node pressure (label-nodes) -------------------------------------------------------------
     # The Prometheus HTTP API label-nodes queries, e.g. http://prometheus.monitoring:9090.
@@ -396,6 +420,17 @@ def _refuse_never_move(reasons: frozenset[str], where: str) -> None:
         )
 
 
+def _as_conditions(raw: object, where: str) -> frozenset[str]:
+    types = _as_str_set(raw, where)
+    healthy = types & HEALTHY_CONDITIONS
+    if healthy:
+        raise ConfigError(
+            where,
+            f"{', '.join(sorted(healthy))} is True on a healthy node: no evidence of a problem",
+        )
+    return types
+
+
 def _as_reasons(raw: object, where: str) -> frozenset[str]:
     reasons = _as_str_set(raw, where)
     _refuse_never_move(reasons, where)
@@ -542,6 +577,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "suspect_taint": _as_bool,
     "suspect_affinity_weight": _as_weight,
     "suspect_fast_path": _as_bool,
+    "suspect_conditions": _as_conditions,
     "prometheus_url": _as_text,
     "pressure_rules_file": _as_text,
     "pressure_label": _as_label,

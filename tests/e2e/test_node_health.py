@@ -228,6 +228,64 @@ def test_a_node_with_the_opt_out_label_is_never_marked(
         api.merge_patch("Node", None, bad, {"metadata": {"labels": {NODE_OPT_OUT_LABEL: None}}})
 
 
+def report_condition(api: Kube, node: str, condition: dict[str, Any]) -> None:
+    """What node-problem-detector does (problemclient.SetConditions): a strategic merge patch of
+    the Node's status with its conditions, merged into the kubelet's by type."""
+    api.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}/status",
+        body={"status": {"conditions": [condition]}},
+        content_type="application/strategic-merge-patch+json",
+        write=True,
+    )
+
+
+def test_a_node_reporting_a_kernel_deadlock_is_suspect_until_the_condition_clears(
+    cluster: Any, api: Kube, assess: Callable[..., Any]
+) -> None:
+    client = assess()
+    bad = cluster.nodes[3]
+    now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    deadlock = {
+        "type": "KernelDeadlock",
+        "status": "True",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+        "reason": "DockerHung",
+        "message": "kernel: INFO: task docker:20744 blocked for more than 120 seconds.",
+    }
+    report_condition(api, bad, deadlock)
+    try:
+        assert ping(client).status_code == 202
+        node = node_of(api, bad)
+        assert suspect(node) and our_taints(node), "marked on the Ping, no pod failed there"
+        assert record(node)["suspect"]["conditions"] == ["KernelDeadlock"]
+        told = node_events(api, bad, "NodeSuspected")
+        assert (
+            told and "reports KernelDeadlock=True (DockerHung: kernel: INFO" in told[0]["message"]
+        )
+        # The kubelet's own conditions are still there: only ours was added.
+        types = {c["type"] for c in node["status"]["conditions"]}
+        assert {"Ready", "KernelDeadlock"} <= types
+    finally:
+        # node-problem-detector's default once the problem is gone.
+        report_condition(
+            api,
+            bad,
+            {
+                **deadlock,
+                "status": "False",
+                "reason": "KernelHasNoDeadlock",
+                "message": "kernel has no deadlock",
+            },
+        )
+        ping(client)
+    node = node_of(api, bad)
+    assert not suspect(node) and our_taints(node) == []
+    assert "suspect" not in record(node)
+    assert node_events(api, bad, "NodeCleared")
+
+
 # -- distinct workloads are top-level workloads ---------------------------------------------------
 
 

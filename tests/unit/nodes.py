@@ -61,6 +61,7 @@ def node(
     taints: Sequence[Mapping[str, Any]] | None = None,
     unschedulable: bool = False,
     resource_version: str = "48211",
+    conditions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     out = copy.deepcopy(_BASE)
     meta = out["metadata"]
@@ -79,4 +80,27 @@ def node(
             {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
         )
     out["status"]["addresses"][1]["address"] = name
+    # Conditions of other writers (node-problem-detector) after the kubelet's, by type.
+    out["status"]["conditions"] += [dict(c) for c in conditions]
     return out
+
+
+def npd_condition(
+    kind: str,
+    *,
+    problem: bool,
+    reason: str,
+    message: str,
+    since: str = "2026-11-23T09:58:00Z",
+) -> dict[str, Any]:
+    """A condition as node-problem-detector writes it (pkg/util/convert.go, a strategic merge
+    patch of nodes/status by type): True with the rule's reason and the matched log lines as the
+    message while the problem lasts; False with the monitor's default reason otherwise."""
+    return {
+        "type": kind,
+        "status": "True" if problem else "False",
+        "lastHeartbeatTime": "2026-11-23T09:59:50Z",
+        "lastTransitionTime": since,
+        "reason": reason,
+        "message": message,
+    }

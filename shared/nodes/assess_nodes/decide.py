@@ -18,6 +18,15 @@ any one-off crash there would keep the node suspect, and suspicion would feed it
 reported without its ``kind`` (an older update-annotations) is not counted either: it may have
 been a fast-path one, and a threshold move's own ``pod.failing`` report counted already.
 
+A node can also say itself that it is broken. node-problem-detector (and the kubelet) report
+node problems as Node conditions: ``KernelDeadlock``, ``ReadonlyFilesystem``,
+``FrequentContainerdRestart`` ... set ``True`` while the problem lasts. A condition of the
+configured set (``suspect_conditions``) that is ``True`` makes the node suspect before any pod
+fails there, under the same cap and opt-out; when it is no longer ``True`` (node-problem-detector
+writes ``False`` with its default reason, or the condition goes) and no failures keep the node
+suspect, the suspicion is cleared. The conditions are read from the Node at each review (the
+assess-nodes PingSource, every minute), so a condition counts within a minute.
+
 A suspect node gets a label and a ``PreferNoSchedule`` taint (never ``NoSchedule`` or
 ``NoExecute``; blame never drains a node): soft signals, so a cluster with no other room still
 schedules there. Suspicion expires when the window passes without a new failure there, and at
@@ -62,6 +71,60 @@ BLAME_EVENT_TYPES: Final = frozenset(
 # "unschedulable because of our exclusions", not an early report or move for the fast path):
 # the ``kind`` of a pod.failing report, and of the reply after its move.
 _NODE_FIXABLE: Final = "node-fixable"
+
+
+# A condition's message can be a log excerpt of several lines (node-problem-detector puts the
+# matched kernel log lines there): Events and the record say this much of it.
+MESSAGE_SHOWN: Final = 200
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A condition the Node reports ``True``, as node-problem-detector or the kubelet writes it
+    (type, reason, message, lastTransitionTime)."""
+
+    type: str
+    reason: str
+    message: str
+    since: datetime | None
+
+    def describe(self) -> str:
+        said = ": ".join(x for x in (self.reason, _shortened(self.message)) if x)
+        return f"{self.type}=True" + (f" ({said})" if said else "")
+
+
+def _shortened(text: str) -> str:
+    one_line = " ".join(text.split())
+    if len(one_line) <= MESSAGE_SHOWN:
+        return one_line
+    return one_line[: MESSAGE_SHOWN - 3] + "..."
+
+
+def _problems(node: Mapping[str, Any]) -> tuple[Problem, ...]:
+    """Every condition of the Node whose status is ``True``, in the order the Node lists them."""
+    found: list[Problem] = []
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if not isinstance(condition, dict) or condition.get("status") != "True":
+            continue
+        kind = condition.get("type")
+        if not isinstance(kind, str) or not kind:
+            continue
+        since: datetime | None = None
+        try:
+            since = parse_time(condition.get("lastTransitionTime"))
+        except ValueError:
+            since = None  # unreadable or missing: the reviewer's clock is used
+        found.append(
+            Problem(
+                kind, str(condition.get("reason") or ""), str(condition.get("message") or ""), since
+            )
+        )
+    return tuple(found)
+
+
+def reports_problem(node: Mapping[str, Any], types: frozenset[str]) -> bool:
+    """Whether the Node reports one of ``types`` True (the review looks at such nodes too)."""
+    return any(p.type in types for p in _problems(node))
 
 
 class NotEvidence(ValueError):
@@ -161,6 +224,8 @@ class NodeFacts:
     record_raw: str | None
     record: NodeHealth
     schedulable: bool
+    # Every condition the Node reports True (which of them count is a setting: problems()).
+    conditions: tuple[Problem, ...] = ()
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> NodeFacts:
@@ -177,7 +242,12 @@ class NodeFacts:
             record_raw=raw,
             record=load(raw),
             schedulable=not spec.get("unschedulable", False),
+            conditions=_problems(node),
         )
+
+    def problems(self, types: frozenset[str]) -> tuple[Problem, ...]:
+        """The conditions of ``types`` the Node reports True: evidence against it."""
+        return tuple(p for p in self.conditions if p.type in types)
 
     @property
     def opted_out(self) -> bool:
@@ -216,6 +286,13 @@ class Assessment:
     # report's name and reason.
     workloads: tuple[tuple[str, str], ...]
     why: str
+    # The conditions of the configured set the Node reports True.
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def evidence(self) -> int:
+        """How much speaks against the node: the cap ranks nodes by it."""
+        return len(self.workloads) + len(self.problems)
 
     @property
     def suspect(self) -> bool:
@@ -223,7 +300,8 @@ class Assessment:
 
 
 def assess(node: NodeFacts, blame: Blame | None, now: datetime, cfg: Config) -> Assessment:
-    """The node's verdict after ``blame`` (None: only the clock moved, as on a Ping)."""
+    """The node's verdict after ``blame`` (None: only the clock moved, as on a Ping), and the
+    conditions it reports."""
     window = cfg.suspect_window
     record = node.record
     if blame is not None and blame.at > now - window:
@@ -235,38 +313,62 @@ def assess(node: NodeFacts, blame: Blame | None, now: datetime, cfg: Config) -> 
         latest[family(seen.workload)] = seen
     workloads = tuple(sorted((s.workload, s.reason) for s in latest.values()))
     names = tuple(w for w, _ in workloads)
+    problems = node.problems(cfg.suspect_conditions)
+    types = tuple(p.type for p in problems)
     count = f"{len(names)} distinct workload{'s' if len(names) != 1 else ''}"
     span = format_duration(window)
+    reports = f"node {node.name} reports {', '.join(p.describe() for p in problems)}"
+
+    def judged(verdict: Verdict, kept: NodeHealth, why: str) -> Assessment:
+        return Assessment(verdict, kept, workloads, why, problems)
 
     if node.opted_out:
         verdict = Verdict.CLEAR if (record.suspect or node.labelled or node.tainted) else None
         why = f"node {node.name} carries the opt-out label {NODE_OPT_OUT_LABEL}"
-        return Assessment(verdict or Verdict.HEALTHY, unmarked(record), workloads, why)
+        return judged(verdict or Verdict.HEALTHY, unmarked(record), why)
     if record.suspect:
-        if not names:
-            why = f"no failure on node {node.name} in the last {span}: suspicion expired"
-            return Assessment(Verdict.CLEAR, unmarked(record), workloads, why)
-        why = f"{count} failed on node {node.name} in the last {span}"
-        return Assessment(Verdict.STAYS, replace(record, suspect_workloads=names), workloads, why)
-    if len(names) >= cfg.suspect_workloads:
-        newest = record.last_failure()
-        assert newest is not None
-        why = (
-            f"{count} failed on node {node.name} in the last {span} "
-            f"(suspect from {cfg.suspect_workloads})"
+        if not names and not problems:
+            why = f"no failure on node {node.name} in the last {span}" + (
+                " and none of its conditions counted reports a problem now: suspicion expired"
+                if record.suspect_conditions
+                else ": suspicion expired"
+            )
+            return judged(Verdict.CLEAR, unmarked(record), why)
+        said = [f"{count} failed on node {node.name} in the last {span}"] if names else []
+        why = "; ".join([*said, *([reports] if problems else [])])
+        kept = replace(record, suspect_workloads=names, suspect_conditions=types)
+        return judged(Verdict.STAYS, kept, why)
+    by_failures = len(names) >= cfg.suspect_workloads
+    if by_failures or problems:
+        # The newest evidence: the newest failure, or when a condition turned True (never
+        # later than now: a node's clock may run ahead).
+        times = [t for t in (record.last_failure(),) if t is not None and by_failures]
+        times += [min(p.since, now) if p.since else now for p in problems]
+        said = []
+        if by_failures:
+            said.append(
+                f"{count} failed on node {node.name} in the last {span} "
+                f"(suspect from {cfg.suspect_workloads})"
+            )
+        if problems:
+            said.append(reports)
+        marked = replace(
+            record,
+            suspect_since=max(times),
+            suspect_workloads=names,
+            suspect_conditions=types,
         )
-        marked = replace(record, suspect_since=newest, suspect_workloads=names)
-        return Assessment(Verdict.MARK, marked, workloads, why)
+        return judged(Verdict.MARK, marked, "; ".join(said))
     why = (
         f"{count} failed on node {node.name} in the last {span}, "
         f"fewer than the {cfg.suspect_workloads} that make it suspect"
     )
-    return Assessment(Verdict.HEALTHY, record, workloads, why)
+    return judged(Verdict.HEALTHY, record, why)
 
 
 def unmarked(record: NodeHealth) -> NodeHealth:
     """The record without its suspicion (its failures kept)."""
-    return replace(record, suspect_since=None, suspect_workloads=())
+    return replace(record, suspect_since=None, suspect_workloads=(), suspect_conditions=())
 
 
 # -- the cap -------------------------------------------------------------------------------------
@@ -274,15 +376,23 @@ def unmarked(record: NodeHealth) -> NodeHealth:
 
 @dataclass(frozen=True)
 class Standing:
-    """A node as the cap ranks it: by distinct workloads failed there, marked ones first on a
-    tie (no churn between equals), then by name (every instance ranks alike)."""
+    """A node as the cap ranks it: by its evidence (distinct workloads failed there, and the
+    problem conditions it reports), marked ones first on a tie (no churn between equals), then
+    by name (every instance ranks alike)."""
 
     node: str
     workloads: int
     marked: bool
+    conditions: int = 0
 
     def rank(self) -> tuple[int, bool, str]:
-        return (-self.workloads, not self.marked, self.node)
+        return (-(self.workloads + self.conditions), not self.marked, self.node)
+
+    def describe(self) -> str:
+        said = f"{self.workloads} failing workloads"
+        if self.conditions:
+            said += f", {self.conditions} problem condition{'s' if self.conditions != 1 else ''}"
+        return f"node {self.node} ({said})"
 
 
 def allowed_suspects(schedulable_nodes: int, share: float) -> int:
@@ -314,13 +424,12 @@ def within_cap(candidate: Standing, others: Iterable[Standing], allowed: int) ->
             False,
             (),
             f"{len(marked)} of the schedulable nodes are suspect already, the most "
-            f"{allowed} allows; node {candidate.node} ({candidate.workloads} failing "
-            "workloads) ranks below them and is not marked",
+            f"{allowed} allows; {candidate.describe()} ranks below them and is not marked",
         )
     displaced = tuple(sorted(s.node for s in marked if s.node not in kept))
     why = f"within the cap of {allowed} suspect nodes"
     if displaced:
-        why += f"; {', '.join(displaced)} (fewer failing workloads) cleared to make room"
+        why += f"; {', '.join(displaced)} (less evidence) cleared to make room"
     return CapDecision(True, displaced, why)
 
 

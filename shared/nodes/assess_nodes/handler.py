@@ -8,10 +8,11 @@ The I/O around ``shared.nodes.assess_nodes.decide``'s decisions:
   against a list of the nodes, the label, taint and record are written in one patch, a
   ``NodeSuspected`` Warning is recorded on the Node and the reply
   ``io.kn-rescheduler.node.suspected`` goes back to the Broker;
-- a Ping (the PingSource, or the local stack's timer) reviews every node with a record or our
-  marks: suspicions whose window passed are cleared (``NodeCleared``), and a node the cap held
-  back is marked once room is free. Expiry therefore does not wait for a failure event that may
-  never come.
+- a Ping (the PingSource, or the local stack's timer) reviews every node with a record, our
+  marks, or a problem condition of the configured set reported True: suspicions whose window
+  passed (and whose conditions cleared) are cleared (``NodeCleared``), a node reporting a problem
+  condition is marked, and a node the cap held back is marked once room is free. Expiry
+  therefore does not wait for a failure event that may never come.
 
 Two instances marking two nodes at once may both see room under the cap; after marking, each
 lists the suspect nodes again and takes its own mark back if it ranks beyond the cap, so the
@@ -133,8 +134,10 @@ class Assessor:
         outcomes: list[Outcome] = []
         for node in nodes:
             meta = node.get("metadata") or {}
-            if NODE_HEALTH_ANNOTATION not in (meta.get("annotations") or {}) and (
-                SUSPECT_LABEL not in (meta.get("labels") or {})
+            if (
+                NODE_HEALTH_ANNOTATION not in (meta.get("annotations") or {})
+                and SUSPECT_LABEL not in (meta.get("labels") or {})
+                and not decide.reports_problem(node, self.cfg.suspect_conditions)
             ):
                 continue
             name = str(meta.get("name", ""))
@@ -199,7 +202,7 @@ class Assessor:
         cap: CapDecision | None = None
         record = assessment.record
         if verdict is Verdict.MARK and not facts.labelled:
-            cap = self._cap(facts, len(assessment.workloads), nodes)
+            cap = self._cap(facts, assessment, nodes)
             if not cap.mark:
                 suspect = False
                 record = decide.unmarked(record)
@@ -221,12 +224,13 @@ class Assessor:
         return Outcome(facts.name, facts.uid, verdict, suspect, patch is not None, assessment, cap)
 
     def _cap(
-        self, facts: NodeFacts, workloads: int, nodes: Iterable[Mapping[str, Any]] | None
+        self, facts: NodeFacts, assessment: Assessment, nodes: Iterable[Mapping[str, Any]] | None
     ) -> CapDecision:
         listed = list(nodes) if nodes is not None else list(self.api.list_all("Node"))
         standings, schedulable = _standings(listed, facts.name, self.clock(), self.cfg)
         allowed = decide.allowed_suspects(schedulable, self.cfg.suspect_max_share)
-        return decide.within_cap(Standing(facts.name, workloads, False), standings, allowed)
+        candidate = Standing(facts.name, len(assessment.workloads), False, len(assessment.problems))
+        return decide.within_cap(candidate, standings, allowed)
 
     def _beyond_cap(self, name: str) -> bool:
         listed = list(self.api.list_all("Node"))
@@ -275,7 +279,8 @@ class Assessor:
             self._recorder().record(
                 ref,
                 REASON_NODE_SUSPECTED,
-                f"{a.why}: {_listing(a.workloads)}; labelled {SUSPECT_LABEL}=true"
+                f"{a.why}{': ' + _listing(a.workloads) if a.workloads else ''}; labelled "
+                f"{SUSPECT_LABEL}=true"
                 + (" and tainted PreferNoSchedule" if self.cfg.suspect_taint else "")
                 + f"; cleared after {format_duration(self.cfg.suspect_window)} "
                 "without a new failure",
@@ -300,6 +305,9 @@ class Assessor:
                 "node": outcome.node,
                 "since": format_time(since) if since else None,
                 "workloads": [{"workload": w, "reason": r} for w, r in a.workloads],
+                "conditions": [
+                    {"type": p.type, "reason": p.reason, "message": p.message} for p in a.problems
+                ],
                 "tainted": self.cfg.suspect_taint,
                 "message": a.why,
             },
@@ -330,5 +338,6 @@ def _standings(
         if facts.name == exclude or not facts.labelled:
             continue
         workloads = len(facts.record.workloads(now, cfg.suspect_window))
-        standings.append(Standing(facts.name, workloads, True))
+        problems = len(facts.problems(cfg.suspect_conditions))
+        standings.append(Standing(facts.name, workloads, True, problems))
     return standings, schedulable
