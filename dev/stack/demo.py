@@ -43,6 +43,7 @@ from kubernetes import config as k8s_config
 
 from dev.localcluster import FAULT_MODES, Cluster, Timing, realnode
 from dev.localcluster.bins import ensure_bins
+from dev.localcluster.cluster import ClusterError
 from dev.localcluster.keys import (
     SIM_FAULT_LABEL,
 )
@@ -1167,7 +1168,8 @@ def run_installed(opts: Options, console: Console) -> int:
             except installed.InstallError as e:
                 console.say(f"could not save the functions' logs as an archive: {e}", "warn")
             console.say("stopping the control plane and the nodes")
-    except installed.InstallError as e:
+    except (ClusterError, installed.InstallError) as e:
+        # A step of the install that failed says which, with its output: no traceback.
         console.say(str(e), "warn")
         return 1
     finally:
