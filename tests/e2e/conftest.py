@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -355,3 +356,23 @@ def pod_template(labels: dict[str, str], node: str, **spec: Any) -> dict[str, An
     made = builders.template(labels, affinity=preferring(node))
     made["spec"].update(spec)
     return made
+
+
+def run_demo(run_dir: Path, *args: str, timeout: float) -> dict[str, Any]:
+    """``python -m dev.stack.demo ARGS --no-color --run-dir RUN_DIR``, as ``make demo`` runs it:
+    its exit code, output and summary.json (None when it wrote none)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dev.stack.demo", *args, "--no-color", "--run-dir", str(run_dir)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    summary = run_dir / "summary.json"
+    return {
+        "code": result.returncode,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "summary": json.loads(summary.read_text()) if summary.exists() else None,
+    }

@@ -13,14 +13,12 @@ already installs both and moves a pod with them (test_knative_installed.py).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import needs_real_nodes
+from tests.e2e.conftest import needs_real_nodes, run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,26 +28,10 @@ pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes_full]
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run_dir = tmp_path_factory.mktemp("demo-installed") / "run"
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "dev.stack.demo"),
-            *("--install", "--no-color", "--run-dir", str(run_dir)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    summary_file = run_dir / "summary.json"
+    done = run_demo(run_dir, "--install", timeout=1500)
     archive = run_dir / "archive.jsonl"
-    return {
-        "code": result.returncode,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-        "summary": json.loads(summary_file.read_text()) if summary_file.exists() else None,
-        "archive": archive.read_text().splitlines() if archive.exists() else [],
-    }
+    done["archive"] = archive.read_text().splitlines() if archive.exists() else []
+    return done
 
 
 def test_the_installed_system_recovers_every_workload(demo: dict[str, Any]) -> None:

@@ -11,15 +11,12 @@ already moves a crash loop on real nodes end to end (test_knative_installed.py).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import needs_real_nodes
+from tests.e2e.conftest import needs_real_nodes, run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes_full]
@@ -28,24 +25,7 @@ pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes_full]
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run_dir = tmp_path_factory.mktemp("demo-real") / "run"
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "dev.stack.demo"),
-            *("--real-nodes", "2", "--no-color", "--run-dir", str(run_dir)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    summary_file = run_dir / "summary.json"
-    return {
-        "code": result.returncode,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-        "summary": json.loads(summary_file.read_text()) if summary_file.exists() else None,
-    }
+    return run_demo(run_dir, "--real-nodes", "2", timeout=300)
 
 
 def test_the_real_node_demo_recovers_every_workload(demo: dict[str, Any]) -> None:

@@ -514,21 +514,17 @@ def test_the_installed_functions_logs_make_an_archive_that_replays_their_decisio
     about_shop = {e["type"] for e in recorded if shop in e.get("subject", "")}
     assert {APISERVER_UPDATE, EVENT_POD_FAILING} <= about_shop, about_shop
 
-    done = subprocess.run(
-        ["make", "--no-print-directory", "replay", f"FILE={archive}", "ARGS=--dry-run"],
-        cwd=REPO,
+    # A failing replay (exit status 1 or 3) fails here, with its output.
+    replayed = installed_rescheduler.make(
+        "replay",
+        {"FILE": str(archive), "ARGS": "--dry-run"},
         env={**os.environ, **installed_settings(), "KUBECONFIG": str(c.kubeconfig)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr + done.stdout[-3000:]
     # detect-failures judges the logged pod event again: the same verdict, for the same pod;
     # update-annotations answers the failing event, writing nothing (a dry run).
-    assert f"reply: {EVENT_POD_FAILING} namespaces/{SHOP}/pods/shop-" in done.stdout
-    assert "-> update-annotations: HTTP 2" in done.stdout, done.stdout[-3000:]
-    assert "(dry run)" in done.stdout
+    assert f"reply: {EVENT_POD_FAILING} namespaces/{SHOP}/pods/shop-" in replayed
+    assert "-> update-annotations: HTTP 2" in replayed, replayed[-3000:]
+    assert "(dry run)" in replayed
 
 
 def generations(c: Cluster) -> dict[str, int]:
