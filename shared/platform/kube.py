@@ -4,8 +4,8 @@ Everything else builds request bodies (pure code) and hands them here. Keeping t
 one place means one set of timeouts, one error vocabulary and one dry-run switch:
 
 - API errors map to a handful of exceptions of ours (NotFound, Conflict, AlreadyExists,
-  Forbidden, Invalid, Transient, and DisruptionBudgetRefused), so handlers decide on meaning,
-  not on HTTP codes;
+  Forbidden, Invalid, Transient, DisruptionBudgetRefused, and Gone for a watch too far
+  behind), so handlers decide on meaning, not on HTTP codes;
 - only Transient failures (429, 5xx, timeouts, refused connections) are retried here, with a
   short bounded backoff; the handler's caller (Knative's redelivery) owns longer waits. A
   PodDisruptionBudget's refusal is a 429 too, but not retried here: a budget changes when pods
@@ -104,6 +104,10 @@ class Invalid(KubeError):
     """The API server rejected the request body (400/422) or another permanent 4xx."""
 
 
+class Gone(KubeError):
+    """410: a watch's resourceVersion is older than the API server keeps; list again."""
+
+
 class Transient(KubeError):
     """Worth another try later: 429, 5xx, timeouts, connection failures."""
 
@@ -116,6 +120,20 @@ class DisruptionBudgetRefused(Transient):
     controller has not yet observed the budget's latest generation. ``causes`` holds its
     sentence, e.g. "The disruption budget web needs 1 healthy pods and has 1 currently".
     """
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One line of a watch: ADDED, MODIFIED, DELETED or BOOKMARK, and the object (for a
+    BOOKMARK, only its kind, apiVersion and metadata.resourceVersion)."""
+
+    type: str
+    object: JSON
+
+    @property
+    def resource_version(self) -> str:
+        metadata = self.object.get("metadata")
+        return str(metadata.get("resourceVersion") or "") if isinstance(metadata, dict) else ""
 
 
 @dataclass(frozen=True)
@@ -193,9 +211,25 @@ def _error_for(status: int, body: bytes | str | None, what: str) -> KubeError:
         return cls(full, status, reason)
     if status in (401, 403):
         return Forbidden(full, status, reason)
+    if status == 410:
+        return Gone(full, status, reason)
     if status == 429 or status >= 500:
         return Transient(full, status, reason)
     return Invalid(full, status, reason)
+
+
+def _watch_event(line: bytes, what: str) -> WatchEvent:
+    try:
+        event = json.loads(line)
+        kind, obj = event["type"], event["object"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Transient(f"{what}: unreadable watch event: {line[:200]!r}") from exc
+    if not isinstance(obj, dict):
+        raise Transient(f"{what}: a watch event without an object: {line[:200]!r}")
+    if kind == "ERROR":
+        # metav1.Status: the code (410 for an expired resourceVersion) and its message.
+        raise _error_for(int(obj.get("code") or 500), json.dumps(obj), what)
+    return WatchEvent(str(kind), obj)
 
 
 def path_for(kind: str, namespace: str | None, name: str | None = None, sub: str = "") -> str:
@@ -392,6 +426,86 @@ class Kube:
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return
+
+    def list_snapshot(
+        self, kind: str, namespace: str | None = None, *, limit: int = 500
+    ) -> tuple[list[JSON], str]:
+        """Every object and the list's resourceVersion, the point a watch resumes from.
+
+        Paged: the continue token keeps every page at the first page's resourceVersion (the
+        API server serves the rest of the list from that snapshot), so the pages form one
+        consistent list. A token that expired between pages is a 410, Gone: list again.
+        """
+        items: list[JSON] = []
+        token: str | None = None
+        version = ""
+        while True:
+            page = self.list_page(kind, namespace, limit=limit, continue_token=token)
+            items.extend(page.get("items") or [])
+            metadata = page.get("metadata") or {}
+            version = version or str(metadata.get("resourceVersion") or "")
+            token = metadata.get("continue")
+            if not token:
+                return items, version
+
+    def watch(
+        self,
+        kind: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        namespace: str | None = None,
+    ) -> Iterator[WatchEvent]:
+        """The changes after ``resource_version``, as the API server streams them, until it
+        ends the watch (after ``timeout_seconds``) or the connection breaks (Transient).
+
+        Bookmarks are asked for: they move the resourceVersion on while nothing changes, so a
+        watch resumed after a quiet hour does not start from a version the API server no
+        longer keeps. An ERROR line ends the stream with its Status mapped as for any call:
+        410 is Gone (list again). Not retried here and not recorded: the caller owns the loop.
+        """
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        path = path_for(kind, namespace)
+        what = f"WATCH {path}"
+        url_path = path + "?" + urlencode(query)
+        headers = {"Accept": "application/json"}
+        config = self._api.configuration
+        self._api.update_params_for_auth(headers, [], ["BearerToken"], url_path, "GET", None)
+        try:
+            # The read timeout outlasts the server's own end of the watch; a silent connection
+            # longer than that is broken.
+            response = self._api.call_api(
+                "GET",
+                config.host + url_path,
+                header_params=headers,
+                _request_timeout=(self.timeout, timeout_seconds + 30),
+            )
+        except k8s_client.ApiException as exc:
+            if exc.status:
+                raise _error_for(int(exc.status), exc.body, what) from exc
+            raise Transient(f"{what}: {exc.reason}") from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+        raw = response.response
+        try:
+            if not 200 <= int(raw.status) < 300:
+                raise _error_for(int(raw.status), raw.read(), what)
+            pending = b""
+            for chunk in raw.stream(65536):
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if line.strip():
+                        yield _watch_event(line, what)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            raw.release_conn()
 
     def merge_patch(
         self,
