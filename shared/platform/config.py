@@ -194,6 +194,12 @@ class Config:
     # the same cap and opt-out); empty: conditions are no evidence.
     suspect_conditions: frozenset[str] = DEFAULT_SUSPECT_CONDITIONS
 
+    # --- load-aware placement (score-nodes) -----------------------------------------------------
+    # Keep a watch-fed cache of Nodes in score-nodes, for schedulers configured with
+    # nodeCacheCapable: true (names only in each call). Off: no API access; names-only calls
+    # then pass every node.
+    extender_node_cache: bool = True
+
     # --- node pressure (label-nodes) -------------------------------------------------------------
     # The Prometheus HTTP API label-nodes queries, e.g. http://prometheus.monitoring:9090.
     prometheus_url: str = ""
@@ -567,6 +573,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "forward_unstamped": _as_bool,
     "kse_compat": _as_bool,
     "use_eviction": _as_bool,
+    "extender_node_cache": _as_bool,
     "dry_run": _as_bool,
     "api_timeout": _as_duration,
     "handled_uids_max": _as_positive_int,

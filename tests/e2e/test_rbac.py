@@ -133,6 +133,9 @@ ALLOWED = [
     apps(UPDATE, "patch", "deployments"),
     # ... and, for the fast path, whether the failing pod's node is suspect.
     nodes(UPDATE, "get"),
+    # score-nodes: the node cache (a LIST at start, then a WATCH), read only.
+    nodes(SCORE, "list"),
+    nodes(SCORE, "watch"),
     # assess-nodes: the failing node's record, label and taint (one patch), the list the cap
     # counts, and the Events on Nodes (which live in "default").
     nodes(ASSESS, "get"),
@@ -282,10 +285,12 @@ DENIED = [
     Can(ANNOTATE, "create", "events", namespace="default"),
     Can(ANNOTATE, "get", "secrets", namespace=NAMESPACE),
     Can(ANNOTATE, "get", "configmaps", namespace=NAMESPACE),
-    # score-nodes: the scheduler sends it everything it decides on; it may do nothing at all.
+    # score-nodes: its node cache lists and watches Nodes; it reads nothing else, not even
+    # one Node alone, and writes nothing.
     nodes(SCORE, "get"),
-    nodes(SCORE, "list"),
     nodes(SCORE, "patch"),
+    nodes(SCORE, "update"),
+    Can(SCORE, "patch", "nodes", subresource="status", namespace=""),
     pods(SCORE, "get"),
     pods(SCORE, "list", namespace=""),
     pods(SCORE, "create", subresource="binding"),

@@ -218,7 +218,8 @@ def test_kube_scheduler_reads_every_extender_field_as_shipped(
             assert extender.get(field, False) == value, f"{field}: {extender.get(field)!r}"
     # What every configuration we ship must say.
     assert extender["ignorable"] is True
-    assert not extender.get("nodeCacheCapable", False)
+    # Names only: score-nodes looks them up in its node cache (functions/score-nodes).
+    assert extender["nodeCacheCapable"] is True
     assert (extender["filterVerb"], extender["prioritizeVerb"]) == ("filter", "prioritize")
     assert extender["weight"] >= 1
     for field in ("resourceName", "resourceNamespace"):

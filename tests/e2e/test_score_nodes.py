@@ -10,6 +10,7 @@ sets exactly the load it needs. No Prometheus: nothing here reads it.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 import uuid
@@ -47,7 +48,8 @@ def extender_config(url: str, scheduler_name: str) -> dict[str, Any]:
                 "filterVerb": "filter",
                 "prioritizeVerb": "prioritize",
                 "weight": 5,
-                "nodeCacheCapable": False,
+                # As shipped: names only, looked up in score-nodes' node cache.
+                "nodeCacheCapable": True,
                 "ignorable": True,
             }
         ],
@@ -111,12 +113,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def quiet_nodes(setup: Setup) -> Iterator[None]:
     """Every test starts on nodes at 20 % with nothing in maintenance and no pods of ours."""
     for node in setup.cluster.nodes:
-        set_usage(setup.cluster, node, 20.0)
+        set_usage(setup, node, 20.0)
     yield
     for node in setup.cluster.nodes:
-        setup.cluster.rest.patch(
-            f"/api/v1/nodes/{node}", {"metadata": {"labels": {MAINTENANCE_LABEL: None}}}
-        )
+        maintenance(setup, node, None)
     pods = setup.cluster.rest.get(f"/api/v1/namespaces/{setup.namespace}/pods")["items"]
     for pod in pods:
         try:
@@ -143,7 +143,7 @@ def _exists(cluster: Cluster, path: str) -> bool:
 
 
 def set_usage(
-    cluster: Cluster,
+    setup: Setup,
     node: str,
     cpu: float,
     memory: float = 20.0,
@@ -158,9 +158,37 @@ def set_usage(
         memory=Reading(now=memory, avg5m=memory, max1h=memory),
         estimate=guess or Estimate(),
     )
-    cluster.rest.patch(
-        f"/api/v1/nodes/{node}", {"metadata": {"annotations": {USAGE_ANNOTATION: record.to_json()}}}
-    )
+    write_node(setup, node, {"annotations": {USAGE_ANNOTATION: record.to_json()}})
+
+
+def maintenance(setup: Setup, node: str, value: str | None) -> None:
+    write_node(setup, node, {"labels": {MAINTENANCE_LABEL: value}})
+
+
+def node_cache(setup: Setup) -> dict[str, Any]:
+    """score-nodes' node cache as its decisions see it (GET /debug/node-cache)."""
+    with urllib.request.urlopen(setup.server.url + "debug/node-cache", timeout=5) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def write_node(setup: Setup, node: str, metadata: dict[str, Any]) -> None:
+    """Patches the Node's metadata, then waits until score-nodes' node cache holds it as
+    written: the scheduler sends names only (nodeCacheCapable: true, as shipped), so a pod
+    created before the watch event arrived (milliseconds) would be judged on the old record."""
+    written = setup.cluster.rest.patch(f"/api/v1/nodes/{node}", {"metadata": metadata})
+    annotations = written["metadata"].get("annotations") or {}
+    labels = written["metadata"].get("labels") or {}
+    wanted = {
+        "usage": annotations.get(USAGE_ANNOTATION),
+        "maintenance": labels.get(MAINTENANCE_LABEL) == "true",
+    }
+
+    def cached() -> bool:
+        cache = node_cache(setup)
+        kept = cache["nodes"].get(node) or {}
+        return bool(cache["ready"]) and {key: kept.get(key) for key in wanted} == wanted
+
+    wait_for(f"score-nodes' node cache to hold {node} as written", cached, 10)
 
 
 def create_pod(
@@ -229,7 +257,7 @@ def scheduler_events(setup: Setup, pod: str, reason: str) -> list[dict[str, Any]
 def test_the_scheduler_calls_the_extender_and_places_no_pod_on_a_node_over_the_cpu_threshold(
     setup: Setup,
 ) -> None:
-    set_usage(setup.cluster, "node-0", 92.0)
+    set_usage(setup, "node-0", 92.0)
     before = setup.calls("filter"), setup.calls("prioritize")
     names = [f"spread-{i}" for i in range(8)]
     for name in names:
@@ -242,10 +270,8 @@ def test_the_scheduler_calls_the_extender_and_places_no_pod_on_a_node_over_the_c
 
 def test_a_node_in_maintenance_gets_no_pod_even_when_it_is_the_coolest(setup: Setup) -> None:
     # The coolest node: without the maintenance filter the score would send every pod there.
-    set_usage(setup.cluster, "node-1", 5.0, memory=5.0)
-    setup.cluster.rest.patch(
-        "/api/v1/nodes/node-1", {"metadata": {"labels": {MAINTENANCE_LABEL: "true"}}}
-    )
+    set_usage(setup, "node-1", 5.0, memory=5.0)
+    maintenance(setup, "node-1", "true")
     names = [f"maint-{i}" for i in range(6)]
     for name in names:
         create_pod(setup, name)
@@ -258,7 +284,7 @@ def test_when_every_node_is_hot_a_load_aware_pod_waits_and_failed_scheduling_nam
 ) -> None:
     with_load_aware_scheduler(setup)
     for node in setup.cluster.nodes:
-        set_usage(setup.cluster, node, 90.0)
+        set_usage(setup, node, 90.0)
     create_pod(setup, "nowhere", scheduler=LOAD_AWARE_SCHEDULER_NAME)
     events = wait_for(
         "a FailedScheduling event", lambda: scheduler_events(setup, "nowhere", "FailedScheduling")
@@ -269,7 +295,7 @@ def test_when_every_node_is_hot_a_load_aware_pod_waits_and_failed_scheduling_nam
     assert "Preemption is not helpful for scheduling" in note, note
     assert node_of(setup, "nowhere") is None
     # Once a node cools down, the pod waiting for one is placed there.
-    set_usage(setup.cluster, "node-3", 30.0)
+    set_usage(setup, "node-3", 30.0)
     assert bound(setup, "nowhere", timeout=60.0) == "node-3"
 
 
@@ -280,10 +306,8 @@ def test_when_every_node_is_hot_the_default_scheduler_still_places_pods_on_the_c
     can wait for a cool node (nothing ends the wait: no preemption, no autoscaler). The hot
     nodes pass and the score ranks them; nothing in maintenance is used."""
     for node, cpu in zip(setup.cluster.nodes, (97.0, 91.0, 85.0, 93.0), strict=True):
-        set_usage(setup.cluster, node, cpu, memory=60.0)
-    setup.cluster.rest.patch(
-        "/api/v1/nodes/node-1", {"metadata": {"labels": {MAINTENANCE_LABEL: "true"}}}
-    )
+        set_usage(setup, node, cpu, memory=60.0)
+    maintenance(setup, "node-1", "true")
     names = [f"hot-{i}" for i in range(4)]
     started = time.monotonic()
     for name in names:
@@ -303,7 +327,7 @@ def test_system_critical_and_kube_system_pods_run_even_for_the_load_aware_schedu
 ) -> None:
     with_load_aware_scheduler(setup)
     for node in setup.cluster.nodes:
-        set_usage(setup.cluster, node, 97.0, memory=97.0)
+        set_usage(setup, node, 97.0, memory=97.0)
     create_pod(
         setup,
         "critical",
@@ -322,8 +346,8 @@ def test_system_critical_and_kube_system_pods_run_even_for_the_load_aware_schedu
 @pytest.mark.parametrize("coolest", ["node-2", "node-3"])
 def test_the_score_sends_a_pod_to_the_coolest_node(setup: Setup, coolest: str) -> None:
     for node, cpu in zip(setup.cluster.nodes, (55.0, 60.0, 65.0, 70.0), strict=True):
-        set_usage(setup.cluster, node, cpu, memory=50.0)
-    set_usage(setup.cluster, coolest, 10.0, memory=10.0)
+        set_usage(setup, node, cpu, memory=50.0)
+    set_usage(setup, coolest, 10.0, memory=10.0)
     create_pod(setup, f"cool-{coolest}")
     assert bound(setup, f"cool-{coolest}") == coolest
 
@@ -334,8 +358,8 @@ def test_a_burst_follows_the_score_until_the_estimate_of_its_pods_counts(setup: 
     kubernetes/kubernetes#141781), so a burst lands on the coolest node. The annotator's next
     record counts those pods' requests as estimated usage, and the next pod goes elsewhere."""
     for node in setup.cluster.nodes:
-        set_usage(setup.cluster, node, 50.0, memory=50.0)
-    set_usage(setup.cluster, "node-2", 5.0, memory=5.0)
+        set_usage(setup, node, 50.0, memory=50.0)
+    set_usage(setup, "node-2", 5.0, memory=5.0)
     names = [f"burst-{i}" for i in range(4)]
     for name in names:
         create_pod(setup, name, cpu="1500m")
@@ -351,7 +375,7 @@ def test_a_burst_follows_the_score_until_the_estimate_of_its_pods_counts(setup: 
     guess = estimate(cast(list[Pod], pods), whole, sampled, timedelta(minutes=1), 1.0)
     # 4 x 1500m of 7800m allocatable.
     assert guess.pods == 4 and round(guess.cpu, 1) == 76.9
-    set_usage(setup.cluster, "node-2", 5.0, memory=5.0, guess=guess, at=sampled)
+    set_usage(setup, "node-2", 5.0, memory=5.0, guess=guess, at=sampled)
     create_pod(setup, "after-burst")
     assert bound(setup, "after-burst") != "node-2"
     # A pod of the load-aware scheduler waits rather than go there (one of the default
@@ -373,7 +397,7 @@ def test_a_burst_follows_the_score_until_the_estimate_of_its_pods_counts(setup: 
 def test_a_daemonsets_pod_still_lands_on_a_hot_node(setup: Setup) -> None:
     """The DaemonSet controller pins each of its pods to one node; a hot node keeps its
     daemon (filtered away, it would go without for as long as it stays hot)."""
-    set_usage(setup.cluster, "node-0", 97.0, memory=97.0)
+    set_usage(setup, "node-0", 97.0, memory=97.0)
     rest, ns = setup.cluster.rest, setup.namespace
     rest.post(
         f"/apis/apps/v1/namespaces/{ns}/daemonsets",
@@ -417,8 +441,8 @@ def test_a_pod_for_the_load_aware_profile_is_placed_by_the_second_scheduler_with
     setup: Setup,
 ) -> None:
     with_load_aware_scheduler(setup)
-    set_usage(setup.cluster, "node-0", 95.0)
-    set_usage(setup.cluster, "node-1", 5.0, memory=5.0)
+    set_usage(setup, "node-0", 95.0)
+    set_usage(setup, "node-1", 5.0, memory=5.0)
     before = setup.calls("filter")
     create_pod(setup, "aware", scheduler=LOAD_AWARE_SCHEDULER_NAME)
     assert bound(setup, "aware") == "node-1"
@@ -447,7 +471,7 @@ def test_a_scheduler_without_the_extender_in_its_configuration_places_pods_as_be
         setup.cluster.start_scheduler(
             PLAIN_SCHEDULER, {"profiles": [{"schedulerName": PLAIN_SCHEDULER}]}
         )
-    set_usage(setup.cluster, "node-0", 95.0)
+    set_usage(setup, "node-0", 95.0)
     before = setup.calls("filter"), setup.calls("prioritize")
     create_pod(
         setup,
@@ -465,7 +489,7 @@ def test_a_scheduler_without_the_extender_in_its_configuration_places_pods_as_be
 
 def test_an_extender_that_is_down_never_blocks_scheduling(setup: Setup) -> None:
     for node in setup.cluster.nodes:
-        set_usage(setup.cluster, node, 90.0)
+        set_usage(setup, node, 90.0)
     setup.server.stop()
     try:
         started = time.monotonic()
@@ -475,7 +499,9 @@ def test_an_extender_that_is_down_never_blocks_scheduling(setup: Setup) -> None:
         assert time.monotonic() - started < 30
     finally:
         setup.server.start()
-    # And back up, it filters again (a pod of the load-aware scheduler waits for a cool node).
+    # And back up, once its node cache has listed, it filters again (a pod of the load-aware
+    # scheduler waits for a cool node); until then it steps aside.
+    wait_for("the node cache to list", lambda: node_cache(setup)["ready"])
     with_load_aware_scheduler(setup)
     create_pod(setup, "extender-up", scheduler=LOAD_AWARE_SCHEDULER_NAME)
     wait_for(

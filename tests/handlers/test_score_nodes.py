@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,10 @@ def post(client: flask.testing.FlaskClient, verb: str, body: object) -> Any:
 
 @pytest.fixture
 def client(function_client: ClientFactory) -> flask.testing.FlaskClient:
-    return function_client("score-nodes")
+    # The node cache off: these tests send whole Nodes (nodeCacheCapable: false) or test what
+    # names alone get without a cache; the cache itself is tested against the real API server
+    # (tests/e2e/test_node_cache.py, test_score_nodes.py).
+    return function_client("score-nodes", KN_RESCHEDULER_EXTENDER_NODE_CACHE="false")
 
 
 def node_named(body: dict[str, Any], name: str) -> dict[str, Any]:
@@ -283,6 +288,7 @@ def test_the_thresholds_come_from_the_environment(function_client: ClientFactory
         "score-nodes",
         KN_RESCHEDULER_CPU_THRESHOLD="90",
         KN_RESCHEDULER_MEMORY_THRESHOLD="90",
+        KN_RESCHEDULER_EXTENDER_NODE_CACHE="false",
     )
     answer = post(client, "filter", args(node_0=usage(85), node_1=usage(95))).get_json()
     assert answer["FailedAndUnresolvableNodes"] == {"node-1": "node CPU usage over 90 percent"}
@@ -318,3 +324,65 @@ def test_a_kube_system_pod_passes_hot_nodes_for_the_load_aware_scheduler_too(
     body["Pod"]["metadata"]["namespace"] = "kube-system"
     answer = post(client, "filter", body).get_json()
     assert (answer["NodeNames"], answer["FailedAndUnresolvableNodes"]) == (["node-1", "node-0"], {})
+
+
+@pytest.fixture
+def with_node_cache(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> Iterator[flask.testing.FlaskClient]:
+    """score-nodes with its node cache on, against an API server that refuses every
+    connection; the cache's thread is stopped afterwards."""
+    client = function_client("score-nodes", KUBECONFIG=str(unreachable_kubeconfig))
+    stop = sys.modules["main"].NODE_CACHE_STOP
+    yield client
+    stop.set()
+
+
+def test_names_only_while_the_node_cache_cannot_list_pass_every_node_and_score_them_alike(
+    with_node_cache: flask.testing.FlaskClient,
+) -> None:
+    """The cache is on but the API server refuses every connection (a real refused port): it
+    never lists, so it is not ready, and the extender steps aside instead of deciding on
+    nothing. The scheduler's call is answered at once, not after an API timeout."""
+    client = with_node_cache
+    body = {"Pod": CAPTURED["Pod"], "Nodes": None, "NodeNames": ["node-1", "node-0"]}
+    answer = post(client, "filter", body).get_json()
+    assert answer["NodeNames"] == ["node-1", "node-0"]
+    assert answer["FailedAndUnresolvableNodes"] == {}
+    scores = post(client, "prioritize", body).get_json()
+    assert scores == [{"Host": "node-1", "Score": 5}, {"Host": "node-0", "Score": 5}]
+    cache = client.get("/debug/node-cache").get_json()
+    assert cache == {"enabled": True, "ready": False, "resourceVersion": "", "nodes": {}}
+    text = client.get("/metrics").get_data(as_text=True)
+    ready = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "knr_extender_node_cache_ready"
+    }
+    assert ready == {"knr_extender_node_cache_ready": 0.0}
+
+
+def test_whole_nodes_are_decided_on_as_sent_even_with_the_node_cache_on(
+    with_node_cache: flask.testing.FlaskClient,
+) -> None:
+    """A scheduler still configured with nodeCacheCapable: false gets the same answers."""
+    answer = post(with_node_cache, "filter", args(node_0=usage(92), node_1=usage(20))).get_json()
+    assert answer["FailedAndUnresolvableNodes"] == {"node-0": "node CPU usage over 80 percent"}
+
+
+def test_a_filter_that_fails_nodes_logs_them_by_reason_and_each_node_only_at_debug(
+    client: flask.testing.FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = args(node_0=usage(92), node_1=usage(20))
+    with caplog.at_level("INFO", logger="score-nodes"):
+        post(client, "filter", body)
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("filter:")]
+    assert (line.levelname, line.getMessage()) == ("INFO", "filter: 1 of 2 nodes pass")
+    assert line.reasons == {"cpu-over-threshold": 1, "fits": 1}  # type: ignore[attr-defined]
+    assert not hasattr(line, "failed")
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="score-nodes"):
+        post(client, "filter", body)
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("filter:")]
+    assert line.failed == {"node-0": "node CPU usage over 80 percent"}  # type: ignore[attr-defined]

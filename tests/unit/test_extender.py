@@ -375,10 +375,15 @@ def test_when_no_node_has_usage_every_node_scores_the_same() -> None:
     assert {s.score for s in scores} == {5}
 
 
-def test_nodes_sent_by_name_only_all_pass_and_score_the_same() -> None:
-    result = extender.pass_unknown(["a", "b"])
+@pytest.mark.parametrize("why", [extender.COLD_CACHE, extender.CACHE_OFF])
+def test_nodes_sent_by_name_only_without_a_cache_all_pass_and_score_the_same(
+    why: extender.Unknown,
+) -> None:
+    result = extender.pass_unknown(["a", "b"], why)
     assert result.passed == ("a", "b") and result.failed == {}
-    assert [s.score for s in extender.unknown_nodes(["a", "b"]).scores] == [5, 5]
+    assert {v.reason for v in result.verdicts} == {why.reason}
+    scores = extender.unknown_nodes(["a", "b"], why).scores
+    assert [(s.score, s.reason) for s in scores] == [(5, why.reason), (5, why.reason)]
 
 
 def daemon_pod(controller: bool = True) -> Pod:

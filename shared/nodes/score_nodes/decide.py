@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, cast
@@ -106,6 +106,10 @@ EXCLUDED_NAMESPACE: Final = "excluded-namespace"
 OPTED_OUT_POD: Final = "opted-out-pod"
 # Every node failed on usage for a pod of a scheduler whose pods all pay: passed, ranked by score.
 EVERY_NODE_HOT: Final = "every-node-hot"
+# Names only, and no cache to look them up in: the cache has not listed yet or lost the API
+# server (cold), or it is turned off. Every node passes with the same score.
+NODE_CACHE_COLD: Final = "node-cache-cold"
+NODE_CACHE_OFF: Final = "node-cache-off"
 # The failures that only say "hot": the ones that pass when every node fails.
 USAGE_REASONS: Final = frozenset({CPU_OVER, MEMORY_OVER, CPU_PREDICTED_OVER, MEMORY_PREDICTED_OVER})
 # A node whose usage cannot be trusted passes and scores neutral (the reasons above, for it).
@@ -130,6 +134,12 @@ class Unknown:
 
     reason: str
     detail: str
+
+
+COLD_CACHE: Final = Unknown(
+    NODE_CACHE_COLD, "the node cache has not listed Nodes yet, or lost the API server"
+)
+CACHE_OFF: Final = Unknown(NODE_CACHE_OFF, "no Node object sent and the node cache is off")
 
 
 def _metadata_map(node: Node, key: str) -> dict[str, Any]:
@@ -188,17 +198,69 @@ def _allocatable(cpu: object, memory: object) -> Resources | None:
     return allocatable(cast(Node, {"status": {"allocatable": {"cpu": cpu, "memory": memory}}}))
 
 
-def load_of(node: Node, cfg: Config, now: datetime) -> Load | Unknown:
-    """The node's load from its usage annotation, or why there is none we can use."""
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A Node as the decisions read it, parsed once with one Config: its name, whether it is
+    in maintenance and takes pods, its load (or why there is none), when its usage was
+    sampled, and the answers that do not depend on the pod or the time: the filter's verdict
+    before the pod's own requests are added, and the score. The node cache keeps these, so a
+    call costs a lookup, a freshness check and, for a node that fits, the prediction with the
+    pod's requests: no parse, no formula. Use the views only with the Config they were made
+    with."""
+
+    name: str
+    maintenance: bool
+    takes_pods: bool
+    load: Load | Unknown
+    sampled_at: datetime | None
+    # The annotation as written (GET /debug/node-cache shows it).
+    usage: str | None
+    # The usage is used from fresh_from to fresh_until (usage_stale_after either side of
+    # sampled_at: a record from the future by more than that is a skewed clock).
+    fresh_from: datetime | None
+    fresh_until: datetime | None
+    verdict: FilterVerdict
+    score: NodeScore | None
+
+
+def view_of(node: Node, cfg: Config) -> NodeView:
+    """``node`` parsed for the decisions under ``cfg`` (see NodeView)."""
     raw = _metadata_map(node, "annotations").get(USAGE_ANNOTATION)
+    name, maintenance, takes = node_name(node), in_maintenance(node), takes_pods(node)
+    usage = raw if isinstance(raw, str) else None
+
+    def view(load: Load | Unknown, sampled_at: datetime | None = None) -> NodeView:
+        fresh_from = sampled_at - cfg.usage_stale_after if sampled_at is not None else None
+        fresh_until = sampled_at + cfg.usage_stale_after if sampled_at is not None else None
+        if maintenance:
+            verdict = FilterVerdict(name, False, MAINTENANCE, "node in maintenance")
+        elif isinstance(load, Unknown):
+            verdict = FilterVerdict(name, True, load.reason, load.detail)
+        else:
+            verdict = _usage_verdict(name, load, cfg)
+        score = None
+        if isinstance(load, Load):
+            value = raw_score(load.cpu, load.memory, cfg)
+            score = NodeScore(name, _scaled(value, cfg), SCORED, value)
+        return NodeView(
+            name,
+            maintenance,
+            takes,
+            load,
+            sampled_at,
+            usage,
+            fresh_from,
+            fresh_until,
+            verdict,
+            score,
+        )
+
     if raw is None:
-        return Unknown(NO_USAGE, "no usage record")
+        return view(Unknown(NO_USAGE, "no usage record"))
     # Only a hand-made object carries an annotation that is not a string.
     record = _record(raw) if isinstance(raw, str) else "not a string"
     if isinstance(record, str):
-        return Unknown(UNREADABLE_USAGE, f"unreadable usage record: {record}")
-    if record.is_stale(now, cfg.usage_stale_after):
-        return Unknown(STALE_USAGE, f"usage sampled {record.age(now)} ago")
+        return view(Unknown(UNREADABLE_USAGE, f"unreadable usage record: {record}"))
     status = node.get("status")
     values = status.get("allocatable") if isinstance(status, dict) else None
     cpu, memory = (
@@ -206,8 +268,43 @@ def load_of(node: Node, cfg: Config, now: datetime) -> Load | Unknown:
     )
     whole = _allocatable(cpu, memory) if isinstance(cpu, str) and isinstance(memory, str) else None
     if whole is None:
-        return Unknown(UNREADABLE_ALLOCATABLE, "no usable CPU and memory allocatable")
-    return Load(cpu=record.estimated_cpu, memory=record.estimated_memory, allocatable=whole)
+        return view(
+            Unknown(UNREADABLE_ALLOCATABLE, "no usable CPU and memory allocatable"),
+            record.sampled_at,
+        )
+    return view(
+        Load(cpu=record.estimated_cpu, memory=record.estimated_memory, allocatable=whole),
+        record.sampled_at,
+    )
+
+
+def unlisted(name: str) -> NodeView:
+    """A name the node cache does not hold (a node that registered a moment ago): it stands
+    as an unmeasured node, passing with a neutral score."""
+    load = Unknown(NO_USAGE, "not in the node cache yet")
+    verdict = FilterVerdict(name, True, load.reason, load.detail)
+    return NodeView(name, False, True, load, None, None, None, None, verdict, None)
+
+
+def _stale(view: NodeView, now: datetime) -> Unknown | None:
+    """Why the view's usage is not used at ``now`` (too old, or from the future), or None."""
+    if view.fresh_from is None or view.fresh_until is None or view.sampled_at is None:
+        return None
+    if view.fresh_from <= now <= view.fresh_until:
+        return None
+    return Unknown(STALE_USAGE, f"usage sampled {now - view.sampled_at} ago")
+
+
+def current_load(view: NodeView, now: datetime) -> Load | Unknown:
+    """The view's load at ``now``: a record older than ``usage_stale_after`` (or from the
+    future by more than it) is not used. Stale first, as for a record whose allocatable is
+    unreadable too."""
+    return _stale(view, now) or view.load
+
+
+def load_of(node: Node, cfg: Config, now: datetime) -> Load | Unknown:
+    """The node's load from its usage annotation, or why there is none we can use."""
+    return current_load(view_of(node, cfg), now)
 
 
 # -- filter ---------------------------------------------------------------------------------------
@@ -316,6 +413,11 @@ def waits_for_a_cool_node(pod: Pod) -> bool:
 
 
 def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> FilterResult:
+    """``filter_views`` of the Node objects (a request with whole Nodes)."""
+    return filter_views(pod, [view_of(node, cfg) for node in nodes], cfg, now)
+
+
+def filter_views(pod: Pod, nodes: Sequence[NodeView], cfg: Config, now: datetime) -> FilterResult:
     """Which of ``nodes`` the pod may go to, one verdict per node, in the given order.
 
     An exempt pod (``exemption``) passes everywhere. A DaemonSet's pod, for one: its
@@ -332,7 +434,7 @@ def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) ->
     if exempt is not None:
         return FilterResult(
             verdicts=tuple(
-                FilterVerdict(node_name(n), True, exempt.reason, exempt.message) for n in nodes
+                FilterVerdict(n.name, True, exempt.reason, exempt.message) for n in nodes
             ),
             pod_requests=Resources(),
         )
@@ -353,29 +455,39 @@ def filter_nodes(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) ->
     return FilterResult(verdicts=verdicts, pod_requests=requests)
 
 
-def _filter_one(node: Node, requests: Resources, cfg: Config, now: datetime) -> FilterVerdict:
-    name = node_name(node)
-    if in_maintenance(node):
-        return FilterVerdict(name, False, MAINTENANCE, "node in maintenance")
-    load = load_of(node, cfg, now)
-    if isinstance(load, Unknown):
-        return FilterVerdict(name, True, load.reason, load.detail)
+def _usage_verdict(name: str, load: Load, cfg: Config) -> FilterVerdict:
+    """The verdict on a node's measured load alone (before the pod's own requests)."""
     cpu, memory = load.cpu, load.memory
-
-    def failed(reason: str, message: str) -> FilterVerdict:
-        return FilterVerdict(name, False, reason, message, cpu, memory)
-
     if cpu > cfg.cpu_threshold:
-        return failed(CPU_OVER, f"node CPU usage over {_percent_text(cfg.cpu_threshold)}")
+        message = f"node CPU usage over {_percent_text(cfg.cpu_threshold)}"
+        return FilterVerdict(name, False, CPU_OVER, message, cpu, memory)
     if memory > cfg.memory_threshold:
-        return failed(MEMORY_OVER, f"node memory usage over {_percent_text(cfg.memory_threshold)}")
-    pod_cpu, pod_memory = percent_of(requests, load.allocatable)
-    limit = _percent_text(cfg.predicted_usage_limit)
-    if cpu + pod_cpu > cfg.predicted_usage_limit:
-        return failed(CPU_PREDICTED_OVER, f"node CPU usage with the pod would exceed {limit}")
-    if memory + pod_memory > cfg.predicted_usage_limit:
-        return failed(MEMORY_PREDICTED_OVER, f"node memory usage with the pod would exceed {limit}")
+        message = f"node memory usage over {_percent_text(cfg.memory_threshold)}"
+        return FilterVerdict(name, False, MEMORY_OVER, message, cpu, memory)
     return FilterVerdict(name, True, FITS, "fits", cpu, memory)
+
+
+def _filter_one(node: NodeView, requests: Resources, cfg: Config, now: datetime) -> FilterVerdict:
+    verdict = node.verdict
+    if node.maintenance:
+        return verdict
+    stale = _stale(node, now)
+    if stale is not None:
+        return FilterVerdict(node.name, True, stale.reason, stale.detail)
+    load = node.load
+    if verdict.reason != FITS or not isinstance(load, Load):
+        return verdict
+    pod_cpu, pod_memory = percent_of(requests, load.allocatable)
+    cpu, memory = load.cpu, load.memory
+    if cpu + pod_cpu > cfg.predicted_usage_limit:
+        limit = _percent_text(cfg.predicted_usage_limit)
+        message = f"node CPU usage with the pod would exceed {limit}"
+        return FilterVerdict(node.name, False, CPU_PREDICTED_OVER, message, cpu, memory)
+    if memory + pod_memory > cfg.predicted_usage_limit:
+        limit = _percent_text(cfg.predicted_usage_limit)
+        message = f"node memory usage with the pod would exceed {limit}"
+        return FilterVerdict(node.name, False, MEMORY_PREDICTED_OVER, message, cpu, memory)
+    return verdict
 
 
 # -- prioritize -----------------------------------------------------------------------------------
@@ -416,50 +528,87 @@ def _scaled(raw: float, cfg: Config) -> int:
 
 
 def prioritize(pod: Pod, nodes: Sequence[Node], cfg: Config, now: datetime) -> Priorities:
+    """``prioritize_views`` of the Node objects (a request with whole Nodes)."""
+    return prioritize_views(pod, [view_of(node, cfg) for node in nodes], cfg, now)
+
+
+def prioritize_views(pod: Pod, nodes: Sequence[NodeView], cfg: Config, now: datetime) -> Priorities:
     """A score 0..10 per node, in the given order; unknown usage scores the others' mean.
 
     ``pod`` is not used by the formula (it scores the node, not the placement); it is part of
     the signature because it is part of the request, and a later formula may weigh it.
     """
     del pod
-    known: list[tuple[str, int, float]] = []
+    known: list[NodeScore] = []
     # The scores the neutral one is the mean of: nodes that take pods (``takes_pods``).
     counted: list[int] = []
     unknown: dict[str, str] = {}
-    order: list[str] = []
     for node in nodes:
-        name = node_name(node)
-        order.append(name)
-        load = load_of(node, cfg, now)
-        if isinstance(load, Unknown):
-            unknown[name] = load.reason
-            continue
-        raw = raw_score(load.cpu, load.memory, cfg)
-        known.append((name, _scaled(raw, cfg), raw))
-        if takes_pods(node):
-            counted.append(known[-1][1])
+        stale = _stale(node, now)
+        if stale is not None:
+            unknown[node.name] = stale.reason
+        elif node.score is None:
+            unknown[node.name] = node.load.reason if isinstance(node.load, Unknown) else NO_USAGE
+        else:
+            known.append(node.score)
+            if node.takes_pods:
+                counted.append(node.score.score)
+    if not unknown:
+        return Priorities(scores=tuple(known))
     neutral = (
         math.floor(sum(counted) / len(counted) + 0.5)
         if counted
         else (MIN_PRIORITY + MAX_PRIORITY) // 2
     )
-    by_name = {name: NodeScore(name, score, SCORED, raw) for name, score, raw in known}
+    by_name = {score.node: score for score in known}
     for name, reason in unknown.items():
         by_name[name] = NodeScore(name, neutral, reason)
-    return Priorities(scores=tuple(by_name[name] for name in order))
+    return Priorities(scores=tuple(by_name[node.name] for node in nodes))
 
 
-def pass_unknown(names: Sequence[str]) -> FilterResult:
-    """Nodes sent by name only (nodeCacheCapable: true): nothing to read, so all pass."""
+def pass_unknown(names: Sequence[str], why: Unknown) -> FilterResult:
+    """Nodes sent by name only with no cache to look them up in (NODE_CACHE_COLD or
+    NODE_CACHE_OFF): nothing to read, so all pass."""
     return FilterResult(
-        verdicts=tuple(
-            FilterVerdict(name, True, NO_USAGE, "no Node object sent") for name in names
-        ),
+        verdicts=tuple(FilterVerdict(name, True, why.reason, why.detail) for name in names),
         pod_requests=Resources(),
     )
 
 
-def unknown_nodes(names: Sequence[str]) -> Priorities:
-    """Scores for nodes sent by name only (nodeCacheCapable: true): nothing to read, all equal."""
+def unknown_nodes(names: Sequence[str], why: Unknown) -> Priorities:
+    """Scores for nodes sent by name only with no cache to look them up in: all equal."""
     neutral = (MIN_PRIORITY + MAX_PRIORITY) // 2
-    return Priorities(scores=tuple(NodeScore(name, neutral, NO_USAGE) for name in names))
+    return Priorities(scores=tuple(NodeScore(name, neutral, why.reason) for name in names))
+
+
+# -- the node cache (nodeCacheCapable: true) -------------------------------------------------------
+
+
+def named(
+    names: Sequence[str], lookup: Callable[[str], NodeView | None]
+) -> tuple[tuple[NodeView, ...], int]:
+    """The cached view of each name, in order, and how many names the cache does not hold
+    (each stands ``unlisted``)."""
+    views: list[NodeView] = []
+    missing = 0
+    for name in names:
+        view = lookup(name)
+        if view is None:
+            missing += 1
+            view = unlisted(name)
+        views.append(view)
+    return tuple(views), missing
+
+
+def describe(view: NodeView) -> dict[str, Any]:
+    """A view as JSON, for GET /debug/node-cache."""
+    load = view.load
+    return {
+        "maintenance": view.maintenance,
+        "takesPods": view.takes_pods,
+        "usage": view.usage,
+        "sampledAt": view.sampled_at.isoformat() if view.sampled_at else None,
+        "load": {"cpu": load.cpu, "memory": load.memory}
+        if isinstance(load, Load)
+        else {"unknown": load.reason, "detail": load.detail},
+    }
