@@ -73,13 +73,17 @@ class Cache(Generic[T]):
 
     # -- the loop's side --------------------------------------------------------------------
 
+    def keep(self, obj: JSON) -> tuple[str, T | None]:
+        """The object's name and what the cache keeps of it (None: nothing)."""
+        name = name_of(obj)
+        return name, self._transform(obj) if name else None
+
     def replace(self, items: Iterable[JSON], resource_version: str) -> None:
-        fresh: dict[str, T] = {}
-        for item in items:
-            kept = self._transform(item)
-            name = name_of(item)
-            if kept is not None and name:
-                fresh[name] = kept
+        self.replace_kept([self.keep(item) for item in items], resource_version)
+
+    def replace_kept(self, kept: Iterable[tuple[str, T | None]], resource_version: str) -> None:
+        """Replace everything with a list already passed through ``keep``."""
+        fresh = {name: value for name, value in kept if name and value is not None}
         with self._lock:
             self._objects = fresh
             self._version = resource_version
@@ -135,8 +139,13 @@ class Source(Protocol):
     """The two calls the loop makes (shared.platform.kube.Kube has them)."""
 
     def list_snapshot(
-        self, kind: str, namespace: str | None = None, *, limit: int = 500
-    ) -> tuple[list[JSON], str]: ...
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        keep: Callable[[JSON], Any] | None = None,
+    ) -> tuple[list[Any], str]: ...
 
     def watch(
         self,
@@ -178,8 +187,9 @@ def run(
         try:
             if source is None:
                 source = connect()
-            items, version = source.list_snapshot(kind)
-            cache.replace(items, version)
+            # Kept page by page: a thousand Nodes' JSON is never held at once.
+            items, version = source.list_snapshot(kind, keep=cache.keep)
+            cache.replace_kept(items, version)
             log.info("listed %d %s objects at version %s", len(items), kind, version)
             failures = 0
             while not stop.is_set():

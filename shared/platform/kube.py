@@ -428,20 +428,27 @@ class Kube:
                 return
 
     def list_snapshot(
-        self, kind: str, namespace: str | None = None, *, limit: int = 500
-    ) -> tuple[list[JSON], str]:
-        """Every object and the list's resourceVersion, the point a watch resumes from.
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        keep: Callable[[JSON], Any] | None = None,
+    ) -> tuple[list[Any], str]:
+        """Every object (or what ``keep`` makes of each, page by page: the whole list's JSON
+        is never held at once) and the list's resourceVersion, where a watch resumes.
 
         Paged: the continue token keeps every page at the first page's resourceVersion (the
         API server serves the rest of the list from that snapshot), so the pages form one
         consistent list. A token that expired between pages is a 410, Gone: list again.
         """
-        items: list[JSON] = []
+        items: list[Any] = []
         token: str | None = None
         version = ""
         while True:
             page = self.list_page(kind, namespace, limit=limit, continue_token=token)
-            items.extend(page.get("items") or [])
+            found = page.get("items") or []
+            items.extend(found if keep is None else (keep(item) for item in found))
             metadata = page.get("metadata") or {}
             version = version or str(metadata.get("resourceVersion") or "")
             token = metadata.get("continue")

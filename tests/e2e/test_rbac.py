@@ -462,8 +462,9 @@ def test_each_binding_gives_one_role_to_one_account(manifests: list[Obj]) -> Non
         assert subject["kind"] == "ServiceAccount"
         assert subject["namespace"] == NAMESPACE
         bound.add(subject["name"])
-    # detect-failures and score-nodes are bound to nothing.
+    # detect-failures is bound to nothing (score-nodes only to its node cache's list, watch).
     assert bound == {
+        SCORE,
         "update-annotations",
         "mutate-admission",
         "sweep-failures",

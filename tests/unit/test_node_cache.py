@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -190,8 +190,13 @@ class Scripted:
         return self.steps.pop(0)
 
     def list_snapshot(
-        self, kind: str, namespace: str | None = None, *, limit: int = 500
-    ) -> tuple[list[JSON], str]:
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        keep: Callable[[JSON], Any] | None = None,
+    ) -> tuple[list[Any], str]:
         self.calls.append("list")
         self.seen.append(self.cache.status())
         step = self._next()
@@ -199,7 +204,8 @@ class Scripted:
             raise step
         if not step:
             raise Transient("the script ended")
-        return cast(tuple[list[JSON], str], step)
+        items, version = cast(tuple[list[JSON], str], step)
+        return [keep(item) for item in items] if keep else items, version
 
     def watch(
         self,
