@@ -19,11 +19,13 @@ Only when named with ``--only``:
 
 - ``source-selector``: events and CPU per 1,000 pod changes with 10 % of the pods opted in,
   the ApiServerSource without and with its label selector, side by side.
-- ``extender``: score-nodes' latency per scheduler call (filter, prioritize) with 20, 100 and
-  240 Node objects in the request, p50 and p99, over HTTP to the function as it ships; no
-  cluster.
+- ``extender``: score-nodes' latency per scheduler call (filter, prioritize) with 20, 100, 240
+  and 1,000 nodes, p50 and p99, over HTTP to the function as it ships, side by side: node
+  names looked up in its node cache (a local control plane holding 1,000 Nodes) and whole Node
+  objects in the request.
 - ``throughput``: scheduling throughput (pods/s) of the cluster's scheduler, the second
-  scheduler calling score-nodes and the same without the extender (``bench.throughput``).
+  scheduler calling score-nodes with node names (the shipped configuration) and with whole
+  Node objects, and the same without the extender (``bench.throughput``).
 - ``broker``: event latency through Knative's Broker data plane (ingress hop, adapter to
   subscriber) p50/p99, and what one failing subscriber does to the next event, with the
   channel's ``async-handler`` false and true (``bench.broker``).

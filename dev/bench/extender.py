@@ -1,42 +1,63 @@
-"""score-nodes per-call latency, as kube-scheduler calls it, with 20, 100 and 240 nodes.
+"""score-nodes per-call latency, as kube-scheduler calls it, with 20 to 1,000 nodes in a call,
+in both of the scheduler's ways of calling an extender, side by side in one run.
 
 The function is served as it ships (gunicorn with functions/gunicorn.conf.py, one process, its
 default settings and log level) by stack.functions.FunctionServer; the client posts over one
-kept-alive HTTP connection, as Go's http.Client does. Each request is an ExtenderArgs in the
-exact shape the real kube-scheduler sends with ``nodeCacheCapable: false`` (Go field names,
-whole Node objects; see tests/handlers/extender_args.json, captured from it): the pod it is
-placing, and Node objects as the API server returns them for a kubelet-registered node
-(labels, annotations with the usage record, managedFields, conditions, addresses, nodeInfo and
-the 30 images a kubelet lists), whose usage spreads from 5 % to 95 % so that the filter fails
-some. A filter answer carries the passing Node objects back (the scheduler rebuilds its list
-from them), so its size grows with the request's.
+kept-alive HTTP connection, as Go's http.Client does.
+
+- ``names`` (``nodeCacheCapable: true``, what the shipped configurations say): ExtenderArgs
+  with the pod and ``NodeNames`` only. score-nodes looks them up in its node cache, which lists
+  and watches Nodes from a real API server: a local control plane (one kwok node) to which the
+  bench adds 1,000 Node objects, each shaped as below, before the function starts. The first
+  N of them are named in a request of N nodes. The answers are checked to come from the cached
+  usage (some nodes fail the filter, the scores vary), not from a cold cache passing all.
+- ``objects`` (``nodeCacheCapable: false``): ExtenderArgs in the exact shape the real
+  kube-scheduler sends then (Go field names, whole Node objects; see
+  tests/handlers/extender_args.json, captured from it), node cache off. A filter answer carries
+  the passing Node objects back (the scheduler rebuilds its list from them), so its size grows
+  with the request's.
+
+Nodes are shaped as the API server returns a kubelet-registered node (labels, annotations with
+the usage record, managedFields, conditions, addresses, nodeInfo and the 30 images a kubelet
+lists), whose usage spreads from 5 % to 95 % so that the filter fails some.
 
 Latency is the client's: from sending the request to having parsed the answer, so it includes
 JSON encoding on both sides and the loopback; the first calls (connection, caches) are not
-counted. No cluster is needed.
+counted.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from dev.bench.common import JSON, summary
 from dev.localcluster import addresses
-from dev.stack.functions import FunctionServer
+from dev.localcluster.cluster import Cluster
+from dev.stack.functions import FunctionServer, environment
 from shared.api.keys import USAGE_ANNOTATION
 from shared.api.usage import Estimate, Reading, UsageRecord
 
-SIZES: Final = (20, 100, 240)
+# 420: what kube-scheduler sends from a 1,000-node cluster by default (percentageOfNodesToScore
+# unset: 50 - 1000/125 = 42 percent of the nodes, the feasible ones it found first).
+SIZES: Final = (20, 100, 240, 420, 1000)
+QUICK_SIZES: Final = (20, 240)
 CALLS: Final = 300
 QUICK_CALLS: Final = 15
+# Whole Node objects at 1,000 nodes are a 9 MB request taking the better part of a second:
+# fewer calls there keep the run short; p99 of 60 is the second-highest call.
+OBJECT_CALLS_AT_SCALE: Final = 60
 WARMUP: Final = 10
 VERBS: Final = ("filter", "prioritize")
 # What a kubelet reports in status.images (nodeStatusMaxImages is 50 by default).
@@ -321,31 +342,280 @@ def _calls(
     return latencies, size, answer
 
 
-def measure(workdir: Path, *, quick: bool, log: Callable[[str], None]) -> JSON:
-    calls = QUICK_CALLS if quick else CALLS
-    workdir.mkdir(parents=True, exist_ok=True)
-    server = FunctionServer("score-nodes", workdir).start()
+def names_args(names: list[str]) -> bytes:
+    """ExtenderArgs as kube-scheduler marshals it with nodeCacheCapable true: names only."""
+    body = {"Pod": copy.deepcopy(_POD), "Nodes": None, "NodeNames": names}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def cluster_node(index: int, record: str) -> JSON:
+    """``node_object(index)`` as a client creates it: its own name (beside the cluster's
+    kwok node), without what the API server sets."""
+    node = node_object(index, record)
+    node["metadata"]["name"] = f"bench-node-{index}"
+    for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
+        node["metadata"].pop(key)
+    node["metadata"]["labels"]["kubernetes.io/hostname"] = node["metadata"]["name"]
+    node["status"]["addresses"][1]["address"] = node["metadata"]["name"]
+    return node
+
+
+def _point(
+    session: requests.Session,
+    url: str,
+    body: bytes,
+    calls: int,
+    nodes: int,
+    log: Callable[[str], None],
+    mode: str,
+) -> JSON:
+    point: JSON = {"request_bytes": len(body)}
+    for verb in VERBS:
+        before = _buckets(session, url, verb)
+        latencies, size, answer = _calls(session, url + verb, body, calls)
+        counted = _buckets(session, url, verb)
+        # The function's own time per call (knr_extender_seconds: parse, decide, encode), from
+        # the histogram's buckets: each quantile is the upper bound of the bucket holding it.
+        # The warm-up calls are counted there too.
+        server = {le: counted[le] - before.get(le, 0) for le in counted}
+        result: JSON = {
+            "latency_ms": summary(latencies, 1000.0),
+            "server_ms_at_most": {
+                "p50": _bucket_quantile(server, 0.5),
+                "p99": _bucket_quantile(server, 0.99),
+            },
+            "response_bytes": size,
+        }
+        if verb == "filter":
+            result["passed"] = len(answer["NodeNames"])
+            result["failed"] = len(answer["FailedAndUnresolvableNodes"])
+            if result["passed"] + result["failed"] != nodes or not result["failed"]:
+                raise RuntimeError(f"{mode}, {nodes} nodes: the filter did not judge on usage")
+        else:
+            result["scored"] = len(answer)
+            if len({entry["Score"] for entry in answer}) < 2:
+                raise RuntimeError(f"{mode}, {nodes} nodes: every node scored the same")
+        point[verb] = result
+        lat, own = result["latency_ms"], result["server_ms_at_most"]
+        log(
+            f"extender ({mode}): {nodes} nodes, {verb}: p50 {lat['p50']} ms, p99 {lat['p99']} "
+            f"ms (in the function: p50 <= {own['p50']} ms, p99 <= {own['p99']} ms)"
+        )
+    return point
+
+
+def _buckets(session: requests.Session, url: str, verb: str) -> dict[float, int]:
+    """knr_extender_seconds' cumulative bucket counts for ``verb``, by upper bound (s)."""
+    page = session.get(url + "metrics", timeout=30)
+    page.raise_for_status()
+    counts: dict[float, int] = {}
+    for family in text_string_to_metric_families(page.text):
+        for sample in family.samples:
+            if sample.name == "knr_extender_seconds_bucket" and sample.labels["verb"] == verb:
+                counts[float(sample.labels["le"])] = int(sample.value)
+    return counts
+
+
+def _bucket_quantile(cumulative: dict[float, int], q: float) -> float | None:
+    """The upper bound, in ms, of the bucket holding quantile ``q`` of cumulative counts."""
+    total = cumulative.get(math.inf, 0)
+    if not total:
+        return None
+    for le in sorted(cumulative):
+        if cumulative[le] >= q * total:
+            return None if le == math.inf else round(le * 1000, 2)
+    return None
+
+
+def _wait_for_cache(session: requests.Session, server: FunctionServer, total: int) -> float:
+    started = time.monotonic()
+    while True:
+        cache = session.get(server.url + "debug/node-cache", timeout=30).json()
+        if cache["ready"] and len(cache["nodes"]) >= total:
+            return round(time.monotonic() - started, 2)
+        if time.monotonic() - started > 120:
+            raise TimeoutError("score-nodes' node cache did not list the bench's Nodes")
+        time.sleep(0.2)
+
+
+def _settle(
+    session: requests.Session, server: FunctionServer, total: int, log: Callable[[str], None]
+) -> float:
+    """Waits until the node lifecycle controller has marked every bench Node (no kubelet
+    posts for them): its writes then stop, and the cache holds every Node as it stays."""
+    started = time.monotonic()
+    while True:
+        cache = session.get(server.url + "debug/node-cache", timeout=30).json()
+        marked = sum(
+            1
+            for name, node in cache["nodes"].items()
+            if name.startswith("bench-node-") and not node["takesPods"]
+        )
+        if marked >= total:
+            waited = round(time.monotonic() - started, 1)
+            log(f"extender: the {total} Nodes marked NotReady after {waited} s more")
+            return waited
+        if time.monotonic() - started > 300:
+            raise TimeoutError(f"{marked} of {total} bench Nodes marked NotReady in 300 s")
+        time.sleep(2)
+
+
+def _refresh(
+    cluster: Cluster, session: requests.Session, server: FunctionServer, total: int
+) -> float:
+    started = time.monotonic()
+    now = datetime.now(UTC)
+    with ThreadPoolExecutor(4) as pool:
+        list(
+            pool.map(
+                lambda i: cluster.rest.patch(
+                    f"/api/v1/nodes/bench-node-{i}",
+                    {"metadata": {"annotations": {USAGE_ANNOTATION: usage_record(i, now)}}},
+                ),
+                range(total),
+            )
+        )
+    sampled = now.replace(microsecond=0)
+    while True:
+        cache = session.get(server.url + "debug/node-cache", timeout=30).json()
+        fresh = sum(
+            1
+            for name, node in cache["nodes"].items()
+            if name.startswith("bench-node-")
+            and node["sampledAt"]
+            and datetime.fromisoformat(node["sampledAt"]) >= sampled
+        )
+        if fresh >= total:
+            return round(time.monotonic() - started, 1)
+        if time.monotonic() - started > 120:
+            raise TimeoutError(f"{fresh} of {total} fresh usage records reached the cache")
+        time.sleep(0.5)
+
+
+def _floor(
+    session: requests.Session, server: FunctionServer, calls: int, log: Callable[[str], None]
+) -> JSON:
+    """The round trip with no work: GET /healthz on the same connection, as often."""
+    latencies: list[float] = []
+    for i in range(calls + WARMUP):
+        started = time.perf_counter()
+        session.get(server.url + "healthz", timeout=30).raise_for_status()
+        if i >= WARMUP:
+            latencies.append(time.perf_counter() - started)
+    result = summary(latencies, 1000.0)
+    log(f"extender: GET /healthz p50 {result['p50']} ms, p99 {result['p99']} ms")
+    return {"latency_ms": result}
+
+
+def _both(
+    workdir: Path,
+    sizes: tuple[int, ...],
+    calls: int,
+    log: Callable[[str], None],
+    *,
+    settle: bool = True,
+) -> JSON:
+    """Both modes against one cluster holding ``max(sizes)`` bench Nodes: the same machine
+    load for both (the control plane and both servers run throughout)."""
+    total = max(sizes)
+    # kwok keeps only its own node: the bench's Nodes get no heartbeats, so once the node
+    # lifecycle controller has marked them (NotReady: they then only leave the neutral score's
+    # mean) the control plane is idle and the two cores measure the extender, not the API
+    # server serving a thousand kubelets' status updates.
+    cluster = Cluster(
+        workdir / "cluster",
+        nodes=1,
+        quiet=True,
+        prometheus=False,
+        keep_workdir=True,
+        kwok_manages_all=False,
+    )
+    servers: list[FunctionServer] = []
     session = requests.Session()
     session.trust_env = False
-    out: JSON = {"calls_per_point": calls, "warmup_calls": WARMUP, "images_per_node": IMAGES}
+    out: JSON = {"names": {}, "objects": {}}
     try:
-        for nodes in SIZES:
+        cluster.start()
+        started = time.monotonic()
+        now = datetime.now(UTC)
+        with ThreadPoolExecutor(4) as pool:
+            list(
+                pool.map(
+                    lambda i: cluster.rest.post(
+                        "/api/v1/nodes", cluster_node(i, usage_record(i, now))
+                    ),
+                    range(total),
+                )
+            )
+        log(f"extender: {total} Nodes created in {time.monotonic() - started:.1f} s")
+        env = environment(cluster.kubeconfig, KN_RESCHEDULER_LOG_LEVEL="WARNING")
+        with_cache = FunctionServer("score-nodes", workdir / "names", env=env).start()
+        servers.append(with_cache)
+        without = FunctionServer(
+            "score-nodes",
+            workdir / "objects",
+            env={**env, "KN_RESCHEDULER_EXTENDER_NODE_CACHE": "false"},
+        ).start()
+        servers.append(without)
+        out["names"]["cache_listed_s"] = _wait_for_cache(session, with_cache, total)
+        if settle:
+            out["names"]["settled_s"] = _settle(session, with_cache, total, log)
+            # Fresh records now (those written at creation may have aged past
+            # usage_stale_after while the Nodes settled), in the cache before the first call.
+            out["names"]["refreshed_s"] = _refresh(cluster, session, with_cache, total)
+        out["floor"] = _floor(session, with_cache, calls, log)
+        out["names"]["rss_mb"] = _rss_mb(with_cache)
+        out["objects"]["rss_mb"] = _rss_mb(without)
+        names = [f"bench-node-{i}" for i in range(total)]
+        # Names first, every size (seconds in all, well within usage_stale_after of the
+        # records written above), then whole objects.
+        for nodes in sizes:
+            out["names"][str(nodes)] = _point(
+                session, with_cache.url, names_args(names[:nodes]), calls, nodes, log, "names"
+            )
+        for nodes in sizes:
             # Fresh usage for each size: records older than usage_stale_after are not used.
             body = extender_args(nodes, datetime.now(UTC))
-            point: JSON = {"request_bytes": len(body)}
-            for verb in VERBS:
-                latencies, size, answer = _calls(session, server.url + verb, body, calls)
-                result: JSON = {"latency_ms": summary(latencies, 1000.0), "response_bytes": size}
-                if verb == "filter":
-                    result["passed"] = len(answer["NodeNames"])
-                    result["failed"] = len(answer["FailedAndUnresolvableNodes"])
-                else:
-                    result["scored"] = len(answer)
-                point[verb] = result
-                lat = result["latency_ms"]
-                log(f"extender: {nodes} nodes, {verb}: p50 {lat['p50']} ms, p99 {lat['p99']} ms")
-            out[str(nodes)] = point
+            n = min(calls, OBJECT_CALLS_AT_SCALE) if nodes > 240 else calls
+            point = _point(session, without.url, body, n, nodes, log, "objects")
+            out["objects"][str(nodes)] = {**point, "calls": n}
+        # The cache's own memory after the calls, beside the process without one.
+        out["names"]["rss_mb_after"] = _rss_mb(with_cache)
+        out["objects"]["rss_mb_after"] = _rss_mb(without)
     finally:
         session.close()
-        server.stop()
+        for server in servers:
+            server.stop()
+        cluster.stop()
+    return out
+
+
+def _rss_mb(server: FunctionServer) -> float | None:
+    """The function's resident memory: every process of its group (gunicorn's arbiter and
+    its worker), from /proc."""
+    if server.proc is None:
+        return None
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != server.proc.pid:
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return round(total / 1024, 1)
+
+
+def measure(workdir: Path, *, quick: bool, log: Callable[[str], None]) -> JSON:
+    calls = QUICK_CALLS if quick else CALLS
+    sizes = QUICK_SIZES if quick else SIZES
+    workdir.mkdir(parents=True, exist_ok=True)
+    out: JSON = {"calls_per_point": calls, "warmup_calls": WARMUP, "images_per_node": IMAGES}
+    # The quick run does not wait for the Nodes to settle (minutes): its figures are noisier.
+    out.update(_both(workdir, sizes, calls, log, settle=not quick))
     return out

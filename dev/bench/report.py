@@ -359,11 +359,12 @@ def load_section(load: JSON) -> list[str]:
 
 
 # bench.throughput's systems, in the header's order: the extender's column beside its baseline.
-THROUGHPUT_COLUMNS = ("default", "second-no-extender", "extender")
+THROUGHPUT_COLUMNS = ("default", "second-no-extender", "extender", "extender-objects")
 THROUGHPUT_HEADER = [
     "| clientConnection (qps / burst) | default scheduler | second, no extender "
-    "| second + score-nodes | extender / second | extender / default |",
-    "|---|---|---|---|---|---|",
+    "| second + score-nodes (names, node cache) | second + score-nodes (whole Nodes) "
+    "| names / second | whole Nodes / second | names / default |",
+    "|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -373,7 +374,7 @@ def throughput_section(measured: JSON) -> list[str]:
         f"Scheduling throughput (`dev/bench/throughput.py`): {measured['nodes']} nodes, batches of "
         f"{measured['pods_per_round']} bare pods created at once, median pods/s from the first "
         f"create until all are bound over {measured['rounds']} rounds (after "
-        f"{measured['warmup_rounds']} not counted); the same clientConnection for all three "
+        f"{measured['warmup_rounds']} not counted); the same clientConnection for the "
         "schedulers in a row.",
         "",
         *THROUGHPUT_HEADER,
@@ -382,8 +383,9 @@ def throughput_section(measured: JSON) -> list[str]:
         client = setting["client_connection"]
         cells = [
             f"{name} ({client['qps']} / {client['burst']})",
-            *(_f(setting[s]["median_pods_per_s"], 1) for s in THROUGHPUT_COLUMNS),
+            *(_f((setting.get(s) or {}).get("median_pods_per_s"), 1) for s in THROUGHPUT_COLUMNS),
             _f(setting["ratio_extender_to_second_no_extender"], 2),
+            _f(setting.get("ratio_extender_objects_to_second_no_extender"), 2),
             _f(setting["ratio_extender_to_default"], 2),
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -8,14 +8,22 @@ from. score-nodes is served as it ships (stack.functions.FunctionServer). Each r
 batch of bare pods with small requests, as fast as the API server accepts them (a few client
 threads), and times from the first create until every pod of the batch has a node
 (``spec.nodeName``, read by polling the namespace); then the pods are deleted and the next round
-starts. Three schedulers, one after the other in the same run:
+starts. Four schedulers, one after the other in the same run:
 
 - ``default``: the cluster's own kube-scheduler, no extender;
 - ``extender``: a second kube-scheduler with the shipped configuration
-  (``stack.up.load_aware_scheduler_config``) calling score-nodes; the pods name
+  (``stack.up.load_aware_scheduler_config``: ``nodeCacheCapable: true``, node names only,
+  which score-nodes looks up in its node cache) calling score-nodes; the pods name
   ``schedulerName: kn-rescheduler-load-aware``;
+- ``extender-objects``: the same with ``nodeCacheCapable: false`` (whole Node objects in every
+  call, as shipped before the node cache), for the comparison in the same run;
 - ``second-no-extender``: that same configuration with its ``extenders`` removed, so that
   ``extender`` against it isolates the extender's cost from "a second scheduler process".
+
+score-nodes' decisions during each system's rounds are read from its metrics, by reason: with
+the node cache they must be ``fits`` and ``scored`` (decided on the cached usage), not
+``no-usage`` (a cold cache passing everything, which would make a do-nothing extender look
+fast).
 
 kube-scheduler's API client is rate limited (``clientConnection.qps`` and ``burst``; 50 and 100
 when unset, pkg/scheduler/apis/config/v1 defaults), and every pod costs it at least one call
@@ -49,7 +57,7 @@ from dev.stack.up import load_aware_scheduler_config
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, USAGE_ANNOTATION
 from shared.api.usage import Estimate, Reading, UsageRecord
 
-SYSTEMS: Final = ("default", "extender", "second-no-extender")
+SYSTEMS: Final = ("default", "extender", "extender-objects", "second-no-extender")
 # clientConnection per setting: kube-scheduler's defaults, written out, and limits no batch
 # here reaches (the scheduling cycle bounds throughput then).
 CLIENTS: Final[Mapping[str, Mapping[str, int]]] = {
@@ -117,13 +125,17 @@ def pod(name: str, scheduler: str | None) -> JSON:
 
 
 def second_scheduler_config(
-    extender_url: str, client: Mapping[str, int], *, extender: bool
+    extender_url: str, client: Mapping[str, int], *, extender: bool, node_cache: bool = True
 ) -> dict[str, Any]:
     """The shipped second scheduler's configuration with ``client`` as its clientConnection
-    limits; without its extenders when ``extender`` is false (nothing else changes)."""
+    limits; without its extenders when ``extender`` is false, with whole Node objects in each
+    call when ``node_cache`` is false (nothing else changes)."""
     config = load_aware_scheduler_config(extender_url)
     if not extender:
         config.pop("extenders", None)
+    elif not node_cache:
+        for entry in config["extenders"]:
+            entry["nodeCacheCapable"] = False
     config["clientConnection"] = dict(client)
     return config
 
@@ -147,6 +159,17 @@ def extender_calls(exposition: str) -> dict[str, int]:
     return calls
 
 
+def extender_decisions(exposition: str) -> dict[str, int]:
+    """score-nodes' node decisions so far, per verb and reason ("filter/fits", ...)."""
+    decisions: dict[str, int] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == "knr_extender_node_decisions_total":
+                key = f"{sample.labels['verb']}/{sample.labels['reason']}"
+                decisions[key] = decisions.get(key, 0) + int(sample.value)
+    return decisions
+
+
 def summarise(rounds: Mapping[str, Sequence[float]]) -> JSON:
     """Per system: the median pods/s over its rounds and every round's; the ratios that answer
     the question (the extender against the same second scheduler without it, and against the
@@ -159,6 +182,9 @@ def summarise(rounds: Mapping[str, Sequence[float]]) -> JSON:
         medians.get("extender"), medians.get("second-no-extender")
     )
     out["ratio_extender_to_default"] = ratio(medians.get("extender"), medians.get("default"))
+    out["ratio_extender_objects_to_second_no_extender"] = ratio(
+        medians.get("extender-objects"), medians.get("second-no-extender")
+    )
     return out
 
 
@@ -249,13 +275,15 @@ def _one_setting(client_name: str, sizes: Sizes, workdir: Path, log: Callable[[s
         rounds: dict[str, list[float]] = {}
         calls: dict[str, dict[str, int]] = {}
 
-        def read_calls() -> dict[str, int]:
+        def read_metrics() -> str:
             assert server is not None
             with requests.Session() as session:
                 session.trust_env = False  # no proxy between us and the loopback
                 page = session.get(server.url + "metrics", timeout=5)
                 page.raise_for_status()
-                return extender_calls(page.text)
+                return page.text
+
+        decisions: dict[str, dict[str, int]] = {}
 
         for system in SYSTEMS:
             proc = None
@@ -265,18 +293,25 @@ def _one_setting(client_name: str, sizes: Sizes, workdir: Path, log: Callable[[s
                 proc = cluster.start_scheduler(
                     f"throughput-{system}",
                     second_scheduler_config(
-                        f"http://127.0.0.1:{port}", client, extender=system == "extender"
+                        f"http://127.0.0.1:{port}",
+                        client,
+                        extender=system.startswith("extender"),
+                        node_cache=system != "extender-objects",
                     ),
                 )
             try:
                 # A first batch warms the scheduler's informers and the function up; not counted.
                 batch.run(scheduler)
-                before = read_calls()
+                before = read_metrics()
                 rounds[system] = [batch.run(scheduler) for _ in range(sizes.rounds)]
-                after = read_calls()
+                after = read_metrics()
                 calls[system] = {
-                    verb: after.get(verb, 0) - before.get(verb, 0)
+                    verb: extender_calls(after).get(verb, 0) - extender_calls(before).get(verb, 0)
                     for verb in ("filter", "prioritize")
+                }
+                was, now = extender_decisions(before), extender_decisions(after)
+                decisions[system] = {
+                    key: now[key] - was.get(key, 0) for key in now if now[key] > was.get(key, 0)
                 }
             finally:
                 if proc is not None:
@@ -288,6 +323,8 @@ def _one_setting(client_name: str, sizes: Sizes, workdir: Path, log: Callable[[s
         out["client_connection"] = dict(client)
         # score-nodes' answered calls during each scheduler's counted rounds.
         out["extender_calls"] = calls
+        # ... and their node decisions by reason (from the cache, not a cold pass-through).
+        out["extender_decisions"] = decisions
         return out
     finally:
         if server is not None:

@@ -132,6 +132,7 @@ class Cluster:
         metrics_server: bool = False,
         scheduler_config: Mapping[str, Any] | None = None,
         real_nodes: int = 0,
+        kwok_manages_all: bool = True,
     ) -> None:
         if nodes < 0 or real_nodes < 0 or nodes + real_nodes < 1:
             raise ValueError("a cluster needs at least one node")
@@ -175,6 +176,9 @@ class Cluster:
         self.node_exporter: NodeExporter | None = None
         # metrics-server and what surrounds it (None with metrics_server=False).
         self.with_metrics_server = metrics_server
+        # False: kwok keeps only the nodes the cluster registered (annotated), and Node objects
+        # a caller creates stay unmanaged: no heartbeats (the extender bench's 1,000 Nodes).
+        self.kwok_manages_all = kwok_manages_all
         self.metrics_server: metricsserver.MetricsServerStack | None = None
         self._metrics_server_bin = ""
         # A KubeSchedulerConfiguration for the cluster's kube-scheduler (see _scheduler_argv).
@@ -711,7 +715,7 @@ class Cluster:
                 # Only the nodes it registered: real nodes have kubelets of their own.
                 *(
                     ["--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake"]
-                    if self.real_nodes
+                    if self.real_nodes or not self.kwok_manages_all
                     else ["--manage-all-nodes=true"]
                 ),
                 f"--server-address=127.0.0.1:{ports.kwok}",

@@ -1,7 +1,8 @@
 """The throughput part (``python -m dev.bench --quick --only throughput``) end to end: each
-scheduler bound every batch, the extender's scheduler called score-nodes for every pod and the
-other two never did, all under the one clientConnection. Asserts numbers exist, never that they
-are fast: CI machines are shared and the quick sizes are tiny."""
+scheduler bound every batch, the extender's schedulers (node names, whole Nodes) called
+score-nodes for every pod and the other two never did, all under the one clientConnection, and
+with names every node was judged from score-nodes' node cache. Asserts numbers exist, never that
+they are fast: CI machines are shared and the quick sizes are tiny."""
 
 from __future__ import annotations
 
@@ -54,9 +55,16 @@ def test_each_scheduler_binds_every_batch_and_only_the_second_calls_the_extender
             assert len(rates) == QUICK_SIZES.rounds
             assert all(math.isfinite(r) and r > 0 for r in rates)
         calls = setting["extender_calls"]
-        # One filter call per pod (and a prioritize per pod with several feasible nodes).
-        assert calls["extender"]["filter"] >= counted
-        assert calls["extender"]["prioritize"] >= counted
+        # One filter call per pod (and a prioritize per pod with several feasible nodes), with
+        # node names (the shipped configuration) and with whole Nodes.
+        for system in ("extender", "extender-objects"):
+            assert calls[system]["filter"] >= counted, system
+            assert calls[system]["prioritize"] >= counted, system
+        # With names, every node was judged on its usage from the node cache: none passed
+        # for want of it (node-cache-cold), none unmeasured.
+        decided = setting["extender_decisions"]["extender"]
+        assert decided.get("filter/fits", 0) >= counted * QUICK_SIZES.nodes
+        assert not {k for k in decided if k.endswith(("node-cache-cold", "no-usage"))}
         assert calls["default"] == {"filter": 0, "prioritize": 0}
         assert calls["second-no-extender"] == {"filter": 0, "prioritize": 0}
         assert setting["ratio_extender_to_second_no_extender"] > 0

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from dev.bench.__main__ import main
-from dev.bench.extender import SIZES, extender_args
+from dev.bench.extender import SIZES, cluster_node, extender_args, names_args, usage_record
 from shared.nodes.score_nodes import decide as extender
 from shared.nodes.score_nodes.handler import parse_args
 from shared.platform.config import Config
@@ -42,3 +42,17 @@ def test_the_extender_part_is_named_with_only(capsys: pytest.CaptureFixture[str]
     error = capsys.readouterr().err
     assert "--systems needs --only recovery" in error
     assert "invalid choice" not in error
+
+
+def test_names_mode_sends_names_only_and_creates_nodes_the_api_server_accepts_as_new() -> None:
+    args = parse_args(names_args(["bench-node-0", "bench-node-1"]))
+    assert args.nodes is None and args.names == ("bench-node-0", "bench-node-1")
+    node = cluster_node(7, usage_record(7, NOW))
+    assert node["metadata"]["name"] == "bench-node-7"
+    # What the API server sets, or refuses to take from a client on create.
+    assert not {"uid", "resourceVersion", "creationTimestamp", "managedFields"} & set(
+        node["metadata"]
+    )
+    # ... and the cache's view of it is judged on its usage.
+    view = extender.view_of(node, Config())  # type: ignore[arg-type]
+    assert isinstance(view.load, extender.Load) and view.score is not None

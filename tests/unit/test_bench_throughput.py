@@ -19,6 +19,7 @@ from dev.bench.throughput import (
     FULL_SIZES,
     QUICK_SIZES,
     extender_calls,
+    extender_decisions,
     pod,
     pods_per_second,
     second_scheduler_config,
@@ -74,6 +75,29 @@ def test_the_second_scheduler_without_the_extender_differs_only_by_its_extenders
     assert [p["schedulerName"] for p in without["profiles"]] == [LOAD_AWARE_SCHEDULER_NAME]
 
 
+def test_whole_nodes_differ_from_the_shipped_configuration_by_node_cache_capable_only() -> None:
+    client = CLIENTS["defaults"]
+    names = second_scheduler_config(URL, client, extender=True)
+    objects = second_scheduler_config(URL, client, extender=True, node_cache=False)
+    assert names["extenders"][0]["nodeCacheCapable"] is True
+    assert objects["extenders"][0]["nodeCacheCapable"] is False
+    objects["extenders"][0]["nodeCacheCapable"] = True
+    assert objects == names
+
+
+def test_the_extenders_decisions_are_read_by_verb_and_reason() -> None:
+    exposition = (
+        'knr_extender_node_decisions_total{verb="filter",reason="fits"} 40.0\n'
+        'knr_extender_node_decisions_total{verb="filter",reason="cpu-over-threshold"} 2.0\n'
+        'knr_extender_node_decisions_total{verb="prioritize",reason="scored"} 40.0\n'
+    )
+    assert extender_decisions(exposition) == {
+        "filter/fits": 40,
+        "filter/cpu-over-threshold": 2,
+        "prioritize/scored": 40,
+    }
+
+
 @pytest.mark.parametrize(
     ("scheduler", "expected"),
     [(None, None), (LOAD_AWARE_SCHEDULER_NAME, LOAD_AWARE_SCHEDULER_NAME)],
@@ -119,7 +143,14 @@ def test_the_summary_is_the_median_per_scheduler_and_the_ratios() -> None:
 
 
 def test_the_table_has_a_row_per_client_setting_in_the_schedulers_order(tmp_path: Path) -> None:
-    setting = summarise({"default": [110.0], "extender": [55.0], "second-no-extender": [100.0]})
+    setting = summarise(
+        {
+            "default": [110.0],
+            "extender": [95.0],
+            "extender-objects": [30.0],
+            "second-no-extender": [100.0],
+        }
+    )
     setting["client_connection"] = {"qps": 50, "burst": 100}
     measured = {
         "nodes": 20,
@@ -129,7 +160,7 @@ def test_the_table_has_a_row_per_client_setting_in_the_schedulers_order(tmp_path
         "settings": {"defaults": setting},
     }
     lines = report.throughput_section(measured)
-    assert "| defaults (50 / 100) | 110.0 | 100.0 | 55.0 | 0.55 | 0.50 |" in lines
+    assert "| defaults (50 / 100) | 110.0 | 100.0 | 95.0 | 30.0 | 0.95 | 0.30 | 0.86 |" in lines
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"measurements": {"throughput": measured}}))
     assert report.main(["--throughput", str(path)]) == 0
