@@ -177,8 +177,11 @@ def check_load(load: dict[str, Any]) -> None:
     assert load["usage_loop_errors"] == 0
 
 
-def test_the_extender_part_measures_every_size_and_verb(tmp_path: Path) -> None:
-    # Named with --only (it is not part of the full suite): its own quick run, no cluster.
+def test_the_extender_part_measures_both_ways_of_calling_at_every_size(tmp_path: Path) -> None:
+    """Named with --only (it is not part of the full suite): its own quick run, on a small
+    control plane holding the bench's Nodes. Node names looked up in score-nodes' node cache
+    and whole Node objects; in both every node is judged on its usage (the bench itself
+    refuses a point where the filter failed none or every score was the same)."""
     run = subprocess.run(
         [
             sys.executable,
@@ -193,7 +196,7 @@ def test_the_extender_part_measures_every_size_and_verb(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=360,
         check=False,
     )
     assert run.returncode == 0, run.stderr[-4000:]
@@ -201,16 +204,25 @@ def test_the_extender_part_measures_every_size_and_verb(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert data["errors"] == {}
     measured = data["measurements"]["extender"]
-    for nodes in ("20", "100", "240"):
-        point = measured[nodes]
-        assert positive(point["request_bytes"])
-        assert point["filter"]["passed"] + point["filter"]["failed"] == int(nodes)
-        assert 0 < point["filter"]["failed"] < int(nodes)
-        assert point["prioritize"]["scored"] == int(nodes)
-        for verb in ("filter", "prioritize"):
-            latency = point[verb]["latency_ms"]
-            assert latency["n"] == measured["calls_per_point"]
-            assert positive(latency["p50"]) and latency["p99"] >= latency["p50"]
+    assert measured["names"]["cache_listed_s"] >= 0
+    assert positive(measured["floor"]["latency_ms"]["p50"])
+    for mode in ("names", "objects"):
+        for nodes in ("20", "240"):
+            point = measured[mode][nodes]
+            assert positive(point["request_bytes"])
+            assert point["filter"]["passed"] + point["filter"]["failed"] == int(nodes)
+            assert 0 < point["filter"]["failed"] < int(nodes)
+            assert point["prioritize"]["scored"] == int(nodes)
+            for verb in ("filter", "prioritize"):
+                latency = point[verb]["latency_ms"]
+                assert latency["n"] == measured["calls_per_point"]
+                assert positive(latency["p50"]) and latency["p99"] >= latency["p50"]
+                assert positive(point[verb]["server_ms_at_most"]["p99"]), (mode, nodes, verb)
+    # Names only: the request does not grow with what a Node holds.
+    assert (
+        measured["names"]["240"]["request_bytes"] * 10
+        < (measured["objects"]["240"]["request_bytes"])
+    )
 
 
 def test_the_broker_part_shows_a_failing_subscriber_stalling_the_next_event_only_when_sync(
