@@ -12,7 +12,7 @@ the scheduler sends node names only, and the function looks them up in its node 
 and WATCH of Nodes it keeps in a background thread (shared.platform.informer; only the fields
 the decisions read). Measured in dev/bench/RESULTS.md: with whole Node objects in every
 request (``nodeCacheCapable: false``, still answered), parsing and encoding them was most of
-the time of a call and the scheduler's throughput fell to a third. While the cache has not
+the time of a call and the scheduler's throughput fell to a quarter. While the cache has not
 listed yet, or has lost the API server for longer than ``usage_stale_after``, every named node
 passes with a neutral score: the extender steps aside, it never blocks. A name the cache does
 not hold (a node that registered a moment ago) passes with a neutral score.
@@ -67,16 +67,6 @@ CONFIG = Config.from_env(os.environ)
 log.info("configuration", extra={"config": describe(CONFIG)})
 
 VERBS = ("filter", "prioritize")
-# The filter's reasons for failing a node (every other reason passes it).
-FAILING = frozenset(
-    {
-        extender.MAINTENANCE,
-        extender.CPU_OVER,
-        extender.MEMORY_OVER,
-        extender.CPU_PREDICTED_OVER,
-        extender.MEMORY_PREDICTED_OVER,
-    }
-)
 
 
 # The node cache: listed and watched from start-up, so that it is warm before the scheduler's
@@ -89,17 +79,14 @@ def _keep(obj: JSON) -> extender.NodeView:
 
 NODES = informer.Cache(_keep, max_outage=CONFIG.usage_stale_after.total_seconds())
 # Set to stop the cache's thread (tests that load this module more than once).
-NODE_CACHE_STOP = (
-    informer.start(
+NODE_CACHE_STOP = None
+if CONFIG.extender_node_cache:
+    _, NODE_CACHE_STOP = informer.start(
         lambda: Kube.from_environment(timeout=CONFIG.api_timeout_seconds),
         "Node",
         NODES,
         name="node-cache",
-    )[1]
-    if CONFIG.extender_node_cache
-    else None
-)
-if CONFIG.extender_node_cache:
+    )
     # Read at each scrape, whether or not the scheduler calls.
     CACHE_READY.set_function(lambda: 1.0 if NODES.ready(time.monotonic()) else 0.0)
     CACHE_NODES.set_function(lambda: float(NODES.status().objects))
@@ -158,7 +145,7 @@ def _answer(verb: str, body: bytes) -> flask.Response:
             NODE_DECISIONS.labels(verb=verb, reason=reason).inc(count)
         response = _json(filter_response(args, result))
         every_node_hot = extender.EVERY_NODE_HOT in reasons
-        passed = sum(count for reason, count in reasons.items() if reason not in FAILING)
+        passed = sum(1 for verdict in result.verdicts if verdict.passed)
         level = (
             logging.WARNING
             if every_node_hot

@@ -1,10 +1,13 @@
 """The scheduler extender's decisions: which nodes a pod may go to, and which it should prefer.
 
 kube-scheduler runs its own filters and scores first, then POSTs the pod and the nodes that are
-left to score-nodes (``filter``, then ``prioritize``). Both answers come from the Node objects
-in that request alone: their usage annotation (written by annotate-usage), their allocatable,
-their maintenance label. No API call, no Prometheus, no state: the same request gets the same
-answer from any replica.
+left to score-nodes (``filter``, then ``prioritize``). Both answers come from those Nodes alone,
+sent whole or named and looked up in the function's node cache: their usage annotation
+(written by annotate-usage), their allocatable, their maintenance label. Each Node is parsed
+once into a ``NodeView`` holding what depends on neither the pod nor the time (the verdict
+before the pod's requests, the score), so a call costs a lookup and a few comparisons per node.
+No API call and no Prometheus on the request path: the same Nodes give the same answer in any
+replica.
 
 Filter. A node fails when its usage is over ``cpu_threshold`` / ``memory_threshold``, when it
 is labelled for maintenance, or when its usage plus the pod's requests (percent of allocatable)
