@@ -180,10 +180,16 @@ def run(
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """List and watch ``kind`` into ``cache`` until ``stop`` is set. ``connect`` builds the
-    API connection (retried like any failure: credentials that are not there yet)."""
+    API connection (retried like any failure: credentials that are not there yet).
+
+    The back-off resets only once a watch has worked (delivered an event or lasted until the
+    API server ended it), not after a list: a watch refused at once (RBAC granting list but
+    not watch, a proxy cutting long requests) would otherwise make a LIST of every object
+    twice a second, forever."""
     failures = 0
     source: Source | None = None
     while not stop.is_set():
+        watched = False
         try:
             if source is None:
                 source = connect()
@@ -191,20 +197,25 @@ def run(
             items, version = source.list_snapshot(kind, keep=cache.keep)
             cache.replace_kept(items, version)
             log.info("listed %d %s objects at version %s", len(items), kind, version)
-            failures = 0
             while not stop.is_set():
                 for event in source.watch(
                     kind, resource_version=version, timeout_seconds=watch_seconds
                 ):
                     cache.apply(event)
                     version = event.resource_version or version
+                    watched, failures = True, 0
                     if stop.is_set():
                         return
+                # The API server ended the watch: it worked.
+                watched, failures = True, 0
         except Gone as err:
-            # Not a failure: the watch fell behind what the API server keeps. List again, after
-            # a short pause so that an API server answering 410 to everything is not hammered.
-            log.info("%s watch expired, listing again: %s", kind, err)
-            stop.wait(MIN_BACKOFF * random.random())
+            # The watch fell behind what the API server keeps: list again. Not a failure after
+            # a watch that worked; straight after a list it is one (backed off like any other).
+            if watched:
+                log.info("%s watch expired, listing again: %s", kind, err)
+                continue
+            failures += 1
+            stop.wait(backoff(failures))
         # Anything at all: the loop must outlive every failure (a bad kubeconfig included).
         except Exception as err:
             failures += 1

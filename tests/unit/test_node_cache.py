@@ -226,10 +226,24 @@ class Scripted:
             yield item
 
 
-def run(steps: list[Any], nodes: informer.Cache[extender.NodeView]) -> Scripted:
+def run(
+    steps: list[Any],
+    nodes: informer.Cache[extender.NodeView],
+    waits: list[int] | None = None,
+) -> Scripted:
+    """The loop over ``steps``; ``waits`` collects the failure count of each back-off (the
+    back-off itself is not waited)."""
     stop = threading.Event()
     source = Scripted(steps, stop, nodes)
-    informer.run(lambda: source, "Node", nodes, stop, clock=lambda: 50.0)
+    with pytest.MonkeyPatch.context() as patch:
+        if waits is not None:
+
+            def count(failures: int) -> float:
+                waits.append(failures)
+                return 0.0
+
+            patch.setattr(informer, "backoff", count)
+        informer.run(lambda: source, "Node", nodes, stop, clock=lambda: 50.0)
     return source
 
 
@@ -248,19 +262,45 @@ def test_the_loop_resumes_each_watch_from_the_last_version_it_saw() -> None:
     assert set(nodes.snapshot()) == {"node-0", "node-1"}
 
 
-def test_an_expired_version_lists_again_without_counting_as_a_failure() -> None:
+def test_an_expired_version_after_a_working_watch_lists_again_at_once() -> None:
     nodes = cache()
+    waits: list[int] = []
     source = run(
         [
             ([kubelet_node("node-0")], "100"),
-            Gone("WATCH /api/v1/nodes: 410 Expired: too old resource version", 410, "Expired"),
+            [
+                event("MODIFIED", kubelet_node("node-0"), "150"),
+                Gone("WATCH /api/v1/nodes: 410 Expired: too old resource version", 410, "Expired"),
+            ],
             ([kubelet_node("node-1")], "900"),
         ],
         nodes,
+        waits,
     )
     assert source.calls[:4] == ["list", "watch@100", "list", "watch@900"]
     assert set(nodes.snapshot()) == {"node-1"}
     assert nodes.status().failing_since is None
+    assert waits == []
+
+
+def test_a_watch_refused_right_after_each_list_backs_off_longer_each_time() -> None:
+    """RBAC granting list but not watch, or a proxy cutting long requests: the lists work,
+    every watch fails at once. The back-off must grow, not restart after each good list (a
+    LIST of every Node twice a second, forever)."""
+    refused = Transient("WATCH /api/v1/nodes: 403 Forbidden")
+    waits: list[int] = []
+    steps: list[Any] = []
+    for version in ("1", "2", "3", "4"):
+        steps += [([kubelet_node("node-0")], version), refused]
+    run(steps, cache(), waits)
+    assert waits[:4] == [1, 2, 3, 4]
+
+
+def test_an_expired_version_straight_after_a_list_is_backed_off_like_a_failure() -> None:
+    gone = Gone("WATCH /api/v1/nodes: 410 Expired", 410, "Expired")
+    waits: list[int] = []
+    run([([kubelet_node()], "1"), gone, ([kubelet_node()], "2"), gone], cache(), waits)
+    assert waits[:2] == [1, 2]
 
 
 def test_a_broken_watch_is_a_failure_the_cache_keeps_what_it_had_until_a_list_works() -> None:
