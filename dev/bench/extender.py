@@ -460,21 +460,24 @@ def _settle(
         time.sleep(2)
 
 
+def _each_node(total: int, call: Callable[[int], object]) -> None:
+    """``call(i)`` for each bench Node, four API requests at a time."""
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(call, range(total)))
+
+
 def _refresh(
     cluster: Cluster, session: requests.Session, server: FunctionServer, total: int
 ) -> float:
     started = time.monotonic()
     now = datetime.now(UTC)
-    with ThreadPoolExecutor(4) as pool:
-        list(
-            pool.map(
-                lambda i: cluster.rest.patch(
-                    f"/api/v1/nodes/bench-node-{i}",
-                    {"metadata": {"annotations": {USAGE_ANNOTATION: usage_record(i, now)}}},
-                ),
-                range(total),
-            )
-        )
+    _each_node(
+        total,
+        lambda i: cluster.rest.patch(
+            f"/api/v1/nodes/bench-node-{i}",
+            {"metadata": {"annotations": {USAGE_ANNOTATION: usage_record(i, now)}}},
+        ),
+    )
     sampled = now.replace(microsecond=0)
     while True:
         cache = session.get(server.url + "debug/node-cache", timeout=30).json()
@@ -538,15 +541,10 @@ def _both(
         cluster.start()
         started = time.monotonic()
         now = datetime.now(UTC)
-        with ThreadPoolExecutor(4) as pool:
-            list(
-                pool.map(
-                    lambda i: cluster.rest.post(
-                        "/api/v1/nodes", cluster_node(i, usage_record(i, now))
-                    ),
-                    range(total),
-                )
-            )
+        _each_node(
+            total,
+            lambda i: cluster.rest.post("/api/v1/nodes", cluster_node(i, usage_record(i, now))),
+        )
         log(f"extender: {total} Nodes created in {time.monotonic() - started:.1f} s")
         env = environment(cluster.kubeconfig, KN_RESCHEDULER_LOG_LEVEL="WARNING")
         with_cache = FunctionServer("score-nodes", workdir / "names", env=env).start()
