@@ -94,6 +94,16 @@ class Reply:
     data: Mapping[str, Any]
     source: str = ""
     extensions: Mapping[str, str] = field(default_factory=dict)
+    # Empty: a fresh id per answer. A reply that says a fact once (a pod's move) sets one
+    # derived from that fact (``stable_id``): a second delivery of the same report (the Broker
+    # delivers at least once, two reports of one pod race) then answers the same event, which a
+    # consumer may drop as a duplicate (CloudEvents: same source and id).
+    id: str = ""
+
+
+def stable_id(*parts: str) -> str:
+    """An event id that is the same whenever it is derived from the same ``parts``."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "kn-rescheduler:" + "/".join(parts)))
 
 
 def parse(headers: Mapping[str, str], body: bytes) -> Event:
@@ -165,7 +175,7 @@ def _parse_with_sdk(headers: Mapping[str, str], body: bytes) -> Event:
 
 def reply_response(reply: Reply, function: str) -> flask.Response:
     attributes: dict[str, Any] = {
-        "id": str(uuid.uuid4()),
+        "id": reply.id or str(uuid.uuid4()),
         "type": reply.type,
         "source": reply.source or EVENT_SOURCE_PREFIX + function,
         "subject": reply.subject,

@@ -67,11 +67,14 @@ def settled(
 
 
 def replies_for(stack: Stack, namespace: str, event_type: str) -> list[dict[str, Any]]:
-    return [
-        e
-        for e in stack.archived()
-        if e["type"] == event_type and (e.get("data") or {}).get("namespace") == namespace
-    ]
+    """The archived replies of ``event_type`` about ``namespace``, each event once: two
+    deliveries that say the same move (a redelivery, two reports of one pod racing) answer
+    the same event id, and CloudEvents consumers drop the second as a duplicate."""
+    once: dict[str, dict[str, Any]] = {}
+    for e in stack.archived():
+        if e["type"] == event_type and (e.get("data") or {}).get("namespace") == namespace:
+            once.setdefault(e["id"], e)
+    return list(once.values())
 
 
 def workload(kind: str, name: str, template: dict[str, Any], **spec: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 from datetime import UTC, datetime, timedelta
@@ -36,7 +37,7 @@ from shared.nodes.assess_nodes.decide import (
 )
 from shared.platform import kube
 from shared.platform.config import Config
-from shared.platform.events import Event
+from shared.platform.events import Event, Reply
 from shared.pods.detect_failures.decide import detect
 from shared.pods.failing import FailingPod
 from shared.pods.update_annotations.bodies import replacement_name
@@ -403,8 +404,16 @@ def move_plan(node: str) -> Plan:
 def reply_after_move(
     pod: Any, holder_kind: str = "ReplicaSet", holder: dict[str, Any] | None = None
 ) -> tuple[str, dict[str, Any]]:
-    """The type and data update-annotations replies after moving ``pod``: detect-failures'
-    report of it, read as update-annotations reads it, and the holder as the API returns it."""
+    """The type and data update-annotations replies after moving ``pod``."""
+    reply = move_reply(pod, holder_kind, holder)
+    return reply.type, dict(reply.data)
+
+
+def move_reply(
+    pod: Any, holder_kind: str = "ReplicaSet", holder: dict[str, Any] | None = None
+) -> Reply:
+    """What update-annotations replies after moving ``pod``: detect-failures' report of it,
+    read as update-annotations reads it, and the holder as the API returns it."""
     report = detect(
         Event("1", "s", "dev.knative.apiserver.resource.update", {}, pod), CFG, pods.NOW
     )
@@ -415,7 +424,17 @@ def reply_after_move(
     node = failing.failure.node or ""
     reply = Rescheduler(NoApi(), CFG)._reply(failing, Action.MOVE, move_plan(node), resolution)
     assert reply is not None
-    return reply.type, dict(reply.data)
+    return reply
+
+
+def test_every_delivery_that_says_a_pod_was_moved_says_the_same_event() -> None:
+    # Two reports of one pod race (or the Broker redelivers one): each delivery that finds the
+    # move recorded replies, and a consumer drops the second as a duplicate (same source, id).
+    crashing = pods.pod("web-1", containers=[pods.crash_looping(restarts=3)])
+    first, again = move_reply(crashing), move_reply(copy.deepcopy(crashing))
+    assert first.id and first.id == again.id
+    other = pods.pod("web-2", containers=[pods.crash_looping(restarts=3)])
+    assert move_reply(other).id != first.id
 
 
 @pytest.mark.parametrize(

@@ -372,6 +372,9 @@ def reply_for(
     return events.Reply(
         type=kind,
         subject=failing.subject,
+        # A pod is moved (or found out of budget) once: every delivery that says so, a
+        # redelivery finishing a removal or a racing report of the same pod, says one event.
+        id=events.stable_id(kind, failing.uid),
         data={
             "namespace": failing.namespace,
             "name": failing.name,
