@@ -294,7 +294,12 @@ def test_when_every_node_is_hot_a_load_aware_pod_waits_and_failed_scheduling_nam
     assert f"0/{NODES} nodes are available: {NODES} node CPU usage over 80 percent." in note, note
     assert "Preemption is not helpful for scheduling" in note, note
     assert node_of(setup, "nowhere") is None
-    # Once a node cools down, the pod waiting for one is placed there.
+    # Once a node cools down, the pod waiting for one is placed there: by the next sample at
+    # the latest. The scheduler retries a pod an extender rejected on any cluster event, and
+    # it may see this Node update (and retry at once) before score-nodes' watch does; the
+    # pod then waits for the next event, which annotate-usage's next sample is.
+    set_usage(setup, "node-3", 30.0)
+    time.sleep(1.0)  # the record's time has whole seconds: the next sample must differ
     set_usage(setup, "node-3", 30.0)
     assert bound(setup, "nowhere", timeout=60.0) == "node-3"
 
