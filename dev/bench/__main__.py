@@ -286,9 +286,25 @@ def main(argv: list[str] | None = None) -> int:
         help="with --only recovery alone: measure on N real nodes (kubelet + containerd, no "
         "kwok node; a third of them crash the app), with a real kubelet's back-off; needs root",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --only scale: a setting of the functions, as a line of knative/config.env "
+        "(e.g. KN_RESCHEDULER_FAILING_AFFINITY_WEIGHT=0; repeatable)",
+    )
     parser.add_argument("--out", type=Path, help="where results and plots go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
+    settings: dict[str, str] = {}
+    for given in args.set:
+        key, sep, value = given.partition("=")
+        if not sep or not key.startswith("KN_RESCHEDULER_"):
+            parser.error(f"--set {given!r}: expected KN_RESCHEDULER_<SETTING>=<value>")
+        settings[key] = value
+    if settings and set(args.only or ()) != {"scale"}:
+        parser.error("--set needs --only scale (a full run measures the shipped settings)")
     scales = QUICK if args.quick else FULL
     names = [n for n in NAMES + EXTRA_NAMES if (n in args.only if args.only else n in NAMES)]
     systems: list[str] | None = None
@@ -329,7 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         scales = dataclasses.replace(
             scales, recovery_bound=max(scales.recovery_bound, REAL_BACKOFF_MIN_BOUND)
         )
-    variant = variant_of(args.scenario, backoff, args.real_nodes)
+    variant = variant_of(args.scenario, backoff, args.real_nodes) + [
+        f"{key.removeprefix('KN_RESCHEDULER_').lower().replace('_', '-')}-{value}"
+        for key, value in sorted(settings.items())
+    ]
     out: Path = args.out or (
         Path(tempfile.mkdtemp(prefix="kn-rescheduler-bench-quick-")) if args.quick else RESULTS_DIR
     )
@@ -343,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "code": code_version(),
         "scales": scales_dict(scales),
         "kubelet_backoff": backoff,
+        "settings": settings,
         "nodes": "real" if args.real_nodes else "kwok",
         "measurements": {},
         "errors": {},
@@ -367,7 +387,12 @@ def main(argv: list[str] | None = None) -> int:
             run.cluster(), workdir / "load", quick=args.quick, log=_log
         ),
         "scale": lambda: scale.measure(
-            scales, workdir / "scale", log=_log, before=run.close, timing=run.timing
+            scales,
+            workdir / "scale",
+            log=_log,
+            before=run.close,
+            timing=run.timing,
+            settings=settings,
         ),
         "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
         "extender": lambda: extender.measure(workdir / "extender", quick=args.quick, log=_log),

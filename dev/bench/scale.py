@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dev.bench.common import (
@@ -71,6 +71,7 @@ def measure(
     log: Callable[[str], None],
     before: Callable[[], None],
     timing: Timing | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> JSON:
     before()  # the shared cluster makes room
     nodes, pods = scales.scale_nodes, scales.scale_pods
@@ -107,7 +108,12 @@ def measure(
     try:
         kubeconfig = identity_kubeconfig(cluster, KN_USER, workdir / "identity")
         stack = Stack(
-            kubeconfig, cluster.api_client(), workdir / "stack", workdir / "logs", sweep_every=None
+            kubeconfig,
+            cluster.api_client(),
+            workdir / "stack",
+            workdir / "logs",
+            sweep_every=None,
+            settings=settings,
         ).start()
         try:
             result.update(_run(cluster, stack, scales, replicas, faulty_count, deadline, log))

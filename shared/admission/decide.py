@@ -103,8 +103,15 @@ class SoftAvoid:
     what: str  # for the reasons: "suspect nodes", "nodes under pressure"
     # More values to avoid with the same term (load buckets: high and overloaded).
     more_values: tuple[str, ...] = ()
+    # Avoid every node carrying the key, whatever its value (a count: failing workloads).
+    any_value: bool = False
 
     def term(self) -> PreferredSchedulingTerm:
+        if self.any_value:
+            return {
+                "weight": self.weight,
+                "preference": {"matchExpressions": [{"key": self.key, "operator": "DoesNotExist"}]},
+            }
         # NotIn also matches nodes without the label at all: every healthy node scores, and a
         # node nobody measured is never ranked below a measured one.
         return {

@@ -37,12 +37,14 @@ from typing import Any, Final
 from shared.admission.decide import Mutation, OwnerFacts, SoftAvoid, mutate
 from shared.api.keys import (
     AVOID_PRESSURE_KEY,
+    FAILING_WORKLOADS_LABEL,
     IGNORE_DISRUPTIONS_ANNOTATION,
     LOAD_AWARE_KEY,
     LOAD_HIGH,
     LOAD_LABEL,
     LOAD_MEDIUM,
     LOAD_OVERLOADED,
+    NODE_NAME_FIELD,
     POLICY_ANNOTATION,
     STATE_ANNOTATION,
     STUCK_AFTER_ANNOTATION,
@@ -145,7 +147,7 @@ class Admitter:
             kse_compat=self.cfg.kse_compat,
             stuck_after=holder.annotations.get(STUCK_AFTER_ANNOTATION),
             max_retries=self.cfg.max_retries,
-            avoid=self._avoid(resolution.policy, holder, namespace),
+            avoid=self._avoid(resolution.policy, holder, namespace, excluded),
         )
         # Also for pods that did not opt in: stamps and the opted-in label copied from a
         # template or another pod are removed, so such a pod never looks opted in to
@@ -162,16 +164,31 @@ class Admitter:
             )
         return mutation
 
-    def _avoid(self, policy: str | None, holder: Holder, namespace: str) -> tuple[SoftAvoid, ...]:
+    def _avoid(
+        self, policy: str | None, holder: Holder, namespace: str, excluded: tuple[str, ...] = ()
+    ) -> tuple[SoftAvoid, ...]:
         """The soft affinities this pod gets: away from suspect nodes for a pod whose policy
-        allows moves; away from nodes under pressure for those, and for pods whose workload
-        (annotation) or namespace (label) says ``kn-rescheduler.io/avoid-pressure: "true"``."""
+        allows moves; away from nodes where other workloads fail now for such a pod placed
+        after a move (it has exclusions) while such a node exists; away from nodes under
+        pressure for those, and for pods whose workload (annotation) or namespace (label) says
+        ``kn-rescheduler.io/avoid-pressure: "true"``."""
         retries = parse_retries(policy, self.cfg.max_retries)
         moves = isinstance(retries, int) and retries > 0
         avoid: list[SoftAvoid] = []
         if moves and self.cfg.suspect_affinity_weight:
             avoid.append(
                 SoftAvoid(SUSPECT_LABEL, SUSPECT_VALUE, self.cfg.suspect_affinity_weight, "suspect")
+            )
+        weight = self.cfg.failing_affinity_weight
+        if moves and excluded and weight and self._failing_elsewhere(excluded):
+            avoid.append(
+                SoftAvoid(
+                    FAILING_WORKLOADS_LABEL,
+                    "",
+                    weight,
+                    "failing for other workloads",
+                    any_value=True,
+                )
             )
         if self.cfg.pressure_affinity_weight and (
             moves
@@ -208,6 +225,21 @@ class Admitter:
                 )
             )
         return tuple(avoid)
+
+    def _failing_elsewhere(self, excluded: tuple[str, ...]) -> bool:
+        """Whether a node outside the pod's own exclusions carries the failing-workloads label:
+        one LIST with a label and a field selector, at most one Node back. Only then is the
+        preference worth its cost (a term every other node matches dilutes the pod's own
+        preferences: docs/node-health.md). Unreadable: no (never block a pod)."""
+        fields = ",".join(f"{NODE_NAME_FIELD}!={name}" for name in excluded)
+        try:
+            page = self.api.list_page(
+                "Node", limit=1, label_selector=FAILING_WORKLOADS_LABEL, field_selector=fields
+            )
+        except kube.KubeError as exc:
+            log.info("cannot list the nodes where workloads fail: %s", exc)
+            return False
+        return bool(page.get("items"))
 
     def _namespace_opts_in(self, namespace: str, key: str) -> bool:
         """Whether the namespace carries the label ``key: "true"``; its labels are read at

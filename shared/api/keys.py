@@ -129,6 +129,12 @@ NODE_HEALTH_ANNOTATION: Final = PREFIX + "node-health"
 SUSPECT_LABEL: Final = PREFIX + "suspect"
 SUSPECT_VALUE: Final = "true"
 SUSPECT_TAINT_EFFECT: Final = "PreferNoSchedule"
+# Label on a node where at least one workload failed within the suspect window, its value the
+# number of distinct workloads ("1", "2", ...): written with the record, removed when it empties.
+# Not a suspicion (one workload failing says nothing about a node): the webhook keeps a
+# replacement softly off such nodes while a failure spreads over several (a burst), until
+# assess-nodes has seen enough to mark them.
+FAILING_WORKLOADS_LABEL: Final = PREFIX + "failing-workloads"
 # A Node carrying the project's opt-out label (the same key and rule as the pod's, `opted_out`)
 # is never marked, by blame or by pressure rules, gets no usage record and is never rebalanced.
 NODE_OPT_OUT_LABEL: Final = OPT_OUT_LABEL

@@ -188,6 +188,11 @@ class Config:
     # recovery, and a term every healthy node matches dilutes the pod's own preferences even
     # when no node is suspect (the scheduler normalizes NodeAffinity scores by their maximum).
     suspect_affinity_weight: int = 0
+    # Weight of a preferred node affinity a replacement gets away from nodes where other
+    # workloads failed within suspect_window (the failing-workloads label), while at least one
+    # such node is not among its own exclusions: a failure spreading over several nodes at once
+    # (a burst) is seen before assess-nodes has the second workload that marks a node. 0: none.
+    failing_affinity_weight: int = 100
     # Move a pod failing on a suspect node at its first node-fixable failure.
     suspect_fast_path: bool = True
     # Node conditions that, while True, make the node suspect with no pod failing there (under
@@ -583,6 +588,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "suspect_max_share": _as_share,
     "suspect_taint": _as_bool,
     "suspect_affinity_weight": _as_weight,
+    "failing_affinity_weight": _as_weight,
     "suspect_fast_path": _as_bool,
     "suspect_conditions": _as_conditions,
     "prometheus_url": _as_text,

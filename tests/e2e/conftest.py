@@ -34,6 +34,7 @@ from dev.stack import webhook as webhook_setup
 from dev.stack.functions import FunctionServer, environment
 from shared.api.keys import (
     APISERVER_UPDATE,
+    FAILING_WORKLOADS_LABEL,
     LOAD_LABEL,
     MAINTENANCE_LABEL,
     NODE_HEALTH_ANNOTATION,
@@ -153,6 +154,7 @@ def node_marks_cleared(request: pytest.FixtureRequest) -> Iterator[None]:
             key: None
             for key in (
                 SUSPECT_LABEL,
+                FAILING_WORKLOADS_LABEL,
                 NODE_OPT_OUT_LABEL,
                 PRESSURE_LABEL_KEY,
                 LOAD_LABEL,

@@ -24,15 +24,18 @@ from shared.api.keys import (
     EVENT_NODE_SUSPECTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
+    FAILING_WORKLOADS_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     PING_EVENT_TYPE,
     POLICY_ANNOTATION,
+    STATE_ANNOTATION,
     SUSPECT_LABEL,
 )
 from shared.platform.kube import Kube
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import Failure, FailureKind
+from tests import builders
 from tests.e2e.conftest import Webhook, pod_template, wait_for
 from tests.e2e.test_pipeline import workload as workload_body
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
@@ -407,6 +410,90 @@ def test_new_pods_avoid_a_suspect_node_and_still_use_it_when_nothing_else_fits(
     finally:
         for node in others:
             api.merge_patch("Node", None, node, {"spec": {"unschedulable": None}})
+
+
+def failing_workloads(node: dict[str, Any]) -> str | None:
+    return (node["metadata"].get("labels") or {}).get(FAILING_WORKLOADS_LABEL)
+
+
+def test_a_node_says_how_many_workloads_fail_there_until_their_failures_age_out(
+    cluster: Any, api: Kube, assess: Callable[..., Any]
+) -> None:
+    client = assess(suspect_window="4s", suspect_workloads="3")
+    bad, now = cluster.nodes[1], datetime.now(UTC)
+    assert post(client, rescheduled(bad, "web", "web-1", now)).status_code == 202
+    assert failing_workloads(node_of(api, bad)) == "1"
+    assert post(client, rescheduled(bad, "api", "api-1", now)).status_code == 202
+    node = node_of(api, bad)
+    # Two workloads, one fewer than the three that make it suspect here: counted, not marked.
+    assert failing_workloads(node) == "2"
+    assert not suspect(node) and our_taints(node) == []
+    time.sleep(4.5)
+    assert ping(client).status_code == 202
+    assert failing_workloads(node_of(api, bad)) is None
+    assert [n for n in cluster.nodes if failing_workloads(node_of(api, n))] == []
+
+
+def preferring_weight(node: str, weight: int) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": weight,
+                    "preference": {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node]}
+                        ]
+                    },
+                }
+            ]
+        }
+    }
+
+
+def test_a_replacement_keeps_off_a_node_another_workload_fails_on_before_it_is_suspect(
+    cluster: Any, api: Kube, namespace: str, webhook: Webhook, assess: Callable[..., Any]
+) -> None:
+    failing, own = cluster.nodes[1], cluster.nodes[2]
+    # One workload failed on `failing`: it says so, and is not suspect (no taint).
+    assert (
+        post(assess(), rescheduled(failing, "api", "api-1", datetime.now(UTC))).status_code == 202
+    )
+    assert failing_workloads(node_of(api, failing)) == "1"
+    assert our_taints(node_of(api, failing)) == []
+
+    # web's pods prefer `failing` (weight 50); one was moved off `own`, so its next pod is a
+    # replacement: kept off `own`, and off `failing` by the webhook's preference (weight 100).
+    moved = json.dumps({"excludedNodes": [own], "handled": [], "moves": 1, "version": 1})
+    web = builders.template({"app": "web"}, affinity=preferring_weight(failing, 50))
+    api.create(
+        "ReplicaSet",
+        namespace,
+        builders.replicaset(
+            "web", retries="3", annotations={STATE_ANNOTATION: moved}, template=web
+        ),
+    )
+    replacement = wait_for("web's pod", lambda: first_pod(api, namespace, "web-"), timeout=30)
+    terms = replacement["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert {"key": FAILING_WORKLOADS_LABEL, "operator": "DoesNotExist"} in [
+        e for t in terms for e in t["preference"].get("matchExpressions") or []
+    ]
+    placed = bound_node(api, namespace, replacement["metadata"]["name"])
+    assert placed not in (failing, own)
+
+    # A first placement gets no such preference: db goes where it prefers, `failing` included.
+    db = builders.template({"app": "db"}, affinity=preferring_weight(failing, 50))
+    api.create("ReplicaSet", namespace, builders.replicaset("db", retries="3", template=db))
+    first = wait_for("db's pod", lambda: first_pod(api, namespace, "db-"), timeout=30)
+    assert bound_node(api, namespace, first["metadata"]["name"]) == failing
+
+
+def first_pod(api: Kube, namespace: str, prefix: str) -> dict[str, Any] | None:
+    return next(
+        (p for p in pods_of(api, namespace) if p["metadata"]["name"].startswith(prefix)), None
+    )
 
 
 # -- the whole pipeline --------------------------------------------------------------------------

@@ -179,6 +179,8 @@ ALLOWED = [
     ),
     # mutate-admission: the namespace's pressure opt-in label.
     Can(WEBHOOK, "get", "namespaces", namespace=""),
+    # mutate-admission, for a replacement: a LIST of the nodes where workloads fail now.
+    nodes(WEBHOOK, "list"),
     # mutate-admission: reads the owner chain, nothing else.
     apps(WEBHOOK, "get", "replicasets"),
     apps(WEBHOOK, "get", "statefulsets"),
@@ -267,7 +269,8 @@ DENIED = [
     Can(ASSESS, "get", "secrets", namespace=""),
     # The other functions never write a Node.
     *(nodes(who, "patch") for who in (DETECT, WEBHOOK, SWEEP, SOURCE)),
-    nodes(WEBHOOK, "list"),
+    nodes(WEBHOOK, "get"),
+    nodes(WEBHOOK, "watch"),
     Can(WEBHOOK, "patch", "namespaces", namespace=""),
     # annotate-usage: reads pods, writes Nodes' metadata; never moves, cordons or drains.
     pods(ANNOTATE, "get"),

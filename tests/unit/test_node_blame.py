@@ -14,6 +14,7 @@ from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
+    FAILING_WORKLOADS_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     REASON_RESCHEDULED,
@@ -326,10 +327,10 @@ def test_two_marks_made_at_once_beyond_the_cap_take_back_the_lower_ranked() -> N
 def test_marking_labels_taints_and_records_in_one_compare_and_swap() -> None:
     node = facts(taints=[{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}])
     record = record_of(blame("A"), blame("B"), suspect_since=NOW)
-    patch = node_patch(node, record, suspect=True, taint=True)
+    patch = node_patch(node, record, suspect=True, taint=True, failing="2")
     assert patch is not None
     assert patch["metadata"]["resourceVersion"] == "48211"
-    assert patch["metadata"]["labels"] == {SUSPECT_LABEL: "true"}
+    assert patch["metadata"]["labels"] == {SUSPECT_LABEL: "true", FAILING_WORKLOADS_LABEL: "2"}
     assert patch["metadata"]["annotations"] == {NODE_HEALTH_ANNOTATION: record.to_json()}
     assert patch["spec"]["taints"] == [
         {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
@@ -340,8 +341,13 @@ def test_marking_labels_taints_and_records_in_one_compare_and_swap() -> None:
 def test_clearing_removes_only_our_label_and_taint() -> None:
     ours = {"key": SUSPECT_LABEL, "value": "true", "effect": "PreferNoSchedule"}
     record = record_of(blame("A"), blame("B"), suspect_since=NOW)
-    node = facts(record, labels={SUSPECT_LABEL: "true"}, unschedulable=True, taints=[ours])
-    patch = node_patch(node, NodeHealth(record.failures), suspect=False, taint=True)
+    node = facts(
+        record,
+        labels={SUSPECT_LABEL: "true", FAILING_WORKLOADS_LABEL: "2"},
+        unschedulable=True,
+        taints=[ours],
+    )
+    patch = node_patch(node, NodeHealth(record.failures), suspect=False, taint=True, failing="2")
     assert patch is not None
     assert patch["metadata"]["labels"] == {SUSPECT_LABEL: None}
     assert patch["spec"]["taints"] == [
@@ -351,7 +357,11 @@ def test_clearing_removes_only_our_label_and_taint() -> None:
 
 def test_blame_never_adds_a_taint_that_keeps_pods_off_or_evicts_them() -> None:
     patch = node_patch(
-        facts(), record_of(blame("A"), blame("B"), suspect_since=NOW), suspect=True, taint=True
+        facts(),
+        record_of(blame("A"), blame("B"), suspect_since=NOW),
+        suspect=True,
+        taint=True,
+        failing="2",
     )
     assert patch is not None
     assert {t["effect"] for t in patch["spec"]["taints"]} == {"PreferNoSchedule"}
@@ -359,7 +369,11 @@ def test_blame_never_adds_a_taint_that_keeps_pods_off_or_evicts_them() -> None:
 
 def test_without_the_taint_setting_a_suspect_node_is_only_labelled() -> None:
     patch = node_patch(
-        facts(), record_of(blame("A"), blame("B"), suspect_since=NOW), suspect=True, taint=False
+        facts(),
+        record_of(blame("A"), blame("B"), suspect_since=NOW),
+        suspect=True,
+        taint=False,
+        failing="2",
     )
     assert patch is not None and "spec" not in patch
 
@@ -367,8 +381,58 @@ def test_without_the_taint_setting_a_suspect_node_is_only_labelled() -> None:
 def test_a_node_that_already_says_it_all_is_not_written() -> None:
     record = record_of(blame("A"), blame("B"), suspect_since=NOW)
     ours = {"key": SUSPECT_LABEL, "value": "true", "effect": "PreferNoSchedule"}
-    node = facts(record, labels={SUSPECT_LABEL: "true"}, taints=[ours])
-    assert node_patch(node, record, suspect=True, taint=True) is None
+    node = facts(
+        record, labels={SUSPECT_LABEL: "true", FAILING_WORKLOADS_LABEL: "2"}, taints=[ours]
+    )
+    assert node_patch(node, record, suspect=True, taint=True, failing="2") is None
+
+
+@pytest.mark.parametrize(
+    ("failures", "labels", "expected"),
+    [
+        # One workload failing: no suspicion, but the node says it (the webhook reads it).
+        (("A",), {}, "1"),
+        # A second workload: the count follows.
+        (("A", "B"), {}, "2"),
+        # The same workload again (another pod, a redelivery): still one.
+        (("A", "A"), {}, "1"),
+        # The operator opted the node out: nothing of ours on it.
+        (("A",), {NODE_OPT_OUT_LABEL: ""}, None),
+    ],
+    ids=["one-workload", "two-workloads", "same-workload-twice", "opted-out"],
+)
+def test_a_node_is_labelled_with_how_many_workloads_fail_there_now(
+    failures: tuple[str, ...], labels: dict[str, str], expected: str | None
+) -> None:
+    node = facts(labels=labels)
+    assessment = None
+    for workload in failures:
+        assessment = assess(node, blame(workload), NOW, CFG)
+        node = facts(assessment.record, labels=labels)
+    assert assessment is not None
+    assert assessment.failing_label(node) == expected
+
+
+def test_the_failing_workloads_label_goes_when_the_failures_age_out_of_the_window() -> None:
+    record = record_of(blame("A"))
+    node = facts(record, labels={FAILING_WORKLOADS_LABEL: "1"})
+    later = NOW + CFG.suspect_window + timedelta(seconds=1)
+    assessment = assess(node, None, later, CFG)
+    patch = node_patch(node, assessment.record, suspect=False, taint=True, failing=None)
+    assert assessment.failing_label(node) is None
+    assert patch is not None
+    assert patch["metadata"]["labels"] == {FAILING_WORKLOADS_LABEL: None}
+
+
+def test_an_opted_out_node_loses_the_failing_workloads_label_it_carried() -> None:
+    labels = {NODE_OPT_OUT_LABEL: "", FAILING_WORKLOADS_LABEL: "1"}
+    node = facts(record_of(blame("A")), labels=labels)
+    assessment = assess(node, blame("B"), NOW, CFG)
+    assert assessment.verdict is Verdict.CLEAR
+    patch = node_patch(
+        node, assessment.record, suspect=False, taint=True, failing=assessment.failing_label(node)
+    )
+    assert patch is not None and patch["metadata"]["labels"] == {FAILING_WORKLOADS_LABEL: None}
 
 
 def test_a_seen_failure_orders_by_time_first() -> None:

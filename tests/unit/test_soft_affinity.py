@@ -1,7 +1,9 @@
 """The webhook's soft affinities away from suspect nodes and nodes under pressure.
 
 Preferred, never required: the scheduler scores those nodes lower and still uses them when
-nothing else fits. They are labels, so the webhook needs no lookup of the nodes.
+nothing else fits. They are labels, so the webhook needs no lookup of the nodes, except one
+LIST (a label and a field selector, one Node back at most) for a replacement: whether a node
+outside its own exclusions has failing workloads.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ import pytest
 
 from shared.admission.decide import OwnerFacts, SoftAvoid, mutate
 from shared.admission.handler import Admitter
-from shared.api.keys import AVOID_PRESSURE_KEY, LOAD_AWARE_KEY, LOAD_LABEL, SUSPECT_LABEL
+from shared.api.keys import (
+    AVOID_PRESSURE_KEY,
+    FAILING_WORKLOADS_LABEL,
+    LOAD_AWARE_KEY,
+    LOAD_LABEL,
+    SUSPECT_LABEL,
+)
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.workloads.owners import Holder, Ref
@@ -193,3 +201,117 @@ def test_a_load_aware_pod_prefers_low_load_nodes_then_medium_ones(
         )
 
     assert [score(b) for b in ("low", None, "medium", "high", "overloaded")] == [45, 45, 30, 0, 0]
+
+
+# -- a replacement while other workloads fail on other nodes (a burst) --------------------------
+
+
+class Nodes:
+    """The API as the webhook's one Node LIST sees it: the nodes carrying the failing-workloads
+    label, filtered by the field selector as the API server filters it."""
+
+    def __init__(self, failing: list[str], *, down: bool = False) -> None:
+        self.failing = failing
+        self.down = down
+        self.calls: list[dict[str, Any]] = []
+
+    def list_page(self, kind: str, namespace: str | None = None, **query: Any) -> dict[str, Any]:
+        self.calls.append({"kind": kind, **query})
+        if self.down:
+            raise kube.Transient("connection refused")
+        assert query["label_selector"] == FAILING_WORKLOADS_LABEL
+        unwanted = {f.split("!=", 1)[1] for f in query["field_selector"].split(",")}
+        items = [{"metadata": {"name": n}} for n in self.failing if n not in unwanted]
+        return {"items": items[: query["limit"]]}
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        # The namespace's opt-in labels: none here.
+        return {"metadata": {"name": name, "labels": {}}}
+
+
+def burst_admitter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: Nodes, cfg: Config | None = None
+) -> Admitter:
+    made = admitter(tmp_path, monkeypatch, cfg or Config())
+    made._api = api  # type: ignore[assignment]
+    return made
+
+
+FAILING = "failing for other workloads"
+
+
+def test_a_replacement_prefers_nodes_where_no_other_workload_fails_while_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = Nodes(["node-1", "node-4"])
+    found = burst_admitter(tmp_path, monkeypatch, api)._avoid("3", holder(), "shop", ("node-1",))
+    assert [soft.what for soft in found] == [FAILING, "labelled status=presure"]
+    # Any count: a node with one failing workload is avoided like one with five.
+    assert found[0].term() == {
+        "weight": 100,
+        "preference": {
+            "matchExpressions": [{"key": FAILING_WORKLOADS_LABEL, "operator": "DoesNotExist"}]
+        },
+    }
+    # One LIST, one Node back at most, the pod's own exclusions left out by the API server.
+    assert api.calls == [
+        {
+            "kind": "Node",
+            "limit": 1,
+            "label_selector": FAILING_WORKLOADS_LABEL,
+            "field_selector": "metadata.name!=node-1",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("failing", "excluded", "down", "cfg"),
+    [
+        # Only the nodes it failed on itself: those it is kept off already, a preference every
+        # other node matches would only dilute its own.
+        (["node-1", "node-2"], ("node-1", "node-2"), False, Config()),
+        # No node where workloads fail.
+        ([], ("node-1",), False, Config()),
+        # The API cannot say: no preference, and the pod is admitted.
+        (["node-4"], ("node-1",), True, Config()),
+        # Turned off.
+        (["node-4"], ("node-1",), False, Config(failing_affinity_weight=0)),
+    ],
+    ids=["only-its-own", "none-failing", "api-down", "off"],
+)
+def test_a_replacement_gets_no_such_preference_when_it_would_change_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    failing: list[str],
+    excluded: tuple[str, ...],
+    down: bool,
+    cfg: Config,
+) -> None:
+    api = Nodes(failing, down=down)
+    found = burst_admitter(tmp_path, monkeypatch, api, cfg)._avoid("3", holder(), "shop", excluded)
+    assert FAILING not in [soft.what for soft in found]
+
+
+@pytest.mark.parametrize(
+    ("policy", "excluded"),
+    [("3", ()), ("0", ("node-1",)), (None, ("node-1",))],
+    ids=["first-placement", "policy-zero", "not-opted-in"],
+)
+def test_a_pod_not_placed_after_a_move_costs_no_lookup(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str | None,
+    excluded: tuple[str, ...],
+) -> None:
+    api = Nodes(["node-4"])
+    found = burst_admitter(tmp_path, monkeypatch, api)._avoid(policy, holder(), "shop", excluded)
+    assert FAILING not in [soft.what for soft in found]
+    assert api.calls == []
+
+
+def test_the_preference_away_from_failing_nodes_is_a_pod_the_api_server_accepts() -> None:
+    soft = SoftAvoid(FAILING_WORKLOADS_LABEL, "", 100, FAILING, any_value=True)
+    done = mutate(new_pod(), OwnerFacts(policy="3", excluded_nodes=("node-1",), avoid=(soft,)))
+    assert soft.term() in preferred(done.pod)
+    assert api_server_errors(done.pod) == []
+    assert f"prefers nodes that are not {FAILING} (weight 100)" in done.reasons

@@ -51,6 +51,7 @@ from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
+    FAILING_WORKLOADS_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     SUSPECT_LABEL,
@@ -258,6 +259,10 @@ class NodeFacts:
         return self.labels.get(SUSPECT_LABEL) == SUSPECT_VALUE
 
     @property
+    def failing_label(self) -> str | None:
+        return self.labels.get(FAILING_WORKLOADS_LABEL)
+
+    @property
     def tainted(self) -> bool:
         return any(_is_our_taint(t) for t in self.taints)
 
@@ -298,6 +303,13 @@ class Assessment:
     def suspect(self) -> bool:
         return self.verdict in (Verdict.MARK, Verdict.STAYS)
 
+    def failing_label(self, node: NodeFacts) -> str | None:
+        """The failing-workloads label the node should carry: the number of distinct workloads
+        that failed there within the window; none on a node without any, or opted out."""
+        if node.opted_out or not self.workloads:
+            return None
+        return str(len(self.workloads))
+
 
 def assess(node: NodeFacts, blame: Blame | None, now: datetime, cfg: Config) -> Assessment:
     """The node's verdict after ``blame`` (None: only the clock moved, as on a Ping), and the
@@ -323,7 +335,8 @@ def assess(node: NodeFacts, blame: Blame | None, now: datetime, cfg: Config) -> 
         return Assessment(verdict, kept, workloads, why, problems)
 
     if node.opted_out:
-        verdict = Verdict.CLEAR if (record.suspect or node.labelled or node.tainted) else None
+        ours = record.suspect or node.labelled or node.tainted or node.failing_label is not None
+        verdict = Verdict.CLEAR if ours else None
         why = f"node {node.name} carries the opt-out label {NODE_OPT_OUT_LABEL}"
         return judged(verdict or Verdict.HEALTHY, unmarked(record), why)
     if record.suspect:
@@ -443,10 +456,15 @@ def over_cap(marked: Sequence[Standing], allowed: int) -> tuple[str, ...]:
 
 
 def node_patch(
-    node: NodeFacts, record: NodeHealth, *, suspect: bool, taint: bool
+    node: NodeFacts,
+    record: NodeHealth,
+    *,
+    suspect: bool,
+    taint: bool,
+    failing: str | None,
 ) -> dict[str, Any] | None:
-    """A merge patch making the Node say what ``record`` and ``suspect`` say; None when it
-    already does (no write).
+    """A merge patch making the Node say what ``record``, ``suspect`` and ``failing`` (the
+    failing-workloads label's value, None: no label) say; None when it already does (no write).
 
     The resourceVersion makes it a compare-and-swap: the node lifecycle controller and the
     kubelet write taints too, and a merge patch replaces the whole ``spec.taints`` list, so
@@ -460,6 +478,8 @@ def node_patch(
         metadata.setdefault("labels", {})[SUSPECT_LABEL] = SUSPECT_VALUE
     if not suspect and SUSPECT_LABEL in node.labels:
         metadata.setdefault("labels", {})[SUSPECT_LABEL] = None
+    if failing != node.failing_label:
+        metadata.setdefault("labels", {})[FAILING_WORKLOADS_LABEL] = failing
     body: dict[str, Any] = {}
     want_taint = suspect and taint
     if want_taint != node.tainted:

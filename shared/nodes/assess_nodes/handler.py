@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from shared.api.keys import (
     EVENT_NODE_SUSPECTED,
+    FAILING_WORKLOADS_LABEL,
     NODE_HEALTH_ANNOTATION,
     PING_EVENT_TYPE,
     REASON_NODE_CLEARED,
@@ -134,9 +135,11 @@ class Assessor:
         outcomes: list[Outcome] = []
         for node in nodes:
             meta = node.get("metadata") or {}
+            labels = meta.get("labels") or {}
             if (
                 NODE_HEALTH_ANNOTATION not in (meta.get("annotations") or {})
-                and SUSPECT_LABEL not in (meta.get("labels") or {})
+                and SUSPECT_LABEL not in labels
+                and FAILING_WORKLOADS_LABEL not in labels
                 and not decide.reports_problem(node, self.cfg.suspect_conditions)
             ):
                 continue
@@ -167,10 +170,12 @@ class Assessor:
                     return None
             facts = self._facts(node)
             assessment = decide.assess(facts, None, self.clock(), self.cfg)
-            # Only what the clock changed is worth a write: an expiry, or a held-back mark.
+            # Only what the clock changed is worth a write: an expiry, a held-back mark, or a
+            # failing workload's report aging out of the window (the label's count).
             if (
                 assessment.verdict not in (Verdict.CLEAR, Verdict.MARK)
                 and facts.labelled == assessment.suspect
+                and facts.failing_label == assessment.failing_label(facts)
             ):
                 return None
             try:
@@ -209,7 +214,13 @@ class Assessor:
         if facts.opted_out and verdict is Verdict.HEALTHY:
             # Never marked, never written: a node its operator opted out is not ours.
             return Outcome(facts.name, facts.uid, verdict, False, False, assessment, cap)
-        patch = decide.node_patch(facts, record, suspect=suspect, taint=self.cfg.suspect_taint)
+        patch = decide.node_patch(
+            facts,
+            record,
+            suspect=suspect,
+            taint=self.cfg.suspect_taint,
+            failing=assessment.failing_label(facts),
+        )
         if patch is not None:
             self.api.merge_patch("Node", None, facts.name, patch)
         if cap is not None and cap.mark:
@@ -246,7 +257,14 @@ class Assessor:
             except kube.NotFound:
                 return
             record = decide.unmarked(facts.record)
-            patch = decide.node_patch(facts, record, suspect=False, taint=self.cfg.suspect_taint)
+            # The failures stay on record, and so does the count of failing workloads.
+            patch = decide.node_patch(
+                facts,
+                record,
+                suspect=False,
+                taint=self.cfg.suspect_taint,
+                failing=facts.failing_label,
+            )
             if patch is None:
                 return
             try:
