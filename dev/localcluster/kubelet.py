@@ -453,7 +453,32 @@ class _Shard:
         self._schedule(uid, tracked, self.k.timing.start)
 
     def _node_at(self, name: str, rv: str) -> JSON:
-        """The node as it was at revision ``rv``; its current state if that is not available."""
+        """The node as it was at revision ``rv`` (for what the pod reads of it: its fault label;
+        its addresses and pod CIDR do not change); its current state if that is not available.
+
+        The Node as it is now (one GET), unchanged since ``rv``, or with the fault label the
+        node watch says it had at ``rv``; only when neither can say, the API server's answer
+        for that exact revision (an etcd read of every Node)."""
+        try:
+            node: JSON | None = self.k.rest.get(f"/api/v1/nodes/{name}")
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            node = None  # deleted since: what it was at the binding is still on record
+        if node is not None:
+            try:
+                bound, newest = int(rv), int(str(node["metadata"].get("resourceVersion", "")))
+            except (TypeError, ValueError):
+                return node
+            if newest <= bound:
+                return node
+            known, fault = self.k.node_faults.fault_at(name, bound, newest, timeout=2.0)
+            if known:
+                labels = dict(node["metadata"].get("labels") or {})
+                labels.pop(SIM_FAULT_LABEL, None)
+                if fault is not None:
+                    labels[SIM_FAULT_LABEL] = fault
+                return {**node, "metadata": {**node["metadata"], "labels": labels}}
         if rv:
             try:
                 page = self.k.rest.get(
@@ -550,6 +575,62 @@ class _Shard:
         tracked.run = run
 
 
+class _NodeFaults:
+    """The fault label of every Node over time, from a LIST and WATCH of the Nodes: a pod's
+    fault is its node's at the pod's binding, which this answers from memory.
+
+    The API server can say what a Node was at a revision only with an exact-revision LIST,
+    which reads every Node from etcd at that revision: at 240 nodes that cost more than all the
+    rest of a pod's start (the scale bench's rollout fell from 18 to 2 pods a second). Here a
+    node's history holds an entry per change of its label, from the first revision this watch
+    knows it at; a revision before that is not answered (the caller asks the API server)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        # node -> [(resourceVersion, fault label or None)], one entry per change, oldest first.
+        self.history: dict[str, list[tuple[int, str | None]]] = {}
+        # node -> the newest revision of it this watch has applied.
+        self.seen: dict[str, int] = {}
+
+    def restart(self) -> None:
+        """A new LIST: what happened between the last event and it is unknown."""
+        with self.cond:
+            self.history.clear()
+            self.seen.clear()
+
+    def record(self, node: JSON) -> None:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        try:
+            rv = int(str(meta.get("resourceVersion", "")))
+        except ValueError:
+            return
+        fault = (meta.get("labels") or {}).get(SIM_FAULT_LABEL)
+        with self.cond:
+            changes = self.history.setdefault(name, [])
+            if not changes or changes[-1][1] != fault:
+                changes.append((rv, fault))
+            self.seen[name] = max(self.seen.get(name, 0), rv)
+            self.cond.notify_all()
+
+    def fault_at(self, name: str, rv: int, newest: int, timeout: float) -> tuple[bool, str | None]:
+        """(known, the fault label) of ``name`` at revision ``rv``, once this watch has applied
+        the node's revision ``newest`` (read from the API server just now); not known when the
+        watch does not get there within ``timeout`` or started after ``rv``."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.seen.get(name, 0) >= newest, timeout):
+                return False, None
+            changes = self.history.get(name) or []
+            if not changes or changes[0][0] > rv:
+                return False, None
+            fault: str | None = None
+            for since, value in changes:
+                if since > rv:
+                    break
+                fault = value
+            return True, fault
+
+
 @dataclass
 class FakeKubelet:
     """Runs the pods of ``nodes`` (see the module docstring). ``start()``, then ``stop()``."""
@@ -570,6 +651,10 @@ class FakeKubelet:
         self._shards = [_Shard(self, i) for i in range(max(self.shards, 1))]
         self._watcher = threading.Thread(target=self._watch_loop, name="fake-kubelet-watch")
         self._watcher.daemon = True
+        self.node_faults = _NodeFaults()
+        self._node_watcher = threading.Thread(
+            target=self._watch_nodes, name="fake-kubelet-nodes", daemon=True
+        )
 
     def new_run(self, pod: JSON, mode: str, host_ip: str, pod_ip: str) -> PodRun:
         meta = pod["metadata"]
@@ -587,6 +672,7 @@ class FakeKubelet:
     def start(self) -> None:
         for s in self._shards:
             s.thread.start()
+        self._node_watcher.start()
         self._watcher.start()
 
     def stop(self) -> None:
@@ -597,6 +683,7 @@ class FakeKubelet:
         for s in self._shards:
             s.thread.join(timeout=5)
         self._watcher.join(timeout=1)
+        self._node_watcher.join(timeout=1)
 
     def _shard(self, uid: str) -> _Shard:
         return self._shards[zlib.crc32(uid.encode()) % len(self._shards)]
@@ -621,6 +708,49 @@ class FakeKubelet:
         for s in self._shards:
             s.put("RESYNC", {"uids": uids})
         return rv
+
+    def _watch_nodes(self) -> None:
+        """Keeps ``node_faults``: LIST the Nodes, then WATCH them from the list's revision."""
+        rv = ""
+        while not self.stopped.is_set():
+            try:
+                if not rv:
+                    self.node_faults.restart()
+                    params: dict[str, str] = {"limit": "500"}
+                    while True:
+                        page = self.rest.get("/api/v1/nodes", params)
+                        for node in page.get("items", []):
+                            self.node_faults.record(node)
+                        cont = page.get("metadata", {}).get("continue")
+                        if not cont:
+                            rv = str(page.get("metadata", {}).get("resourceVersion", ""))
+                            break
+                        params = {**params, "continue": cont}
+                for event in self.rest.watch(
+                    "/api/v1/nodes", {"resourceVersion": rv}, timeout_seconds=5
+                ):
+                    if self.stopped.is_set():
+                        return
+                    etype, obj = event.get("type"), event.get("object", {})
+                    if etype == "ERROR":
+                        if obj.get("code") == 410:
+                            rv = ""
+                        break
+                    rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
+                        self.node_faults.record(obj)
+            except ApiError as e:
+                if self.stopped.is_set():
+                    return
+                if e.status == 410:
+                    rv = ""
+                self.log.debug("node watch: %s", e)
+                time.sleep(0.5)
+            except Exception:
+                if self.stopped.is_set():
+                    return
+                self.log.exception("node watch failed")
+                time.sleep(0.5)
 
     def _watch_loop(self) -> None:
         rv = ""

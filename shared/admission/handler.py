@@ -67,6 +67,11 @@ log = logging.getLogger(__name__)
 # again (seconds), and how many namespaces are remembered.
 NAMESPACE_TTL: Final = 30.0
 NAMESPACE_CACHE_MAX: Final = 10_000
+# The one lookup that is not about the pod's own owners (the Node LIST for a replacement) gets
+# less than the others: the owners' two lookups and this one still answer within the
+# registration's timeoutSeconds (5) when the API server is slow, so a slow answer costs the
+# preference, never the pod's exclusions (a webhook that times out is skipped: no patch at all).
+FAILING_LOOKUP_TIMEOUT: Final = 0.5
 
 
 def review_response(uid: str, mutation: Mutation | JobMutation | None = None) -> dict[str, Any]:
@@ -232,8 +237,9 @@ class Admitter:
         preference worth its cost (a term every other node matches dilutes the pod's own
         preferences: docs/node-health.md). Unreadable: no (never block a pod)."""
         fields = ",".join(f"{NODE_NAME_FIELD}!={name}" for name in excluded)
+        timeout = min(self.cfg.api_timeout_seconds, FAILING_LOOKUP_TIMEOUT)
         try:
-            page = self.api.list_page(
+            page = self.api.with_options(timeout=timeout).list_page(
                 "Node", limit=1, label_selector=FAILING_WORKLOADS_LABEL, field_selector=fields
             )
         except kube.KubeError as exc:

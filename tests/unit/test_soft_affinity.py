@@ -214,6 +214,11 @@ class Nodes:
         self.failing = failing
         self.down = down
         self.calls: list[dict[str, Any]] = []
+        self.timeouts: list[float | None] = []
+
+    def with_options(self, *, timeout: float | None = None) -> Nodes:
+        self.timeouts.append(timeout)
+        return self
 
     def list_page(self, kind: str, namespace: str | None = None, **query: Any) -> dict[str, Any]:
         self.calls.append({"kind": kind, **query})
@@ -262,6 +267,8 @@ def test_a_replacement_prefers_nodes_where_no_other_workload_fails_while_one_doe
             "field_selector": "metadata.name!=node-1",
         }
     ]
+    # Half a second at most: with the owner lookups (2 s each), within the webhook's 5 s.
+    assert api.timeouts == [0.5]
 
 
 @pytest.mark.parametrize(
