@@ -294,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --only scale: a setting of the functions, as a line of knative/config.env "
         "(e.g. KN_RESCHEDULER_FAILING_AFFINITY_WEIGHT=0; repeatable)",
     )
+    parser.add_argument(
+        "--scale-size",
+        metavar="NODES,PODS,FAULTY",
+        help="with --only scale: another size than the full run's 240 nodes, 4,800 pods and "
+        "2 %% of the nodes faulty (e.g. 60,1200,5)",
+    )
     parser.add_argument("--out", type=Path, help="where results and plots go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
@@ -306,6 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     if settings and set(args.only or ()) != {"scale"}:
         parser.error("--set needs --only scale (a full run measures the shipped settings)")
     scales = QUICK if args.quick else FULL
+    if args.scale_size:
+        if set(args.only or ()) != {"scale"}:
+            parser.error("--scale-size needs --only scale")
+        try:
+            nodes, pods, faulty = (int(x) for x in args.scale_size.split(","))
+        except ValueError:
+            parser.error(f"--scale-size {args.scale_size!r}: expected NODES,PODS,FAULTY")
+        if not 0 < faulty < nodes <= pods:
+            parser.error(f"--scale-size {args.scale_size!r}: needs 0 < FAULTY < NODES <= PODS")
+        scales = dataclasses.replace(
+            scales, scale_nodes=nodes, scale_pods=pods, scale_faulty_share=faulty / nodes
+        )
     names = [n for n in NAMES + EXTRA_NAMES if (n in args.only if args.only else n in NAMES)]
     systems: list[str] | None = None
     if args.systems:
@@ -345,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         scales = dataclasses.replace(
             scales, recovery_bound=max(scales.recovery_bound, REAL_BACKOFF_MIN_BOUND)
         )
-    variant = variant_of(args.scenario, backoff, args.real_nodes) + [
+    variant = variant_of(args.scenario, backoff, args.real_nodes)
+    if args.scale_size:
+        variant.append(f"{scales.scale_nodes}-nodes")
+    variant += [
         f"{key.removeprefix('KN_RESCHEDULER_').lower().replace('_', '-')}-{value}"
         for key, value in sorted(settings.items())
     ]
