@@ -709,58 +709,51 @@ class FakeKubelet:
             s.put("RESYNC", {"uids": uids})
         return rv
 
+    def _list_nodes(self) -> str:
+        """Lists every Node into ``node_faults`` (afresh); returns the list's revision."""
+        self.node_faults.restart()
+        params: dict[str, str] = {"limit": "500"}
+        while True:
+            page = self.rest.get("/api/v1/nodes", params)
+            for node in page.get("items", []):
+                self.node_faults.record(node)
+            cont = page.get("metadata", {}).get("continue")
+            if not cont:
+                return str(page.get("metadata", {}).get("resourceVersion", ""))
+            params = {**params, "continue": cont}
+
     def _watch_nodes(self) -> None:
-        """Keeps ``node_faults``: LIST the Nodes, then WATCH them from the list's revision."""
-        rv = ""
-        while not self.stopped.is_set():
-            try:
-                if not rv:
-                    self.node_faults.restart()
-                    params: dict[str, str] = {"limit": "500"}
-                    while True:
-                        page = self.rest.get("/api/v1/nodes", params)
-                        for node in page.get("items", []):
-                            self.node_faults.record(node)
-                        cont = page.get("metadata", {}).get("continue")
-                        if not cont:
-                            rv = str(page.get("metadata", {}).get("resourceVersion", ""))
-                            break
-                        params = {**params, "continue": cont}
-                for event in self.rest.watch(
-                    "/api/v1/nodes", {"resourceVersion": rv}, timeout_seconds=5
-                ):
-                    if self.stopped.is_set():
-                        return
-                    etype, obj = event.get("type"), event.get("object", {})
-                    if etype == "ERROR":
-                        if obj.get("code") == 410:
-                            rv = ""
-                        break
-                    rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
-                    if etype in ("ADDED", "MODIFIED", "DELETED"):
-                        self.node_faults.record(obj)
-            except ApiError as e:
-                if self.stopped.is_set():
-                    return
-                if e.status == 410:
-                    rv = ""
-                self.log.debug("node watch: %s", e)
-                time.sleep(0.5)
-            except Exception:
-                if self.stopped.is_set():
-                    return
-                self.log.exception("node watch failed")
-                time.sleep(0.5)
+        self._list_watch(
+            "/api/v1/nodes", {}, self._list_nodes, lambda _, node: self.node_faults.record(node)
+        )
+
+    def _listed_pods(self) -> str:
+        rv = self._list()
+        self.synced.set()
+        return rv
 
     def _watch_loop(self) -> None:
+        self._list_watch(
+            "/api/v1/pods", {"fieldSelector": "spec.nodeName!="}, self._listed_pods, self._dispatch
+        )
+
+    def _list_watch(
+        self,
+        path: str,
+        params: dict[str, str],
+        listed: Callable[[], str],
+        apply: Callable[[str, JSON], None],
+    ) -> None:
+        """LIST (``listed`` returns the revision), then WATCH ``path`` from there, handing each
+        change to ``apply``; a new watch from the last revision seen when one ends, a new LIST
+        when the revision is too old, until the kubelet stops."""
         rv = ""
         while not self.stopped.is_set():
             try:
                 if not rv:
-                    rv = self._list()
-                    self.synced.set()
-                params = {"fieldSelector": "spec.nodeName!=", "resourceVersion": rv}
-                for event in self.rest.watch("/api/v1/pods", params, timeout_seconds=5):
+                    rv = listed()
+                watched = {**params, "resourceVersion": rv}
+                for event in self.rest.watch(path, watched, timeout_seconds=5):
                     if self.stopped.is_set():
                         return
                     etype, obj = event.get("type"), event.get("object", {})
@@ -770,16 +763,16 @@ class FakeKubelet:
                         break
                     rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
                     if etype in ("ADDED", "MODIFIED", "DELETED"):
-                        self._dispatch(str(etype), obj)
+                        apply(str(etype), obj)
             except ApiError as e:
                 if self.stopped.is_set():
                     return
                 if e.status == 410:
                     rv = ""
-                self.log.debug("pod watch: %s", e)
+                self.log.debug("watch of %s: %s", path, e)
                 time.sleep(0.5)
             except Exception:
                 if self.stopped.is_set():
                     return
-                self.log.exception("pod watch failed")
+                self.log.exception("watch of %s failed", path)
                 time.sleep(0.5)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -36,6 +38,7 @@ from shared.nodes.assess_nodes.decide import (
     over_cap,
     within_cap,
 )
+from shared.nodes.assess_nodes.handler import Assessor
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.platform.events import Event, Reply
@@ -694,3 +697,49 @@ def test_a_workloads_successive_controllers_are_one_distinct_workload(
 )
 def test_a_workload_is_counted_by_its_top_level_workload(workload: str, top: str) -> None:
     assert family(workload) == top
+
+
+# -- one writer per node (a burst of reports about one node) ------------------------------------
+
+
+class OneNodeApi:
+    """The API server as a compare-and-swap sees it, for one Node: a merge patch carrying a
+    stale resourceVersion is refused (409), as the API server refuses it."""
+
+    def __init__(self) -> None:
+        self.node = nodes.node("node-1")
+        self.node["metadata"]["resourceVersion"] = "1"
+        self.guard = threading.Lock()
+        self.conflicts = 0
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        with self.guard:
+            return copy.deepcopy(self.node)
+
+    def merge_patch(self, kind: str, namespace: str | None, name: str, body: Any) -> Any:
+        time.sleep(0.002)  # the round trip, during which another writer may read
+        with self.guard:
+            meta = self.node["metadata"]
+            if body["metadata"]["resourceVersion"] != meta["resourceVersion"]:
+                self.conflicts += 1
+                raise kube.Conflict(409, "the object has been modified")
+            for key in ("labels", "annotations"):
+                merged = {**(meta.get(key) or {}), **(body["metadata"].get(key) or {})}
+                meta[key] = {k: v for k, v in merged.items() if v is not None}
+            meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+            return copy.deepcopy(self.node)
+
+
+def test_reports_about_one_node_arriving_at_once_are_written_one_after_another() -> None:
+    api = OneNodeApi()
+    assessor = Assessor(api, Config(suspect_workloads=99), clock=lambda: NOW)  # type: ignore[arg-type]
+    reports = [blame(f"W{i}", pod=f"uid-{i}") for i in range(12)]
+    threads = [threading.Thread(target=assessor.blame, args=(b,)) for b in reports]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Every report is on record, and none had to be read again after losing a race.
+    assert len(load(api.node["metadata"]["annotations"][NODE_HEALTH_ANNOTATION]).failures) == 12
+    assert api.node["metadata"]["labels"][FAILING_WORKLOADS_LABEL] == "12"
+    assert api.conflicts == 0
