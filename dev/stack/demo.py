@@ -610,6 +610,19 @@ class _ActFailed(Exception):
     pass
 
 
+def _until_told(timeline: Timeline, placed: Mapping[str, str], feed: Feed) -> None:
+    """Until the timeline has the pods ``placed`` (name -> node) Ready too. The API said so
+    first; the timeline hears it from the pipeline's own events (the ApiServerSource, through
+    the Broker, into the archive), which under load come a moment later: the summary is made
+    from the timeline, and would call a replica Ready on the API "not recovered"."""
+
+    def told() -> bool:
+        lives = [life for life in timeline.pods.values() if life.name in placed]
+        return len(lives) >= len(placed) and all(life.ready is not None for life in lives)
+
+    _until("the pipeline's events to tell those pods Ready", told, feed)
+
+
 def _scale(kube: Kube, w: Workload, replicas: int) -> None:
     kube.merge_patch("Deployment", NAMESPACE, w.name, {"spec": {"replicas": replicas}})
 
@@ -704,7 +717,7 @@ def pressure_act(
         out.placed_while_labelled = _until(
             f"{want} pods of {api.ref} Ready", lambda: _ready_pods(kube, api, want), feed
         )
-        feed.poll()
+        _until_told(timeline, out.placed_while_labelled, feed)
         where = sorted(out.placed_while_labelled.values())
         on_node = [p for p, n in out.placed_while_labelled.items() if n == node]
         if on_node:
@@ -746,7 +759,7 @@ def pressure_act(
         placed = _until(
             f"{want + 1} pods of {api.ref} Ready", lambda: _ready_pods(kube, api, want + 1), feed
         )
-        feed.poll()
+        _until_told(timeline, placed, feed)
         out.placed_after = {p: n for p, n in placed.items() if p not in before}
         new_nodes = ", ".join(sorted(set(out.placed_after.values())))
         console.say(
