@@ -202,13 +202,20 @@ def test_all_nodes_faulty_clears_exclusions_once_the_pod_is_unschedulable(
         lambda: events_for(api, namespace, name, "ExclusionsCleared"),
         SETTLE,
     )
-    actions = [
-        (r["data"]["action"], r["data"]["moves"])
-        for r in replies_for(stack, namespace, EVENT_POD_RESCHEDULED)
-    ]
-    cleared_at = actions.index(("clear-and-move", len(cluster.nodes)))
+
+    def actions() -> list[tuple[str, int]]:
+        return [
+            (r["data"]["action"], r["data"]["moves"])
+            for r in replies_for(stack, namespace, EVENT_POD_RESCHEDULED)
+        ]
+
+    # The Event is recorded before the function answers; its reply reaches the archive through
+    # the Broker a moment later.
+    clearing = ("clear-and-move", len(cluster.nodes))
+    done = wait_for("the clearing move's reply", lambda: clearing in actions() and actions(), 30)
+    cleared_at = done.index(clearing)
     # Every node was tried once, then the clearing step left the count where it was.
-    assert actions[:cleared_at] == [("move", i + 1) for i in range(len(cluster.nodes))]
+    assert done[:cleared_at] == [("move", i + 1) for i in range(len(cluster.nodes))]
 
 
 def test_daemonsets_and_workloads_without_the_policy_are_left_alone(
