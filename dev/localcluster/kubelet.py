@@ -495,8 +495,9 @@ class _Shard:
             except ApiError as e:
                 if e.status not in (400, 410):  # 410: compacted away; fall back below
                     raise
-                self.k.log.info("node %s at revision %s: %s; reading it now", name, rv, e)
-        return self.k.rest.get(f"/api/v1/nodes/{name}")
+                self.k.log.info("node %s at revision %s: %s; as it is now", name, rv, e)
+        # As read above; a node deleted since and gone from history too: 404, the pod's end.
+        return node if node is not None else self.k.rest.get(f"/api/v1/nodes/{name}")
 
     def _advance(self, uid: str, tracked: _Tracked) -> None:
         assert tracked.run is not None
