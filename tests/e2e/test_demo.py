@@ -118,7 +118,6 @@ def test_the_output_tells_the_story_as_it_happens(demo: dict[str, Any]) -> None:
         "first failure on node-1: CrashLoopBackOff after 1 restart; node-1 is not suspect",
         "failing on node-1: CrashLoopBackOff",
         "failing on node-3: OOMKilled",
-        "failing on node-5: ErrImagePull",
         "[detect-failures]",
         "[update-annotations]",
         "the webhook kept it off node-5",
@@ -131,6 +130,10 @@ def test_the_output_tells_the_story_as_it_happens(demo: dict[str, Any]) -> None:
         "summary",
     ):
         assert expected in out, f"{expected!r} not in the output:\n{out[-4000:]}"
+    # A failed image pull is written under two waiting reasons by where the kubelet's retry
+    # stands (ErrImagePull, then ImagePullBackOff during its back-off); the event that reports
+    # it carries whichever the status had when it was written, which under load may be either.
+    assert re.search(r"failing on node-5: (ErrImagePull|ImagePullBackOff)", out), out[-4000:]
     # Not a terminal: no colour codes.
     assert "\033[" not in out
     # The pipeline's own account agrees: one rescheduled event per move.
