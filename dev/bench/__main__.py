@@ -291,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="with --only scale: a setting of the functions, as a line of knative/config.env "
-        "(e.g. KN_RESCHEDULER_FAILING_AFFINITY_WEIGHT=0; repeatable)",
+        help="with --only scale or --only recovery: a setting of the functions, as a line of "
+        "knative/config.env (e.g. KN_RESCHEDULER_FAILING_AFFINITY_WEIGHT=0; repeatable)",
     )
     parser.add_argument(
         "--scale-size",
@@ -309,8 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key.startswith("KN_RESCHEDULER_"):
             parser.error(f"--set {given!r}: expected KN_RESCHEDULER_<SETTING>=<value>")
         settings[key] = value
-    if settings and set(args.only or ()) != {"scale"}:
-        parser.error("--set needs --only scale (a full run measures the shipped settings)")
+    if settings and set(args.only or ()) not in ({"scale"}, {"recovery"}):
+        parser.error(
+            "--set needs --only scale or --only recovery (a full run measures the shipped "
+            "settings)"
+        )
     scales = QUICK if args.quick else FULL
     if args.scale_size:
         if set(args.only or ()) != {"scale"}:
@@ -400,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             log=_log,
             only=systems,
             scenario=args.scenario,
+            settings=settings,
         ),
         "detect": lambda: detect.measure(scales, workdir / "detect", log=_log),
         "webhook": lambda: webhook.measure(run.cluster(), scales, workdir / "webhook", log=_log),

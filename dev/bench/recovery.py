@@ -45,7 +45,7 @@ import gzip
 import json
 import random
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -160,9 +160,18 @@ def container(real: bool) -> JSON:
     }
 
 
-def _identity_stack(cluster: Cluster, workdir: Path) -> Stack:
+def _identity_stack(
+    cluster: Cluster, workdir: Path, settings: Mapping[str, str] | None = None
+) -> Stack:
     kubeconfig = identity_kubeconfig(cluster, KN_USER, workdir / "identity")
-    return Stack(kubeconfig, cluster.api_client(), workdir, workdir / "logs", sweep_every=None)
+    return Stack(
+        kubeconfig,
+        cluster.api_client(),
+        workdir,
+        workdir / "logs",
+        sweep_every=None,
+        settings=settings,
+    )
 
 
 class System:
@@ -208,13 +217,15 @@ class Descheduler(System):
 
 
 class KnRescheduler(System):
-    def __init__(self, cluster: Cluster, workdir: Path) -> None:
+    def __init__(
+        self, cluster: Cluster, workdir: Path, settings: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__("kn-rescheduler", KN_USER)
-        self.cluster, self.workdir = cluster, workdir
+        self.cluster, self.workdir, self.settings = cluster, workdir, settings
         self.stack: Stack | None = None
 
     def start(self) -> None:
-        self.stack = _identity_stack(self.cluster, self.workdir).start()
+        self.stack = _identity_stack(self.cluster, self.workdir, self.settings).start()
 
     def stop(self) -> None:
         if self.stack is not None:
@@ -408,6 +419,7 @@ def measure(
     log: Callable[[str], None],
     only: Collection[str] | None = None,
     scenario: str = SCENARIOS[0],
+    settings: Mapping[str, str] | None = None,
 ) -> JSON:
     """Every system of ``system_names`` in turn, or only those named in ``only``, on
     ``scenario``, with the back-off of ``cluster``'s fake kubelet, or on its real nodes (a
@@ -439,7 +451,7 @@ def measure(
             Descheduler(cluster, interval, workdir / f"descheduler-{interval}", binary)
             for interval in intervals
         ]
-    kn = KnRescheduler(cluster, workdir / "kn-rescheduler")
+    kn = KnRescheduler(cluster, workdir / "kn-rescheduler", settings)
     systems.append(kn)
     runs: dict[str, Any] = {}
     healthy: JSON = {}
