@@ -311,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         settings[key] = value
     if settings and set(args.only or ()) not in ({"scale"}, {"recovery"}):
         parser.error(
-            "--set needs --only scale or --only recovery (a full run measures the shipped "
-            "settings)"
+            "--set needs --only scale or --only recovery (a full run measures the shipped settings)"
         )
     scales = QUICK if args.quick else FULL
     if args.scale_size:

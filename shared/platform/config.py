@@ -195,6 +195,13 @@ class Config:
     failing_affinity_weight: int = 100
     # Move a pod failing on a suspect node at its first node-fixable failure.
     suspect_fast_path: bool = True
+    # Move a pod sooner than the thresholds above when what is beside it says its node is why
+    # (shared/workloads/fastpath.py): another workload failing on the same node now, or a pod
+    # of the same ReplicaSet Ready on another node. Then this many restarts in a row, or a
+    # pull or start failing this long, are enough.
+    corroborated_fast_path: bool = True
+    corroborated_restart_threshold: int = 2
+    corroborated_waiting_after: timedelta = timedelta(seconds=10)
     # Node conditions that, while True, make the node suspect with no pod failing there (under
     # the same cap and opt-out); empty: conditions are no evidence.
     suspect_conditions: frozenset[str] = DEFAULT_SUSPECT_CONDITIONS
@@ -590,6 +597,9 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "suspect_affinity_weight": _as_weight,
     "failing_affinity_weight": _as_weight,
     "suspect_fast_path": _as_bool,
+    "corroborated_fast_path": _as_bool,
+    "corroborated_restart_threshold": _as_positive_int,
+    "corroborated_waiting_after": _as_duration,
     "suspect_conditions": _as_conditions,
     "prometheus_url": _as_text,
     "pressure_rules_file": _as_text,

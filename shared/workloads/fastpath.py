@@ -1,27 +1,53 @@
-"""The fast path: a pod failing on a node already suspect moves at its first failure.
+"""The fast path: a pod moves before its thresholds when what is beside it says the node is why.
 
 The crash-loop threshold (3 restarts in a row) and the 30 s a failed pull or start must last
-protect a workload from being moved for one bad run. On a node that several workloads already
-failed on, that wait buys nothing: with a real kubelet's back-off (10 s, 20 s, 40 s ...) three
-restarts cost over a minute on a node known to be broken.
+protect a workload from being moved for one bad run. With a real kubelet's back-off (10 s,
+20 s, 40 s ...) they cost 30-45 s of a user's time, and on a node known to be broken that wait
+buys nothing. Measured (dev/bench/RESULTS.md): 42 s p50 from a pod's first failure to Ready
+elsewhere, 39 s of it waiting for the threshold.
 
 So detect-failures, which has no API access, reports a pod's *first* node-fixable failure as
 an early report (``kind: early``) when the full rules do not call it failing yet, and
-update-annotations acts on an early report only when the pod's node carries the suspect label
-(one Node GET): anywhere else it waits for the full rules, as before. assess-nodes never counts
-an early report as evidence against a node, nor the move that follows it (the reply after the
-move says ``kind: early``): otherwise a one-off crash on a suspect node would keep it suspect.
+update-annotations acts on it only with evidence beside the pod:
+
+- **The node is suspect** (assess-nodes' label): moved at its first failure.
+- **Corroborated** (`corroborated_config`: 2 restarts in a row, or a pull or start failing for
+  10 s, instead of 3 and 30 s), and either
+  - **another workload fails on the same node now** (`other_workloads_failing`: a pod of
+    another controller on that node, failing there for a reason another node could fix), or
+  - **the same template runs elsewhere** (`ready_elsewhere`: a pod of the same ReplicaSet is
+    Ready and proven so on another node, and none fails on another node).
+
+A pod that crashes once and recovers is never moved: one crash is no evidence on any node but
+a suspect one, and the kubelet restarts a crashed container at once, so a second crash in a row
+comes only from a container that failed again. A failure every node would repeat (a missing
+Secret, an image that does not exist, an OOM kill at the container's own limit) is no evidence
+and is never corroborated.
+
+assess-nodes never counts a suspect-node move as evidence against the node: otherwise a
+one-off crash on a suspect node would keep it suspect and suspicion would feed itself. A
+corroborated move is counted (its reply says ``kind: node-fixable``): the pod failed three
+times in a row there, with another workload failing beside it or its twin healthy elsewhere.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Final
 
 from shared.api.keys import SUSPECT_LABEL, SUSPECT_VALUE
+from shared.api.kubetypes import Pod
 from shared.platform.config import Config
+from shared.workloads.classify import Failure, FailureKind, classify, controller_of
+from shared.workloads.everywhere import Health, health_of
+from shared.workloads.siblings import sibling_evidence
+
+# The ReplicaSet controller names a Deployment's ReplicaSet <deployment>-<pod-template-hash>
+# and labels its pods with the hash (pkg/controller/deployment/sync.go, getNewReplicaSet):
+# two ReplicaSets of one rollout are one workload.
+POD_TEMPLATE_HASH_LABEL: Final = "pod-template-hash"
 
 
 def early_config(cfg: Config) -> Config:
@@ -29,7 +55,141 @@ def early_config(cfg: Config) -> Config:
     return replace(cfg, crashloop_restart_threshold=1, waiting_failure_after=timedelta(0))
 
 
+def corroborated_config(cfg: Config) -> Config:
+    """The rules for a failure with evidence beside it: the corroborated thresholds, never
+    looser than first sight nor stricter than the full rules."""
+    return replace(
+        cfg,
+        crashloop_restart_threshold=min(
+            cfg.corroborated_restart_threshold, cfg.crashloop_restart_threshold
+        ),
+        waiting_failure_after=min(cfg.corroborated_waiting_after, cfg.waiting_failure_after),
+    )
+
+
 def is_suspect(node: Mapping[str, Any]) -> bool:
     """Does the Node carry the suspect label assess-nodes sets?"""
     labels = (node.get("metadata") or {}).get("labels") or {}
     return bool(labels.get(SUSPECT_LABEL) == SUSPECT_VALUE)
+
+
+def killed_at_its_own_limit(pod: Pod, found: Failure) -> bool:
+    """An OOM kill at the container's own memory limit: the application's doing, on any node.
+    (Without a limit the full rules count it at first sight, as the node running out.)"""
+    status = pod.get("status") or {}
+    statuses = (
+        status.get("initContainerStatuses")
+        if found.init_container
+        else status.get("containerStatuses")
+    )
+    for container in statuses or []:
+        if container.get("name") != found.container:
+            continue
+        terminated = (container.get("state") or {}).get("terminated") or (
+            container.get("lastState") or {}
+        ).get("terminated")
+        return bool(terminated and terminated.get("reason") == "OOMKilled")
+    return False
+
+
+def corroborated_failure(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
+    """The pod's failure by the corroborated thresholds, or None (not failing often or long
+    enough, or failing in a way no node can fix)."""
+    found = classify(pod, corroborated_config(cfg), now)
+    if found is None or found.kind is not FailureKind.NODE_FIXABLE or not found.node:
+        return None
+    if _only_at_first_sight(pod, found, cfg, now):
+        return None
+    return found
+
+
+def _only_at_first_sight(pod: Pod, found: Failure, cfg: Config, now: datetime) -> bool:
+    """An OOM kill at the pod's own limit counts as a crash loop only at the full threshold:
+    the looser rules must not count it sooner."""
+    if not killed_at_its_own_limit(pod, found):
+        return False
+    return classify(pod, cfg, now) is None
+
+
+def workload_of(pod: Mapping[str, Any]) -> str:
+    """Which workload a pod belongs to, as ``namespace/Kind/name``: its controller, a
+    Deployment for a ReplicaSet it names (both ReplicaSets of a rollout), the pod itself when
+    it has none."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    owner = controller_of(pod)  # type: ignore[arg-type]
+    if owner is None:
+        return f"{namespace}/Pod/{meta.get('name', '')}"
+    kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
+    template_hash = (meta.get("labels") or {}).get(POD_TEMPLATE_HASH_LABEL)
+    if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
+        return f"{namespace}/Deployment/{name.removesuffix(f'-{template_hash}')}"
+    return f"{namespace}/{kind}/{name}"
+
+
+def other_workloads_failing(
+    pod: Pod, on_node: Iterable[Mapping[str, Any]], cfg: Config, now: datetime
+) -> tuple[str, ...]:
+    """The other workloads with a pod failing on ``pod``'s node now, for a reason another node
+    could fix; sorted.
+
+    ``on_node`` are the pods listed on that node (anything else is ignored). A neighbour counts
+    from the first failure of its series (`sibling_evidence`), as a sibling does: the pod being
+    judged has already failed three times in a row, and waiting for the neighbour to do the
+    same is a race the first of a burst always loses. A neighbour killed at its own memory
+    limit, being deleted, or of the same workload says nothing about the node.
+    """
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return ()
+    own = workload_of(pod)
+    evidence = sibling_evidence(cfg)
+    found: set[str] = set()
+    for candidate in on_node:
+        meta = candidate.get("metadata") or {}
+        if (candidate.get("spec") or {}).get("nodeName") != node or meta.get("deletionTimestamp"):
+            continue
+        workload = workload_of(candidate)
+        if workload == own or workload in found:
+            continue
+        neighbour: Pod = candidate  # type: ignore[assignment]
+        failure = classify(neighbour, evidence, now)
+        if failure is None or failure.kind is not FailureKind.NODE_FIXABLE:
+            continue
+        if failure.node != node or killed_at_its_own_limit(neighbour, failure):
+            continue
+        found.add(workload)
+    return tuple(sorted(found))
+
+
+def ready_elsewhere(
+    pod: Pod, candidates: Iterable[Mapping[str, Any]], cfg: Config, now: datetime
+) -> tuple[str, ...]:
+    """The pods of ``pod``'s ReplicaSet that are Ready, and proven so (`health_of`), on
+    another node: ``name on node``, sorted.
+
+    Only a ReplicaSet's pods are twins: a StatefulSet's carry their own identity and volume,
+    a Job's run to completion. A crash-looping container with no readiness probe is Ready
+    between two crashes, so Ready alone proves nothing (`health_of` asks for a pod that never
+    restarted or stayed Ready long after).
+    """
+    owner = controller_of(pod)
+    if owner is None or owner.get("kind") != "ReplicaSet" or not owner.get("uid"):
+        return ()
+    own_node = (pod.get("spec") or {}).get("nodeName")
+    own_uid = (pod.get("metadata") or {}).get("uid")
+    found = []
+    for candidate in candidates:
+        meta = candidate.get("metadata") or {}
+        node = (candidate.get("spec") or {}).get("nodeName")
+        if not node or node == own_node or meta.get("uid") == own_uid:
+            continue
+        if meta.get("deletionTimestamp"):
+            continue
+        twin: Pod = candidate  # type: ignore[assignment]
+        cowner = controller_of(twin)
+        if cowner is None or cowner.get("uid") != owner.get("uid"):
+            continue
+        if health_of(twin, cfg, now)[0] is Health.HEALTHY:
+            found.append(f"{meta.get('name', '')} on {node}")
+    return tuple(sorted(found))

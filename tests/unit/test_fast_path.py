@@ -77,9 +77,11 @@ def test_what_is_not_a_node_fixable_failure_is_not_reported_early(pod: Any) -> N
     assert reported(pod) is None
 
 
-def test_with_the_fast_path_off_a_first_failure_is_not_reported() -> None:
+def test_with_both_fast_paths_off_a_first_failure_is_not_reported() -> None:
     pod = pods.pod(containers=[pods.crash_looping(restarts=1)])
-    assert reported(pod, Config(suspect_fast_path=False)) is None
+    assert reported(pod, Config(suspect_fast_path=False)) is not None  # corroboration reads it
+    off = Config(suspect_fast_path=False, corroborated_fast_path=False)
+    assert reported(pod, off) is None
 
 
 def test_the_rules_at_first_sight_change_only_the_two_thresholds() -> None:

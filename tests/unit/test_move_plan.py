@@ -355,26 +355,38 @@ def node(*, suspect: bool) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b", "labels": labels}}
 
 
-def test_an_early_report_on_a_node_that_is_not_suspect_is_not_acted_on() -> None:
-    acted_on, why = decide.early_report(early_report(), CFG, node(suspect=False))
-    assert not acted_on
-    assert "not suspect" in why
+def test_an_early_report_on_a_node_that_is_not_suspect_waits_for_more_evidence() -> None:
+    # Not acted on by the node alone: corroboration looks beside the pod next (its own tests:
+    # tests/unit/test_corroborated_moves.py), and with it off the report is dropped.
+    assert decide.early_on_node(early_report(), CFG, node(suspect=False)) is None
+    off = decide.early_on_node(
+        early_report(), Config(corroborated_fast_path=False), node(suspect=False)
+    )
+    assert off is not None and not off.acted_on and "not suspect" in off.why
 
 
 def test_an_early_report_on_a_suspect_node_moves_the_pod_at_its_first_failure() -> None:
-    acted_on, _ = decide.early_report(early_report(), CFG, node(suspect=True))
-    assert acted_on
+    early = decide.early_on_node(early_report(), CFG, node(suspect=True))
+    assert early is not None and early.acted_on
     live = pods.pod(containers=[pods.crash_looping(restarts=1)])
-    given = Inputs(early_report(), live, resolution(REPLICASET, replicaset()), CFG, NOW)
+    given = Inputs(
+        early_report(), live, resolution(REPLICASET, replicaset()), CFG, NOW, early=early
+    )
     made = decide.plan_move(given)
     assert isinstance(made, ListSiblings)
+    # The same report planned without the Node's verdict is not a failure yet.
+    unproven = Inputs(early_report(), live, resolution(REPLICASET, replicaset()), CFG, NOW)
+    assert not isinstance(decide.plan_move(unproven), ListSiblings)
 
 
 def test_an_early_report_with_the_fast_path_off_is_not_acted_on() -> None:
-    acted_on, _ = decide.early_report(
+    off = Config(suspect_fast_path=False, corroborated_fast_path=False)
+    early = decide.early_on_node(early_report(), off, node(suspect=True))
+    assert early is not None and not early.acted_on
+    only_corroborated = decide.early_on_node(
         early_report(), Config(suspect_fast_path=False), node(suspect=True)
     )
-    assert not acted_on
+    assert only_corroborated is None  # the suspect label alone no longer moves it
 
 
 # -- a Job's pod -----------------------------------------------------------------------------------

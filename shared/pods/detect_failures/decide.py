@@ -23,7 +23,7 @@ from shared.workloads.classify import (
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
-from shared.workloads.fastpath import early_config
+from shared.workloads.fastpath import early_config, killed_at_its_own_limit
 from shared.workloads.podshape import MalformedPod, judged
 
 _WATCHED: Final = frozenset({APISERVER_ADD, APISERVER_UPDATE})
@@ -59,7 +59,7 @@ def detect(event: events.Event, cfg: Config, now: datetime | None = None) -> eve
                 if not worth_forwarding(typed, cfg):
                     return None
                 failure = classify(typed, cfg, now)
-                if failure is None and cfg.suspect_fast_path:
+                if failure is None and (cfg.suspect_fast_path or cfg.corroborated_fast_path):
                     failure = _early(typed, cfg, now)
             if failure is None:
                 return None
@@ -73,27 +73,8 @@ def detect(event: events.Event, cfg: Config, now: datetime | None = None) -> eve
 
 def _early(pod: Pod, cfg: Config, now: datetime | None) -> Failure | None:
     """The pod's first node-fixable failure, reported early for the fast path: acted on only
-    if its node is suspect (update-annotations checks the Node)."""
+    with evidence beside the pod (update-annotations reads it: shared/workloads/fastpath.py)."""
     found = classify(pod, early_config(cfg), now)
-    if found is None or _killed_at_its_own_limit(pod, found):
+    if found is None or killed_at_its_own_limit(pod, found):
         return None
     return replace(found, kind=FailureKind.EARLY, why=f"first failure: {found.why}")
-
-
-def _killed_at_its_own_limit(pod: Pod, found: Failure) -> bool:
-    """An OOM kill the full rules did not count is one at the container's own memory limit
-    (without a limit it counts at first sight): the application's doing, on any node."""
-    status = pod.get("status") or {}
-    statuses = (
-        status.get("initContainerStatuses")
-        if found.init_container
-        else status.get("containerStatuses")
-    )
-    for container in statuses or []:
-        if container.get("name") != found.container:
-            continue
-        terminated = (container.get("state") or {}).get("terminated") or (
-            container.get("lastState") or {}
-        ).get("terminated")
-        return bool(terminated and terminated.get("reason") == "OOMKilled")
-    return False

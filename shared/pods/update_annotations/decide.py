@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from shared.api.keys import (
@@ -41,6 +42,7 @@ from shared.api.keys import (
 )
 from shared.api.kubetypes import Pod
 from shared.api.state import StateError, dump_state, load_state
+from shared.api.times import format_duration
 from shared.platform import events
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
@@ -57,7 +59,14 @@ from shared.workloads.classify import (
     unschedulable_due_to_exclusions,
 )
 from shared.workloads.everywhere import ALONE, Witnesses, witnesses_of
-from shared.workloads.fastpath import early_config, is_suspect
+from shared.workloads.fastpath import (
+    corroborated_config,
+    corroborated_failure,
+    early_config,
+    is_suspect,
+    other_workloads_failing,
+    ready_elsewhere,
+)
 from shared.workloads.owners import BARE, JOB, Holder, Ref, Resolution
 from shared.workloads.podevents import FAILED_CREATE_POD_SANDBOX
 from shared.workloads.policy import (
@@ -125,6 +134,9 @@ class Inputs:
     # witness of its failure), and the pod now holding its name, if any.
     removed: bool = False
     namesake: Pod | None = None
+    # What an early report (a failure below the thresholds) was acted on for; None: the full
+    # rules' report.
+    early: Early | None = None
 
 
 # -- what a plan asks to be read first ----------------------------------------------------------
@@ -399,24 +411,142 @@ def reply_for(
 # -- judgements on what was read ----------------------------------------------------------------
 
 
-def early_report(
-    failing: FailingPod, cfg: Config, node: Mapping[str, Any] | None
-) -> tuple[bool, str]:
-    """Whether an early report (the pod's first failure) is acted on, and why: only on a node
-    assess-nodes marked suspect. ``node`` is the Node as read (None: gone, or not read because
-    the fast path is off)."""
+class Evidence(StrEnum):
+    """What beside the pod moves it before its thresholds (shared/workloads/fastpath.py)."""
+
+    SUSPECT_NODE = "suspect-node"
+    OTHER_WORKLOADS = "other-workloads"
+    READY_ELSEWHERE = "ready-elsewhere"
+
+
+@dataclass(frozen=True)
+class Early:
+    """Whether an early report is acted on, on what evidence, and why."""
+
+    acted_on: bool
+    why: str
+    evidence: Evidence | None = None
+
+    @property
+    def counts_against_node(self) -> bool:
+        """A corroborated move is evidence against its node; a suspect node's is not (it
+        would keep the node suspect on any one-off crash)."""
+        return self.acted_on and self.evidence in (
+            Evidence.OTHER_WORKLOADS,
+            Evidence.READY_ELSEWHERE,
+        )
+
+    def rules(self, cfg: Config) -> Config:
+        """The classifier's thresholds this evidence allows."""
+        if self.evidence is Evidence.SUSPECT_NODE:
+            return early_config(cfg)
+        return corroborated_config(cfg)
+
+
+@dataclass(frozen=True)
+class ListNodePods:
+    """LIST the pods bound to ``node`` (every namespace, by field selector), then corroborate
+    again with them."""
+
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class ListTwins:
+    """LIST the pods of the failing pod's ReplicaSet, then corroborate again with them."""
+
+    namespace: str
+    selector: str
+    why: str
+
+
+def early_on_node(failing: FailingPod, cfg: Config, node: Mapping[str, Any] | None) -> Early | None:
+    """The first step for an early report: the Node as read (None: gone). An answer when the
+    Node decides it (suspect, or nothing else may); None: look beside the pod next."""
     name = failing.failure.node
-    if not cfg.suspect_fast_path or not name:
-        return False, "early report: the fast path is off"
+    if not name or not (cfg.suspect_fast_path or cfg.corroborated_fast_path):
+        return Early(False, "early report: the fast path is off")
     if node is None:
-        return False, f"early report: node {name} is gone"
-    if not is_suspect(node):
-        return False, f"early report: node {name} is not suspect, waiting for the thresholds"
-    return True, f"early report on suspect node {name}: the fast path"
+        return Early(False, f"early report: node {name} is gone")
+    if cfg.suspect_fast_path and is_suspect(node):
+        return Early(True, f"node {name} is suspect: moved at first failure", Evidence.SUSPECT_NODE)
+    if not cfg.corroborated_fast_path:
+        return Early(False, f"early report: node {name} is not suspect, waiting for the thresholds")
+    return None
+
+
+def corroborate(
+    failing: FailingPod,
+    live: Pod,
+    cfg: Config,
+    now: datetime,
+    *,
+    on_node: Sequence[Mapping[str, Any]] | None = None,
+    twins: Sequence[Mapping[str, Any]] | None = None,
+) -> Early | ListNodePods | ListTwins:
+    """Whether an early report on a node that is not suspect is acted on: the pod as it is now
+    must fail by the corroborated thresholds on that node, and another workload must fail
+    there now or a pod of its ReplicaSet be Ready elsewhere. Asks for the LISTs it needs,
+    the cheaper evidence first (the node's pods are few; a ReplicaSet's may be many)."""
+    name = failing.failure.node or ""
+    found = corroborated_failure(live, cfg, now)
+    if found is None or found.node != name:
+        return Early(
+            False,
+            f"early report: node {name} is not suspect and the pod has not failed "
+            f"{cfg.corroborated_restart_threshold} times in a row (or for "
+            f"{format_duration(cfg.corroborated_waiting_after)}) there: waiting for the "
+            "thresholds",
+        )
+    if on_node is None:
+        return ListNodePods(name, f"{found.why}: is another workload failing there?")
+    others = other_workloads_failing(live, on_node, cfg, now)
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return Early(
+            True,
+            f"corroborated: {len(others)} other workload(s) fail on node {name} now ({shown})",
+            Evidence.OTHER_WORKLOADS,
+        )
+    owner = controller_of(live)
+    selector = sibling_selector(live) if owner and owner.get("kind") == "ReplicaSet" else None
+    if selector is None:
+        return Early(
+            False,
+            f"early report: no other workload fails on node {name} now: waiting for the thresholds",
+        )
+    if twins is None:
+        namespace = str((live.get("metadata") or {}).get("namespace") or failing.namespace)
+        return ListTwins(namespace, selector, "does its ReplicaSet run elsewhere?")
+    ready = ready_elsewhere(live, twins, cfg, now)
+    elsewhere = failing_siblings(live, twins, cfg, now, reset_after=cfg.reset_after)
+    if ready and not elsewhere:
+        shown = ", ".join(ready[:3]) + (f" and {len(ready) - 3} more" if len(ready) > 3 else "")
+        return Early(
+            True,
+            f"corroborated: {len(ready)} pod(s) of its ReplicaSet are Ready elsewhere ({shown})",
+            Evidence.READY_ELSEWHERE,
+        )
+    why = (
+        f"its ReplicaSet fails on {', '.join(nodes_of(elsewhere))} too"
+        if elsewhere
+        else "no pod of its ReplicaSet is Ready elsewhere"
+    )
+    return Early(
+        False,
+        f"early report: no other workload fails on node {name} now and {why}: waiting for "
+        "the thresholds",
+    )
 
 
 def current_failure(
-    live: Pod, failing: FailingPod, holder: Holder, cfg: Config, now: datetime
+    live: Pod,
+    failing: FailingPod,
+    holder: Holder,
+    cfg: Config,
+    now: datetime,
+    early: Early | None = None,
 ) -> tuple[Failure | None, str]:
     """The event may be old: judge the pod as it is now, falling back to the event's
     verdict only for a pod we already decided to move (its removal must finish). None, and
@@ -424,12 +554,10 @@ def current_failure(
     now_failing = classify(live, cfg, now) or unschedulable_due_to_exclusions(live, cfg)
     if now_failing is None:
         now_failing = _still_stuck(live, failing.failure, cfg, now)
-    if now_failing is None and failing.failure.kind is FailureKind.EARLY:
-        found = classify(live, early_config(cfg), now)
+    if now_failing is None and early is not None and early.acted_on:
+        found = classify(live, early.rules(cfg), now)
         if found is not None and found.node == failing.failure.node:
-            now_failing = replace(
-                found, why=f"{found.why}; node {found.node} is suspect: moved at first failure"
-            )
+            now_failing = replace(found, why=f"{found.why}; {early.why}")
     if now_failing is not None:
         return now_failing, ""
     if failing.uid in handled_uids(holder.annotations.get(STATE_ANNOTATION)):
@@ -558,7 +686,9 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         )
     failure = given.failure
     if failure is None:
-        failure, why_not = current_failure(live, failing, resolution.holder, cfg, given.now)
+        failure, why_not = current_failure(
+            live, failing, resolution.holder, cfg, given.now, given.early
+        )
         if failure is None:
             return _nothing(why_not)
     holder = given.holder or resolution.holder

@@ -221,8 +221,11 @@ class Rescheduler:
         if self.cfg.is_excluded_namespace(ns):
             trace.note(f"namespace {ns} is excluded")
             return None
-        if failing.failure.kind is FailureKind.EARLY and not self._on_suspect_node(failing, trace):
-            return None
+        early: decide.Early | None = None
+        if failing.failure.kind is FailureKind.EARLY:
+            early = self._early_on_node(failing, trace)
+            if early is not None and not early.acted_on:
+                return None
         try:
             live: Pod = self.api.get("Pod", ns, name)  # type: ignore[assignment]
         except kube.NotFound:
@@ -240,6 +243,15 @@ class Rescheduler:
             trace.note(f"pod {ns}/{name} is already being deleted")
             return self._said_if_ours(failing, trace)
 
+        if failing.failure.kind is FailureKind.EARLY and early is None:
+            early = self._corroborate(failing, live, trace)
+            if not early.acted_on:
+                return None
+        if early is not None and early.counts_against_node:
+            # Corroborated, the failure is judged by its node: assess-nodes counts the move.
+            failing = replace(
+                failing, failure=replace(failing.failure, kind=FailureKind.NODE_FIXABLE)
+            )
         resolution = resolve(self.api, ns, live)
         # A Deployment's pod: the Deployment's policy applies, and a copy of our state on it
         # (kubectl rollout undo) is removed before the ReplicaSet's state is written.
@@ -247,7 +259,8 @@ class Rescheduler:
         for note in settled.notes:
             trace.note(f"pod {ns}/{name}: {note}")
         return self._carry_out(
-            decide.Inputs(failing, live, settled.resolution, self.cfg, self.clock()), trace
+            decide.Inputs(failing, live, settled.resolution, self.cfg, self.clock(), early=early),
+            trace,
         )
 
     # -- a pod already gone: say the move an earlier delivery recorded and made ----------------
@@ -367,22 +380,62 @@ class Rescheduler:
                 holder, REASON_REPLACEMENT_REDIRECTED, redirect.why, key=redirect.uid, repeat=False
             )
 
-    def _on_suspect_node(self, failing: FailingPod, trace: Trace) -> bool:
-        """An early report (the pod's first failure) is acted on only on a suspect node."""
+    def _early_on_node(self, failing: FailingPod, trace: Trace) -> decide.Early | None:
+        """An early report (a failure below the thresholds): first the Node (one GET). A
+        suspect node moves the pod; None: look beside the pod next (`_corroborate`)."""
         node = failing.failure.node
         found: Mapping[str, Any] | None = None
-        if self.cfg.suspect_fast_path and node:
+        if node and (self.cfg.suspect_fast_path or self.cfg.corroborated_fast_path):
             try:
                 found = self.api.get("Node", None, node)
             except kube.NotFound:
                 found = None
-            except kube.Forbidden as exc:
-                # An install whose RBAC predates the fast path: wait for the full rules.
+            except kube.KubeError as exc:
+                # An install whose RBAC predates the fast path, or an API server that did not
+                # answer: wait for the full rules (the next status update reports again).
                 log.warning("cannot read node %s for the fast path: %s", node, exc)
-                return False
-        acted_on, why = decide.early_report(failing, self.cfg, found)
-        trace.note(why)
-        return acted_on
+                unread = decide.Early(False, f"early report: node {node} could not be read")
+                trace.note(unread.why)
+                return unread
+        early = decide.early_on_node(failing, self.cfg, found)
+        if early is not None:
+            trace.note(early.why)
+        return early
+
+    def _corroborate(self, failing: FailingPod, live: Pod, trace: Trace) -> decide.Early:
+        """Read what the corroborated rules ask for (the node's pods, then the ReplicaSet's),
+        until they answer. Best effort: a LIST that fails is no evidence, and the pod waits for
+        the full rules."""
+        on_node: list[Any] | None = None
+        twins: list[Any] | None = None
+        while True:
+            step = decide.corroborate(
+                failing, live, self.cfg, self.clock(), on_node=on_node, twins=twins
+            )
+            if isinstance(step, decide.Early):
+                trace.note(step.why)
+                return step
+            try:
+                if isinstance(step, decide.ListNodePods):
+                    on_node = list(
+                        self.api.list_all("Pod", None, field_selector=f"spec.nodeName={step.node}")
+                    )
+                else:
+                    twins = list(
+                        self.api.list_all("Pod", step.namespace, label_selector=step.selector)
+                    )
+            except kube.KubeError as exc:
+                log.warning(
+                    "could not list pods for %s/%s's early report (%s): waiting for the thresholds",
+                    failing.namespace,
+                    failing.name,
+                    exc,
+                )
+                unlisted = decide.Early(
+                    False, f"early report: the pods for {step.why!r} could not be listed"
+                )
+                trace.note(unlisted.why)
+                return unlisted
 
     # -- the executor: read, plan, send in order ----------------------------------------------
 

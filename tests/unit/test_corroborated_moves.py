@@ -1,0 +1,365 @@
+"""Corroborated moves: a pod failing below its thresholds moves when what is beside it says its
+node is why (shared/workloads/fastpath.py, update-annotations' `decide.corroborate`).
+
+Pods are shaped as the kubelet writes them (tests/unit/pods.py): a crash loop's waiting
+CrashLoopBackOff with the back-off message, a failed pull's waiting ErrImagePull. A
+Deployment's ReplicaSet is named <deployment>-<pod-template-hash>, as the deployment
+controller names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from shared.api.keys import SUSPECT_LABEL
+from shared.platform.config import Config
+from shared.platform.events import Event
+from shared.pods.detect_failures.decide import detect
+from shared.pods.failing import FailingPod
+from shared.pods.update_annotations import decide
+from shared.workloads.classify import FailureKind
+from shared.workloads.fastpath import (
+    corroborated_config,
+    corroborated_failure,
+    other_workloads_failing,
+    ready_elsewhere,
+    workload_of,
+)
+from shared.workloads.owners import holder_of
+from tests.unit import nodes, pods
+from tests.unit.test_owners import replicaset
+
+CFG = Config()
+NODE = "node-b"
+
+
+def web(name: str = "web-7d9c8b6f4-x2x9z", **kwargs: Any) -> Any:
+    """A pod of Deployment web (ReplicaSet web-7d9c8b6f4), by default on node-b."""
+    return pods.pod(name, **kwargs)
+
+
+def api_pod(
+    name: str = "api-5f6b9c7d8-q4w7e", *, template: str = "5f6b9c7d8", **kwargs: Any
+) -> Any:
+    """A pod of another Deployment, api, by default on node-b."""
+    kwargs.setdefault("owner", ("ReplicaSet", f"api-{template}"))
+    kwargs.setdefault("labels", {"app": "api", "pod-template-hash": template})
+    return pods.pod(name, **kwargs)
+
+
+def crashing(restarts: int, **kwargs: Any) -> list[Any]:
+    return [pods.crash_looping(restarts=restarts, **kwargs)]
+
+
+def early_report(pod: Any) -> FailingPod:
+    """detect-failures' report of ``pod``, read as update-annotations reads it."""
+    reply = detect(Event("1", "s", "dev.knative.apiserver.resource.update", {}, pod), CFG, pods.NOW)
+    assert reply is not None and reply.data["kind"] == "early"
+    return FailingPod.from_data(reply.data)
+
+
+def pulling_since(pod: Any, delta: timedelta) -> Any:
+    return pods.sandbox_ready_since(pod, pods.NOW - delta)
+
+
+# -- the thresholds -----------------------------------------------------------------------------
+
+
+def test_the_corroborated_rules_lower_only_the_two_thresholds_and_never_raise_them() -> None:
+    rules = corroborated_config(Config(reset_after=timedelta(minutes=5)))
+    assert (rules.crashloop_restart_threshold, rules.waiting_failure_after) == (
+        2,
+        timedelta(seconds=10),
+    )
+    assert rules.reset_after == timedelta(minutes=5)
+    strict = corroborated_config(
+        Config(crashloop_restart_threshold=1, waiting_failure_after=timedelta(seconds=5))
+    )
+    assert (strict.crashloop_restart_threshold, strict.waiting_failure_after) == (
+        1,
+        timedelta(seconds=5),
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "counts"),
+    [
+        # One crash, then the kubelet's immediate restart crashed too: 1 restart in a row.
+        (web(containers=crashing(1)), False),
+        # Three failed runs in a row (back-off 20s): corroborated, one short of the threshold.
+        (web(containers=crashing(2)), True),
+        # Killed at its own memory limit twice: the application's doing on any node.
+        (web(containers=crashing(2, last_reason="OOMKilled", exit_code=137)), False),
+        # A pull the node's network failed, 4 s and then 12 s after the first attempt.
+        (
+            pulling_since(
+                web(
+                    phase="Pending",
+                    containers=[pods.waiting("ErrImagePull", "dial tcp 10.0.0.5:443: i/o timeout")],
+                ),
+                timedelta(seconds=4),
+            ),
+            False,
+        ),
+        (
+            pulling_since(
+                web(
+                    phase="Pending",
+                    containers=[pods.waiting("ErrImagePull", "dial tcp 10.0.0.5:443: i/o timeout")],
+                ),
+                timedelta(seconds=12),
+            ),
+            True,
+        ),
+        # An image that does not exist fails on every node, however long.
+        (
+            pulling_since(
+                web(
+                    phase="Pending",
+                    containers=[
+                        pods.waiting("ErrImagePull", "registry.example.com/shop/web:9: not found")
+                    ],
+                ),
+                timedelta(seconds=40),
+            ),
+            False,
+        ),
+    ],
+    ids=["1-restart", "2-restarts", "own-limit-oom", "pull-4s", "pull-12s", "image-not-found"],
+)
+def test_a_failure_is_corroborated_from_two_restarts_in_a_row_or_ten_seconds_of_a_failed_pull(
+    pod: Any, counts: bool
+) -> None:
+    assert (corroborated_failure(pod, CFG, pods.NOW) is not None) is counts
+
+
+# -- another workload failing on the same node -------------------------------------------------
+
+
+def test_a_deployments_pods_are_one_workload_across_its_replicasets() -> None:
+    old = web()
+    new = pods.pod(
+        "web-6b8f9d5c7-k2j4h",
+        owner=("ReplicaSet", "web-6b8f9d5c7"),
+        labels={"app": "web", "pod-template-hash": "6b8f9d5c7"},
+    )
+    assert workload_of(old) == workload_of(new) == "shop/Deployment/web"
+    assert workload_of(pods.pod("report-x7k2p", owner=("Job", "report"))) == "shop/Job/report"
+    assert workload_of(pods.pod("debug", owner=None)) == "shop/Pod/debug"
+
+
+@pytest.mark.parametrize(
+    ("neighbours", "found"),
+    [
+        # Another Deployment crash-looping beside it, from its first crash in a row.
+        ([api_pod(containers=crashing(1))], ["shop/Deployment/api"]),
+        # Two of its pods: one workload.
+        (
+            [
+                api_pod("api-5f6b9c7d8-aaaaa", containers=crashing(1)),
+                api_pod("api-5f6b9c7d8-bbbbb", containers=crashing(4)),
+            ],
+            ["shop/Deployment/api"],
+        ),
+        # A bare pod failing there is a workload of its own.
+        ([pods.pod("debug", owner=None, containers=crashing(2))], ["shop/Pod/debug"]),
+        # The same Deployment's other ReplicaSet (a rollout in progress): the same workload.
+        (
+            [
+                pods.pod(
+                    "web-6b8f9d5c7-k2j4h",
+                    owner=("ReplicaSet", "web-6b8f9d5c7"),
+                    labels={"app": "web", "pod-template-hash": "6b8f9d5c7"},
+                    containers=crashing(2),
+                )
+            ],
+            [],
+        ),
+        # Healthy, on another node, being deleted, killed at its own limit, or failing in a
+        # way no node fixes: none says anything about this node.
+        ([api_pod(containers=[pods.running()])], []),
+        ([api_pod(node="node-c", containers=crashing(2))], []),
+        ([api_pod(deleting=True, containers=crashing(2))], []),
+        ([api_pod(containers=crashing(1, last_reason="OOMKilled", exit_code=137))], []),
+        (
+            [
+                api_pod(
+                    phase="Pending",
+                    containers=[
+                        pods.waiting("CreateContainerConfigError", 'secret "api-token" not found')
+                    ],
+                )
+            ],
+            [],
+        ),
+    ],
+    ids=[
+        "other-deployment",
+        "two-pods-one-workload",
+        "bare-pod",
+        "own-rollout",
+        "healthy",
+        "other-node",
+        "deleting",
+        "own-limit-oom",
+        "missing-secret",
+    ],
+)
+def test_another_workload_counts_only_when_it_fails_on_this_node_for_a_node_fixable_reason(
+    neighbours: list[Any], found: list[str]
+) -> None:
+    failing = web(containers=crashing(2))
+    on_node = [failing, *neighbours]
+    assert list(other_workloads_failing(failing, on_node, CFG, pods.NOW)) == found
+
+
+# -- the same template running elsewhere --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("twin", "found"),
+    [
+        (web("web-7d9c8b6f4-r8t2m", node="node-c"), ["web-7d9c8b6f4-r8t2m on node-c"]),
+        # On the same node: says nothing about the node.
+        (web("web-7d9c8b6f4-r8t2m", node=NODE), []),
+        # Ready between two crashes (no readiness probe): not proven.
+        (
+            web("web-7d9c8b6f4-r8t2m", node="node-c", containers=[pods.running(restarts=2)]),
+            [],
+        ),
+        # Not yet Ready: not proven either.
+        (
+            web(
+                "web-7d9c8b6f4-r8t2m",
+                node="node-c",
+                containers=[pods.running(ready=False)],
+                conditions=[{"type": "Ready", "status": "False"}],
+            ),
+            [],
+        ),
+        # Another ReplicaSet's pod (an older template): not a twin.
+        (
+            pods.pod(
+                "web-6b8f9d5c7-k2j4h",
+                node="node-c",
+                owner=("ReplicaSet", "web-6b8f9d5c7"),
+                labels={"app": "web", "pod-template-hash": "6b8f9d5c7"},
+            ),
+            [],
+        ),
+    ],
+    ids=["ready-elsewhere", "same-node", "ready-between-crashes", "not-ready", "other-template"],
+)
+def test_a_twin_counts_when_it_is_ready_and_proven_on_another_node(
+    twin: Any, found: list[str]
+) -> None:
+    failing = web(containers=crashing(2))
+    assert list(ready_elsewhere(failing, [failing, twin], CFG, pods.NOW)) == found
+
+
+def test_a_statefulset_pod_has_no_twins() -> None:
+    failing = pods.pod("db-0", owner=("StatefulSet", "db"), labels={"app": "db"})
+    twin = pods.pod("db-1", node="node-c", owner=("StatefulSet", "db"), labels={"app": "db"})
+    assert ready_elsewhere(failing, [twin], CFG, pods.NOW) == ()
+
+
+# -- update-annotations' decision, read by read -------------------------------------------------
+
+
+def test_a_suspect_node_moves_a_pod_at_its_first_failure_without_looking_further() -> None:
+    report = early_report(web(containers=crashing(1)))
+    early = decide.early_on_node(report, CFG, nodes.node(NODE, labels={SUSPECT_LABEL: "true"}))
+    assert early is not None and early.acted_on
+    assert early.evidence is decide.Evidence.SUSPECT_NODE and not early.counts_against_node
+
+
+@pytest.mark.parametrize(
+    ("cfg", "node", "looks_further"),
+    [
+        (CFG, nodes.node(NODE), True),
+        (Config(corroborated_fast_path=False), nodes.node(NODE), False),
+        (Config(suspect_fast_path=False, corroborated_fast_path=False), nodes.node(NODE), False),
+        (CFG, None, False),
+    ],
+    ids=["not-suspect", "corroboration-off", "both-off", "node-gone"],
+)
+def test_on_a_node_that_is_not_suspect_only_corroboration_can_move_a_pod_early(
+    cfg: Config, node: Any, looks_further: bool
+) -> None:
+    report = early_report(web(containers=crashing(2)))
+    early = decide.early_on_node(report, cfg, node)
+    assert (early is None) is looks_further
+    assert early is None or not early.acted_on
+
+
+def test_one_crash_in_a_row_is_never_corroborated_and_costs_no_list() -> None:
+    live = web(containers=crashing(1))
+    step = decide.corroborate(early_report(live), live, CFG, pods.NOW)
+    assert isinstance(step, decide.Early) and not step.acted_on
+    assert "2 times in a row" in step.why
+
+
+def test_another_workload_failing_beside_it_moves_a_pod_at_its_third_failure_in_a_row() -> None:
+    live = web(containers=crashing(2))
+    report = early_report(live)
+    step = decide.corroborate(report, live, CFG, pods.NOW)
+    assert step == decide.ListNodePods(NODE, step.why) and isinstance(step, decide.ListNodePods)
+    on_node = [live, api_pod(containers=crashing(1))]
+    early = decide.corroborate(report, live, CFG, pods.NOW, on_node=on_node)
+    assert isinstance(early, decide.Early) and early.acted_on
+    assert early.evidence is decide.Evidence.OTHER_WORKLOADS and early.counts_against_node
+    assert "shop/Deployment/api" in early.why
+
+
+def test_its_replicaset_ready_elsewhere_moves_a_pod_when_nothing_fails_beside_it() -> None:
+    live = web(containers=crashing(2))
+    report = early_report(live)
+    asked = decide.corroborate(report, live, CFG, pods.NOW, on_node=[live])
+    assert isinstance(asked, decide.ListTwins)
+    assert (asked.namespace, asked.selector) == ("shop", "app=web,pod-template-hash=7d9c8b6f4")
+    twin = web("web-7d9c8b6f4-r8t2m", node="node-c")
+    early = decide.corroborate(report, live, CFG, pods.NOW, on_node=[live], twins=[live, twin])
+    assert isinstance(early, decide.Early) and early.acted_on
+    assert early.evidence is decide.Evidence.READY_ELSEWHERE and early.counts_against_node
+
+
+def test_a_replicaset_failing_on_another_node_too_waits_for_the_thresholds() -> None:
+    # Ready on one node, failing on two: the template itself may be why.
+    live = web(containers=crashing(2))
+    twins = [
+        live,
+        web("web-7d9c8b6f4-r8t2m", node="node-c"),
+        web("web-7d9c8b6f4-p9w3v", node="node-d", containers=crashing(1)),
+    ]
+    early = decide.corroborate(early_report(live), live, CFG, pods.NOW, on_node=[live], twins=twins)
+    assert isinstance(early, decide.Early) and not early.acted_on
+    assert "node-d" in early.why
+
+
+def test_a_statefulset_pod_with_nothing_failing_beside_it_waits_without_listing_its_set() -> None:
+    live = pods.pod(
+        "db-0", owner=("StatefulSet", "db"), labels={"app": "db"}, containers=crashing(2)
+    )
+    early = decide.corroborate(early_report(live), live, CFG, pods.NOW, on_node=[live])
+    assert isinstance(early, decide.Early) and not early.acted_on
+
+
+def test_a_corroborated_move_is_judged_by_the_corroborated_rules_and_says_why() -> None:
+    live = web(containers=crashing(2))
+    early = decide.Early(
+        True,
+        "corroborated: 1 other workload(s) fail on node node-b now",
+        decide.Evidence.OTHER_WORKLOADS,
+    )
+    report = early_report(live)
+    counted = replace(report, failure=replace(report.failure, kind=FailureKind.NODE_FIXABLE))
+    holder = holder_of("ReplicaSet", replicaset())
+    failure, why_not = decide.current_failure(live, counted, holder, CFG, pods.NOW, early)
+    assert failure is not None and why_not == ""
+    assert failure.kind is FailureKind.NODE_FIXABLE and "corroborated" in failure.why
+    # Without the evidence the same pod is not failing yet by the full rules.
+    assert decide.current_failure(live, counted, holder, CFG, pods.NOW)[0] is None
