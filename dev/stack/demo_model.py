@@ -397,7 +397,7 @@ class Timeline:
         then = (
             f"{node} is suspect: moved now (the fast path)"
             if suspect
-            else f"{node} is not suspect: moved only at the threshold"
+            else f"{node} is not suspect: moved at the threshold, or sooner with evidence beside it"
         )
         text = f"first failure on {node}: {data.get('reason') or '?'}{after}; {then}"
         self.sink(Note(t, life.name, "early", text, source))
@@ -438,6 +438,9 @@ class Timeline:
         else:
             avoid = ", ".join(excluded) if excluded else "nothing (exclusions cleared)"
             text = f"deleted, move {moves}/{budget}{of}; its replacement avoids {avoid}"
+            _, sooner, why = str(data.get("message") or "").partition("; before the thresholds: ")
+            if sooner:
+                text += f"; moved before the thresholds: {why}"
             self.sink(Note(t, life.name, "moved", text, source))
         self._vacate(life)
 

@@ -549,6 +549,58 @@ def test_the_pipeline_marks_a_node_two_workloads_fail_on_and_moves_at_first_fail
     assert reports and set(reports) == {"early"}
 
 
+@pytest.fixture
+def patient_stack(cluster: Any, tmp_path: Any) -> Iterator[Stack]:
+    """The pipeline with a crash-loop threshold of 6 restarts: on the compressed clock (a
+    restart every 3 s) a move at the corroborated threshold (2) comes about 12 s before it."""
+    with Stack(
+        cluster.kubeconfig,
+        cluster.api_client(),
+        tmp_path / "stack",
+        cluster.log_dir,
+        settings={"KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD": "6"},
+    ) as running:
+        yield running
+
+
+def test_two_workloads_crash_looping_on_one_node_move_before_the_threshold_and_mark_it(
+    cluster: Any, api: Kube, namespace: str, patient_stack: Stack, faults: Callable[..., None]
+) -> None:
+    bad = cluster.nodes[1]
+    faults("crashloop", bad)
+    for name in ("web", "api"):
+        template = pod_template({"app": name}, bad)
+        api.create("Deployment", namespace, workload_body("Deployment", name, template, replicas=1))
+
+    def corroborated_moves() -> dict[str, str] | None:
+        found = {
+            e["involvedObject"]["name"].split("-")[0]: e["message"]
+            for e in api.list_all("Event", namespace)
+            if e["reason"] == "Rescheduled" and e["involvedObject"]["kind"] == "ReplicaSet"
+        }
+        return found if set(found) == {"web", "api"} else None
+
+    moves = wait_for("both workloads moved", corroborated_moves, timeout=60)
+    # Each moved before its threshold, on the other workload failing beside it: the Event
+    # says so, and no report at the threshold (6 restarts) came from the node.
+    for message in moves.values():
+        assert f"off node {bad}" in message, message
+        assert "before the thresholds: corroborated" in message, message
+        assert "other workload(s) fail on node" in message, message
+    assert not [
+        e
+        for e in patient_stack.archived()
+        if e["type"] == EVENT_POD_FAILING
+        and e["data"].get("kind") == "node-fixable"
+        and e["data"].get("node") == bad
+    ]
+    # Counted against the node (the replies say node-fixable): two workloads, suspect. Nothing
+    # else could mark it, with no failure at the threshold there.
+    replies = [e for e in patient_stack.archived() if e["type"] == EVENT_POD_RESCHEDULED]
+    assert {r["data"]["kind"] for r in replies if r["data"]["node"] == bad} == {"node-fixable"}
+    wait_for("the node turns suspect", lambda: suspect(node_of(api, bad)), timeout=60)
+
+
 def test_the_pipeline_marks_no_node_for_one_deployment_failing_everywhere_across_a_rollout(
     cluster: Any, api: Kube, namespace: str, stack: Stack, faults: Callable[..., None]
 ) -> None:

@@ -111,6 +111,9 @@ ALLOWED = [
     pods(UPDATE, "create", subresource="eviction"),
     # The early replacement of a pod the kubelet failed is found among its siblings.
     pods(UPDATE, "list"),
+    # ... and a corroborated early move lists the pods on the failing pod's node, in every
+    # namespace (field selector spec.nodeName): another workload failing there now.
+    pods(UPDATE, "list", namespace=""),
     # ... an Event per decision, and a repeated Warning counted on one Event.
     Can(UPDATE, "create", "events"),
     Can(UPDATE, "get", "events"),

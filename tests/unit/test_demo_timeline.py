@@ -151,7 +151,7 @@ def test_an_early_report_is_a_first_failure_not_the_failure_that_moves_the_pod(
     assert told[-1].kind == "early"
     assert told[-1].text == (
         "first failure on node-1: CrashLoopBackOff after 1 restart; "
-        "node-1 is not suspect: moved only at the threshold"
+        "node-1 is not suspect: moved at the threshold, or sooner with evidence beside it"
     )
     # At the threshold: the failure that moves it.
     timeline.on_failing(
@@ -159,6 +159,47 @@ def test_an_early_report_is_a_first_failure_not_the_failure_that_moves_the_pod(
     )
     assert life.failing == 7.0 and told[-1].kind == "failing"
     assert "node-1" in timeline.bad_nodes()
+
+
+def test_a_move_before_the_thresholds_says_the_evidence_it_rested_on(
+    timeline: Timeline, told: list[Note]
+) -> None:
+    pod = {
+        "metadata": {
+            "namespace": "demo",
+            "name": "web-7f4498597c-l7n9x",
+            "uid": "u-3",
+            "labels": {"app": "web"},
+        },
+        "spec": {"nodeName": "node-1"},
+        "status": {"phase": "Running"},
+    }
+    timeline.on_pod(0.5, pod)
+    # update-annotations' reply after a corroborated move (its plan's message, as sent).
+    moved = {
+        "namespace": "demo",
+        "name": "web-7f4498597c-l7n9x",
+        "uid": "u-3",
+        "node": "node-1",
+        "reason": "CrashLoopBackOff",
+        "kind": "node-fixable",
+        "action": "move",
+        "workload": {"kind": "ReplicaSet", "name": "web-7f4498597c"},
+        "moves": 1,
+        "budget": 9,
+        "excludedNodes": ["node-1"],
+        "message": (
+            "moved web-7f4498597c-l7n9x off node node-1 after CrashLoopBackOff (move 1 of 9); "
+            "before the thresholds: corroborated: 1 other workload(s) fail on node node-1 now "
+            "(demo/Job/report)"
+        ),
+    }
+    timeline.on_decision(4.0, moved, source="update-annotations")
+    assert told[-1].kind == "moved"
+    assert told[-1].text.endswith(
+        "moved before the thresholds: corroborated: 1 other workload(s) fail on node node-1 now "
+        "(demo/Job/report)"
+    )
 
 
 def test_an_early_report_on_a_suspect_node_is_told_as_the_fast_path(

@@ -745,6 +745,11 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         )
     if siblings is not None and siblings.note and siblings.attempt == given.attempt:
         notes.append(siblings.note)
+    if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE) and given.early is not None:
+        # Said on the workload's Event and in the reply: why it did not wait for the thresholds.
+        decided = replace(
+            decided, message=f"{decided.message}; before the thresholds: {given.early.why}"
+        )
     said = f"plan: {decided.action} ({decided.reason}): {decided.message}"
     if decided.new_state is None:
         notes.append(said)
