@@ -11,23 +11,26 @@ an early report (``kind: early``) when the full rules do not call it failing yet
 update-annotations acts on it only with evidence beside the pod:
 
 - **The node is suspect** (assess-nodes' label): moved at its first failure.
-- **Corroborated** (`corroborated_config`: 2 restarts in a row, or a pull or start failing for
+- **Corroborated** (`corroborated_config`: 1 restart in a row, or a pull or start failing for
   10 s, instead of 3 and 30 s), and either
   - **another workload fails on the same node now** (`other_workloads_failing`: a pod of
     another controller on that node, failing there for a reason another node could fix), or
   - **the same template runs elsewhere** (`ready_elsewhere`: a pod of the same ReplicaSet is
     Ready and proven so on another node, and none fails on another node).
 
-A pod that crashes once and recovers is never moved: one crash is no evidence on any node but
-a suspect one, and the kubelet restarts a crashed container at once, so a second crash in a row
-comes only from a container that failed again. A failure every node would repeat (a missing
-Secret, an image that does not exist, an OOM kill at the container's own limit) is no evidence
-and is never corroborated.
+A pod that crashes once and recovers is never moved: the kubelet restarts a crashed container
+at once (no back-off after a first exit), so CrashLoopBackOff after 1 restart is a container
+that failed twice in a row, and a container that runs after its first crash is never failing.
+A failure every node would repeat (a missing Secret, an image that does not exist, an OOM kill
+at the container's own limit) is no evidence and is never corroborated.
 
 assess-nodes never counts a suspect-node move as evidence against the node: otherwise a
 one-off crash on a suspect node would keep it suspect and suspicion would feed itself. A
-corroborated move is counted (its reply says ``kind: node-fixable``): the pod failed three
-times in a row there, with another workload failing beside it or its twin healthy elsewhere.
+corroborated move is counted (its reply says ``kind: node-fixable``): the pod failed twice
+in a row there, with another workload failing beside it or its twin healthy elsewhere.
+(Each of two workloads moved so counts, and two make the node suspect; a shared dependency
+crashing both on one node, say a database starting, can do that too. The suspicion is soft, a
+PreferNoSchedule taint under the cap, and expires with its window.)
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ def other_workloads_failing(
 
     ``on_node`` are the pods listed on that node (anything else is ignored). A neighbour counts
     from the first failure of its series (`sibling_evidence`), as a sibling does: the pod being
-    judged has already failed three times in a row, and waiting for the neighbour to do the
+    judged has already failed in a row, and waiting for the neighbour to do the
     same is a race the first of a burst always loses. A neighbour killed at its own memory
     limit, being deleted, or of the same workload says nothing about the node.
     """

@@ -552,7 +552,7 @@ def test_the_pipeline_marks_a_node_two_workloads_fail_on_and_moves_at_first_fail
 @pytest.fixture
 def patient_stack(cluster: Any, tmp_path: Any) -> Iterator[Stack]:
     """The pipeline with a crash-loop threshold of 6 restarts: on the compressed clock (a
-    restart every 3 s) a move at the corroborated threshold (2) comes about 12 s before it."""
+    restart every 3 s) a move at the corroborated threshold (1) comes about 15 s before it."""
     with Stack(
         cluster.kubeconfig,
         cluster.api_client(),

@@ -72,7 +72,7 @@ def pulling_since(pod: Any, delta: timedelta) -> Any:
 def test_the_corroborated_rules_lower_only_the_two_thresholds_and_never_raise_them() -> None:
     rules = corroborated_config(Config(reset_after=timedelta(minutes=5)))
     assert (rules.crashloop_restart_threshold, rules.waiting_failure_after) == (
-        2,
+        1,
         timedelta(seconds=10),
     )
     assert rules.reset_after == timedelta(minutes=5)
@@ -88,9 +88,10 @@ def test_the_corroborated_rules_lower_only_the_two_thresholds_and_never_raise_th
 @pytest.mark.parametrize(
     ("pod", "counts"),
     [
-        # One crash, then the kubelet's immediate restart crashed too: 1 restart in a row.
-        (web(containers=crashing(1)), False),
-        # Three failed runs in a row (back-off 20s): corroborated, one short of the threshold.
+        # Its first exit, before the kubelet's immediate restart: one crash is no failure.
+        (web(containers=[pods.terminated("Error", 1)]), False),
+        # Crashed, restarted at once, crashed again (back-off 10s): corroborated.
+        (web(containers=crashing(1)), True),
         (web(containers=crashing(2)), True),
         # Killed at its own memory limit twice: the application's doing on any node.
         (web(containers=crashing(2, last_reason="OOMKilled", exit_code=137)), False),
@@ -129,9 +130,17 @@ def test_the_corroborated_rules_lower_only_the_two_thresholds_and_never_raise_th
             False,
         ),
     ],
-    ids=["1-restart", "2-restarts", "own-limit-oom", "pull-4s", "pull-12s", "image-not-found"],
+    ids=[
+        "first-exit",
+        "1-restart",
+        "2-restarts",
+        "own-limit-oom",
+        "pull-4s",
+        "pull-12s",
+        "image-not-found",
+    ],
 )
-def test_a_failure_is_corroborated_from_two_restarts_in_a_row_or_ten_seconds_of_a_failed_pull(
+def test_a_failure_is_corroborated_from_its_second_in_a_row_or_ten_seconds_of_a_failed_pull(
     pod: Any, counts: bool
 ) -> None:
     assert (corroborated_failure(pod, CFG, pods.NOW) is not None) is counts
@@ -296,15 +305,16 @@ def test_on_a_node_that_is_not_suspect_only_corroboration_can_move_a_pod_early(
     assert early is None or not early.acted_on
 
 
-def test_one_crash_in_a_row_is_never_corroborated_and_costs_no_list() -> None:
+def test_a_pod_below_the_corroborated_threshold_waits_and_costs_no_list() -> None:
     live = web(containers=crashing(1))
-    step = decide.corroborate(early_report(live), live, CFG, pods.NOW)
+    stricter = Config(corroborated_restart_threshold=2)
+    step = decide.corroborate(early_report(live), live, stricter, pods.NOW)
     assert isinstance(step, decide.Early) and not step.acted_on
-    assert "2 times in a row" in step.why
+    assert "restarted 2 time(s) in a row" in step.why
 
 
-def test_another_workload_failing_beside_it_moves_a_pod_at_its_third_failure_in_a_row() -> None:
-    live = web(containers=crashing(2))
+def test_another_workload_failing_beside_it_moves_a_pod_at_its_second_failure_in_a_row() -> None:
+    live = web(containers=crashing(1))
     report = early_report(live)
     step = decide.corroborate(report, live, CFG, pods.NOW)
     assert step == decide.ListNodePods(NODE, step.why) and isinstance(step, decide.ListNodePods)

@@ -70,8 +70,14 @@ def test_a_first_failure_is_reported_early_and_the_threshold_as_before(pod: Any,
             containers=[pods.waiting("ErrImagePull", "registry.example.com/shop/web:9: not found")],
         ),
         pods.pod(containers=[pods.running()]),
+        # One crash: its first exit, before the kubelet restarts it at once, and the same
+        # container running again after it. Neither is ever reported.
+        pods.pod(containers=[pods.terminated("Error", 1)]),
+        pods.pod(
+            containers=[pods.running(restarts=1, last=pods.last_terminated("Error", 1, attempt=0))]
+        ),
     ],
-    ids=["oom-at-own-limit", "image-not-found", "running"],
+    ids=["oom-at-own-limit", "image-not-found", "running", "first-exit", "running-after-a-crash"],
 )
 def test_what_is_not_a_node_fixable_failure_is_not_reported_early(pod: Any) -> None:
     assert reported(pod) is None

@@ -494,8 +494,8 @@ def corroborate(
     if found is None or found.node != name:
         return Early(
             False,
-            f"early report: node {name} is not suspect and the pod has not failed "
-            f"{cfg.corroborated_restart_threshold} times in a row (or for "
+            f"early report: node {name} is not suspect and the pod has not restarted "
+            f"{cfg.corroborated_restart_threshold} time(s) in a row (or failed for "
             f"{format_duration(cfg.corroborated_waiting_after)}) there: waiting for the "
             "thresholds",
         )
