@@ -13,8 +13,10 @@ update-annotations acts on it only with evidence beside the pod:
 - **The node is suspect** (assess-nodes' label): moved at its first failure.
 - **Corroborated** (`corroborated_config`: 1 restart in a row, or a pull or start failing for
   10 s, instead of 3 and 30 s), and either
-  - **another workload fails on the same node now** (`other_workloads_failing`: a pod of
-    another controller on that node, failing there for a reason another node could fix), or
+  - **another workload failed on the same node within the window** (`recorded_on_node`: the
+    node's health record, read with the Node) **or fails there now** (`other_workloads_failing`:
+    a pod of another controller on that node, failing there for a reason another node could
+    fix), or
   - **the same template runs elsewhere** (`ready_elsewhere`: a pod of the same ReplicaSet is
     Ready and proven so on another node, and none fails on another node).
 
@@ -40,8 +42,11 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from shared.api.keys import SUSPECT_LABEL, SUSPECT_VALUE
+from shared.api import nodehealth
+from shared.api.keys import NODE_HEALTH_ANNOTATION, SUSPECT_LABEL, SUSPECT_VALUE
 from shared.api.kubetypes import Pod
+from shared.api.records import RecordError
+from shared.api.workloadid import family, workload_id
 from shared.platform.config import Config
 from shared.workloads.classify import Failure, FailureKind, classify, controller_of
 from shared.workloads.everywhere import Health, health_of
@@ -128,6 +133,38 @@ def workload_of(pod: Mapping[str, Any]) -> str:
     if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
         return f"{namespace}/Deployment/{name.removesuffix(f'-{template_hash}')}"
     return f"{namespace}/{kind}/{name}"
+
+
+def recorded_on_node(
+    pod: Pod, node: Mapping[str, Any] | None, cfg: Config, now: datetime
+) -> tuple[str, ...]:
+    """The other workloads that failed on ``pod``'s node within ``suspect_window``, as the
+    node's health record says (assess-nodes writes it from the failures and moves it counts);
+    sorted. None read, or a record that cannot be read: none.
+
+    The pods beside it say what fails there *now*; the record remembers what failed there a
+    moment ago and was moved away since. In a burst both matter: the first pod of two to fail
+    twice sees its neighbour not yet failing, and by its next report the neighbour has been
+    moved; only the record still says that the node failed it.
+    """
+    if node is None:
+        return ()
+    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(NODE_HEALTH_ANNOTATION)
+    try:
+        record = nodehealth.load(raw)
+    except RecordError:
+        return ()
+    own = _family_of(pod)
+    return tuple(sorted(w for w in record.workloads(now, cfg.suspect_window) if family(w) != own))
+
+
+def _family_of(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    owner = controller_of(pod)  # type: ignore[arg-type]
+    if owner is None:
+        return family(workload_id("Pod", namespace, str(meta.get("name") or "")))
+    return family(workload_id(str(owner.get("kind")), namespace, str(owner.get("name"))))
 
 
 def other_workloads_failing(

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from shared.api.keys import SUSPECT_LABEL
+from shared.api import nodehealth
+from shared.api.keys import NODE_HEALTH_ANNOTATION, SUSPECT_LABEL
 from shared.platform.config import Config
 from shared.platform.events import Event
 from shared.pods.detect_failures.decide import detect
@@ -373,3 +374,47 @@ def test_a_corroborated_move_is_judged_by_the_corroborated_rules_and_says_why() 
     assert failure.kind is FailureKind.NODE_FIXABLE and "corroborated" in failure.why
     # Without the evidence the same pod is not failing yet by the full rules.
     assert decide.current_failure(live, counted, holder, CFG, pods.NOW)[0] is None
+
+
+# -- the node's health record: what failed there a moment ago ----------------------------------
+
+
+def node_with_record(*seen: tuple[str, timedelta]) -> Any:
+    """node-b carrying assess-nodes' record of ``(workload, how long ago)`` failures."""
+    record = nodehealth.NodeHealth(
+        failures=tuple(
+            sorted(
+                nodehealth.Seen(pods.NOW - ago, workload, f"uid-{i}", "CrashLoopBackOff")
+                for i, (workload, ago) in enumerate(seen)
+            )
+        )
+    )
+    return nodes.node(NODE, annotations={NODE_HEALTH_ANNOTATION: record.to_json()})
+
+
+@pytest.mark.parametrize(
+    ("node", "acted_on"),
+    [
+        # Another workload moved off this node a minute ago (a corroborated move, counted):
+        # the first of a burst to fail twice no longer finds it beside it, the record does.
+        (node_with_record(("Deployment shop/api", timedelta(minutes=1))), True),
+        # Its own workload, named by a report as its ReplicaSet: the same family.
+        (node_with_record(("ReplicaSet shop/web-7d9c8b6f4", timedelta(minutes=1))), False),
+        # Older than the window (10 minutes): forgotten.
+        (node_with_record(("Deployment shop/api", timedelta(minutes=11))), False),
+        # A record nobody can read is no evidence.
+        (nodes.node(NODE, annotations={NODE_HEALTH_ANNOTATION: "{not json"}), False),
+    ],
+    ids=["other-workload-recently", "own-workload", "too-old", "unreadable"],
+)
+def test_another_workload_in_the_nodes_record_corroborates_without_a_list(
+    node: Any, acted_on: bool
+) -> None:
+    live = web(containers=crashing(1))
+    step = decide.corroborate(early_report(live), live, CFG, pods.NOW, node=node)
+    if acted_on:
+        assert isinstance(step, decide.Early) and step.acted_on
+        assert step.evidence is decide.Evidence.OTHER_WORKLOADS
+        assert "Deployment shop/api" in step.why and "health record" in step.why
+    else:
+        assert isinstance(step, decide.ListNodePods)

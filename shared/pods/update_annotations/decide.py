@@ -66,6 +66,7 @@ from shared.workloads.fastpath import (
     is_suspect,
     other_workloads_failing,
     ready_elsewhere,
+    recorded_on_node,
 )
 from shared.workloads.owners import BARE, JOB, Holder, Ref, Resolution
 from shared.workloads.podevents import FAILED_CREATE_POD_SANDBOX
@@ -482,13 +483,15 @@ def corroborate(
     cfg: Config,
     now: datetime,
     *,
+    node: Mapping[str, Any] | None = None,
     on_node: Sequence[Mapping[str, Any]] | None = None,
     twins: Sequence[Mapping[str, Any]] | None = None,
 ) -> Early | ListNodePods | ListTwins:
     """Whether an early report on a node that is not suspect is acted on: the pod as it is now
-    must fail by the corroborated thresholds on that node, and another workload must fail
-    there now or a pod of its ReplicaSet be Ready elsewhere. Asks for the LISTs it needs,
-    the cheaper evidence first (the node's pods are few; a ReplicaSet's may be many)."""
+    must fail by the corroborated thresholds on that node, and another workload must have
+    failed there within the window (``node``'s record, already read), or fail there now, or a
+    pod of its ReplicaSet be Ready elsewhere. Asks for the LISTs it needs, the cheaper
+    evidence first (the node's pods are few; a ReplicaSet's may be many)."""
     name = failing.failure.node or ""
     found = corroborated_failure(live, cfg, now)
     if found is None or found.node != name:
@@ -498,6 +501,17 @@ def corroborate(
             f"{cfg.corroborated_restart_threshold} time(s) in a row (or failed for "
             f"{format_duration(cfg.corroborated_waiting_after)}) there: waiting for the "
             "thresholds",
+        )
+    recorded = recorded_on_node(live, node, cfg, now)
+    if recorded:
+        shown = ", ".join(recorded[:3]) + (
+            f" and {len(recorded) - 3} more" if len(recorded) > 3 else ""
+        )
+        return Early(
+            True,
+            f"corroborated: {len(recorded)} other workload(s) failed on node {name} within "
+            f"{format_duration(cfg.suspect_window)} ({shown}; its health record)",
+            Evidence.OTHER_WORKLOADS,
         )
     if on_node is None:
         return ListNodePods(name, f"{found.why}: is another workload failing there?")

@@ -222,8 +222,9 @@ class Rescheduler:
             trace.note(f"namespace {ns} is excluded")
             return None
         early: decide.Early | None = None
+        node: Mapping[str, Any] | None = None
         if failing.failure.kind is FailureKind.EARLY:
-            early = self._early_on_node(failing, trace)
+            early, node = self._early_on_node(failing, trace)
             if early is not None and not early.acted_on:
                 return None
         try:
@@ -244,7 +245,7 @@ class Rescheduler:
             return self._said_if_ours(failing, trace)
 
         if failing.failure.kind is FailureKind.EARLY and early is None:
-            early = self._corroborate(failing, live, trace)
+            early = self._corroborate(failing, live, node, trace)
             if not early.acted_on:
                 return None
         if early is not None and early.counts_against_node:
@@ -380,9 +381,12 @@ class Rescheduler:
                 holder, REASON_REPLACEMENT_REDIRECTED, redirect.why, key=redirect.uid, repeat=False
             )
 
-    def _early_on_node(self, failing: FailingPod, trace: Trace) -> decide.Early | None:
+    def _early_on_node(
+        self, failing: FailingPod, trace: Trace
+    ) -> tuple[decide.Early | None, Mapping[str, Any] | None]:
         """An early report (a failure below the thresholds): first the Node (one GET). A
-        suspect node moves the pod; None: look beside the pod next (`_corroborate`)."""
+        suspect node moves the pod; None: look beside the pod next (`_corroborate`), with the
+        Node as read (its health record)."""
         node = failing.failure.node
         found: Mapping[str, Any] | None = None
         if node and (self.cfg.suspect_fast_path or self.cfg.corroborated_fast_path):
@@ -396,13 +400,15 @@ class Rescheduler:
                 log.warning("cannot read node %s for the fast path: %s", node, exc)
                 unread = decide.Early(False, f"early report: node {node} could not be read")
                 trace.note(unread.why)
-                return unread
+                return unread, None
         early = decide.early_on_node(failing, self.cfg, found)
         if early is not None:
             trace.note(early.why)
-        return early
+        return early, found
 
-    def _corroborate(self, failing: FailingPod, live: Pod, trace: Trace) -> decide.Early:
+    def _corroborate(
+        self, failing: FailingPod, live: Pod, node: Mapping[str, Any] | None, trace: Trace
+    ) -> decide.Early:
         """Read what the corroborated rules ask for (the node's pods, then the ReplicaSet's),
         until they answer. Best effort: a LIST that fails is no evidence, and the pod waits for
         the full rules."""
@@ -410,7 +416,7 @@ class Rescheduler:
         twins: list[Any] | None = None
         while True:
             step = decide.corroborate(
-                failing, live, self.cfg, self.clock(), on_node=on_node, twins=twins
+                failing, live, self.cfg, self.clock(), node=node, on_node=on_node, twins=twins
             )
             if isinstance(step, decide.Early):
                 trace.note(step.why)
