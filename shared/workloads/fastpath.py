@@ -21,7 +21,8 @@ update-annotations acts on it only with evidence beside the pod:
     Ready and proven so on another node, and none fails on another node).
 
 A pod that crashes once and recovers is never moved: the kubelet restarts a crashed container
-at once (no back-off after a first exit), so CrashLoopBackOff after 1 restart is a container
+at once (no back-off entry yet at a first exit: pkg/kubelet/kuberuntime, doBackOff, v1.36.3,
+read), so CrashLoopBackOff after 1 restart is a container
 that failed twice in a row, and a container that runs after its first crash is never failing.
 A failure every node would repeat (a missing Secret, an image that does not exist, an OOM kill
 at the container's own limit) is no evidence and is never corroborated.
