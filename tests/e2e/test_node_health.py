@@ -499,11 +499,19 @@ def first_pod(api: Kube, namespace: str, prefix: str) -> dict[str, Any] | None:
 # -- the whole pipeline --------------------------------------------------------------------------
 
 
+def pipeline(cluster: Any, tmp_path: Any, **settings: str) -> Stack:
+    return Stack(
+        cluster.kubeconfig,
+        cluster.api_client(),
+        tmp_path / "stack",
+        cluster.log_dir,
+        settings={f"KN_RESCHEDULER_{k.upper()}": v for k, v in settings.items()},
+    )
+
+
 @pytest.fixture
 def stack(cluster: Any, tmp_path: Any) -> Iterator[Stack]:
-    with Stack(
-        cluster.kubeconfig, cluster.api_client(), tmp_path / "stack", cluster.log_dir
-    ) as running:
+    with pipeline(cluster, tmp_path) as running:
         yield running
 
 
@@ -553,13 +561,7 @@ def test_the_pipeline_marks_a_node_two_workloads_fail_on_and_moves_at_first_fail
 def patient_stack(cluster: Any, tmp_path: Any) -> Iterator[Stack]:
     """The pipeline with a crash-loop threshold of 6 restarts: on the compressed clock (a
     restart every 3 s) a move at the corroborated threshold (1) comes about 15 s before it."""
-    with Stack(
-        cluster.kubeconfig,
-        cluster.api_client(),
-        tmp_path / "stack",
-        cluster.log_dir,
-        settings={"KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD": "6"},
-    ) as running:
+    with pipeline(cluster, tmp_path, crashloop_restart_threshold="6") as running:
         yield running
 
 

@@ -122,19 +122,19 @@ def test_the_pressure_label_is_told_with_its_rule_and_value_when_it_comes_and_go
     ]
 
 
+def web_pod(name: str, uid: str, node: str) -> dict[str, Any]:
+    """A running pod of the demo's Deployment web, as the timeline's pod feed passes it."""
+    return {
+        "metadata": {"namespace": "demo", "name": name, "uid": uid, "labels": {"app": "web"}},
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+
+
 def test_an_early_report_is_a_first_failure_not_the_failure_that_moves_the_pod(
     timeline: Timeline, told: list[Note]
 ) -> None:
-    pod = {
-        "metadata": {
-            "namespace": "demo",
-            "name": "web-7f4498597c-l7n9x",
-            "uid": "0f130265-a747-4832-9497-beb4d540be79",
-            "labels": {"app": "web"},
-        },
-        "spec": {"nodeName": "node-1"},
-        "status": {"phase": "Running"},
-    }
+    pod = web_pod("web-7f4498597c-l7n9x", "0f130265-a747-4832-9497-beb4d540be79", "node-1")
     timeline.on_pod(0.5, pod)
     early = {
         "namespace": "demo",
@@ -164,16 +164,7 @@ def test_an_early_report_is_a_first_failure_not_the_failure_that_moves_the_pod(
 def test_a_move_before_the_thresholds_says_the_evidence_it_rested_on(
     timeline: Timeline, told: list[Note]
 ) -> None:
-    pod = {
-        "metadata": {
-            "namespace": "demo",
-            "name": "web-7f4498597c-l7n9x",
-            "uid": "u-3",
-            "labels": {"app": "web"},
-        },
-        "spec": {"nodeName": "node-1"},
-        "status": {"phase": "Running"},
-    }
+    pod = web_pod("web-7f4498597c-l7n9x", "u-3", "node-1")
     timeline.on_pod(0.5, pod)
     # update-annotations' reply after a corroborated move (its plan's message, as sent).
     moved = {
@@ -206,16 +197,7 @@ def test_an_early_report_on_a_suspect_node_is_told_as_the_fast_path(
     timeline: Timeline, told: list[Note]
 ) -> None:
     timeline.on_node_suspected(1.0, SUSPECTED, source="assess-nodes")
-    pod = {
-        "metadata": {
-            "namespace": "demo",
-            "name": "web-7f4498597c-9t2kq",
-            "uid": "u-2",
-            "labels": {"app": "web"},
-        },
-        "spec": {"nodeName": "node-3"},
-        "status": {"phase": "Running"},
-    }
+    pod = web_pod("web-7f4498597c-9t2kq", "u-2", "node-3")
     timeline.on_pod(1.5, pod)
     early = {
         "namespace": "demo",
