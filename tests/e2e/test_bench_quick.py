@@ -71,13 +71,19 @@ def test_recovery_has_numbers_for_every_system(results: dict[str, Any]) -> None:
     assert (rec["scenario"], rec["kubelet_backoff"]) == ("prefer-faulty", "compressed")
     systems = rec["systems"]
     assert set(systems) == {"vanilla", "descheduler-10s", "kn-rescheduler"}
-    for run in systems.values():
+    for name, run in systems.items():
         assert run["affected"] > 0
         assert positive(run["api"]["all_requests_per_s"])
-        # Every pod here crash-loops to the threshold: the back-off's cost is measured.
-        assert positive(run["threshold_from_failure"]["p50"])
+        if name != "kn-rescheduler":
+            # Their pods crash-loop to the threshold: the back-off's cost is measured.
+            assert positive(run["threshold_from_failure"]["p50"])
     assert systems["vanilla"]["moves_total"] == 0
     kn = systems["kn-rescheduler"]
+    # kn-rescheduler moves a pod with evidence beside it before the threshold (corroborated
+    # moves, docs/failure-rules.md): its pods may never reach it, and the figure is then
+    # absent (no sample), never a number made up.
+    reached = kn["threshold_from_failure"]
+    assert (reached["n"] == 0 and reached["p50"] is None) or positive(reached["p50"])
     assert kn["recovered"] > 0 and kn["moves_total"] > 0
     assert positive(kn["recovery_from_failure"]["p50"])
     assert positive(kn["recovery_from_failure"]["p95"])
