@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any
 
 from shared.api import nodehealth
 from shared.api.keys import NODE_HEALTH_ANNOTATION, SUSPECT_LABEL, SUSPECT_VALUE
@@ -52,11 +52,6 @@ from shared.platform.config import Config
 from shared.workloads.classify import Failure, FailureKind, classify, controller_of
 from shared.workloads.everywhere import Health, health_of
 from shared.workloads.siblings import sibling_evidence
-
-# The ReplicaSet controller names a Deployment's ReplicaSet <deployment>-<pod-template-hash>
-# and labels its pods with the hash (pkg/controller/deployment/sync.go, getNewReplicaSet):
-# two ReplicaSets of one rollout are one workload.
-POD_TEMPLATE_HASH_LABEL: Final = "pod-template-hash"
 
 
 def early_config(cfg: Config) -> Config:
@@ -120,22 +115,6 @@ def _only_at_first_sight(pod: Pod, found: Failure, cfg: Config, now: datetime) -
     return classify(pod, cfg, now) is None
 
 
-def workload_of(pod: Mapping[str, Any]) -> str:
-    """Which workload a pod belongs to, as ``namespace/Kind/name``: its controller, a
-    Deployment for a ReplicaSet it names (both ReplicaSets of a rollout), the pod itself when
-    it has none."""
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "")
-    owner = controller_of(pod)  # type: ignore[arg-type]
-    if owner is None:
-        return f"{namespace}/Pod/{meta.get('name', '')}"
-    kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
-    template_hash = (meta.get("labels") or {}).get(POD_TEMPLATE_HASH_LABEL)
-    if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
-        return f"{namespace}/Deployment/{name.removesuffix(f'-{template_hash}')}"
-    return f"{namespace}/{kind}/{name}"
-
-
 def recorded_on_node(
     pod: Pod, node: Mapping[str, Any] | None, cfg: Config, now: datetime
 ) -> tuple[str, ...]:
@@ -155,11 +134,15 @@ def recorded_on_node(
         record = nodehealth.load(raw)
     except RecordError:
         return ()
-    own = _family_of(pod)
+    own = family_of(pod)
     return tuple(sorted(w for w in record.workloads(now, cfg.suspect_window) if family(w) != own))
 
 
-def _family_of(pod: Mapping[str, Any]) -> str:
+def family_of(pod: Mapping[str, Any]) -> str:
+    """The workload a pod counts for, as assess-nodes counts failures
+    (`shared.api.workloadid.family`): ``namespace/name`` of its controller with the suffix its
+    controller adds taken off (both ReplicaSets of a rollout are their Deployment, a CronJob's
+    Jobs the CronJob), or of the pod itself when it has none."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "")
     owner = controller_of(pod)  # type: ignore[arg-type]
@@ -183,14 +166,14 @@ def other_workloads_failing(
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
         return ()
-    own = workload_of(pod)
+    own = family_of(pod)
     evidence = sibling_evidence(cfg)
     found: set[str] = set()
     for candidate in on_node:
         meta = candidate.get("metadata") or {}
         if (candidate.get("spec") or {}).get("nodeName") != node or meta.get("deletionTimestamp"):
             continue
-        workload = workload_of(candidate)
+        workload = family_of(candidate)
         if workload == own or workload in found:
             continue
         neighbour: Pod = candidate  # type: ignore[assignment]

@@ -26,9 +26,9 @@ from shared.workloads.classify import FailureKind
 from shared.workloads.fastpath import (
     corroborated_config,
     corroborated_failure,
+    family_of,
     other_workloads_failing,
     ready_elsewhere,
-    workload_of,
 )
 from shared.workloads.owners import holder_of
 from tests.unit import nodes, pods
@@ -157,26 +157,28 @@ def test_a_deployments_pods_are_one_workload_across_its_replicasets() -> None:
         owner=("ReplicaSet", "web-6b8f9d5c7"),
         labels={"app": "web", "pod-template-hash": "6b8f9d5c7"},
     )
-    assert workload_of(old) == workload_of(new) == "shop/Deployment/web"
-    assert workload_of(pods.pod("report-x7k2p", owner=("Job", "report"))) == "shop/Job/report"
-    assert workload_of(pods.pod("debug", owner=None)) == "shop/Pod/debug"
+    assert family_of(old) == family_of(new) == "shop/web"
+    assert family_of(pods.pod("report-29371554-x7k2p", owner=("Job", "report-29371554"))) == (
+        "shop/report"
+    )
+    assert family_of(pods.pod("debug", owner=None)) == "shop/debug"
 
 
 @pytest.mark.parametrize(
     ("neighbours", "found"),
     [
         # Another Deployment crash-looping beside it, from its first crash in a row.
-        ([api_pod(containers=crashing(1))], ["shop/Deployment/api"]),
+        ([api_pod(containers=crashing(1))], ["shop/api"]),
         # Two of its pods: one workload.
         (
             [
                 api_pod("api-5f6b9c7d8-aaaaa", containers=crashing(1)),
                 api_pod("api-5f6b9c7d8-bbbbb", containers=crashing(4)),
             ],
-            ["shop/Deployment/api"],
+            ["shop/api"],
         ),
         # A bare pod failing there is a workload of its own.
-        ([pods.pod("debug", owner=None, containers=crashing(2))], ["shop/Pod/debug"]),
+        ([pods.pod("debug", owner=None, containers=crashing(2))], ["shop/debug"]),
         # The same Deployment's other ReplicaSet (a rollout in progress): the same workload.
         (
             [
@@ -323,7 +325,7 @@ def test_another_workload_failing_beside_it_moves_a_pod_at_its_second_failure_in
     early = decide.corroborate(report, live, CFG, pods.NOW, on_node=on_node)
     assert isinstance(early, decide.Early) and early.acted_on
     assert early.evidence is decide.Evidence.OTHER_WORKLOADS and early.counts_against_node
-    assert "shop/Deployment/api" in early.why
+    assert "shop/api" in early.why
 
 
 def test_its_replicaset_ready_elsewhere_moves_a_pod_when_nothing_fails_beside_it() -> None:
