@@ -135,6 +135,12 @@ SUSPECT_TAINT_EFFECT: Final = "PreferNoSchedule"
 # replacement softly off such nodes while a failure spreads over several (a burst), until
 # assess-nodes has seen enough to mark them.
 FAILING_WORKLOADS_LABEL: Final = PREFIX + "failing-workloads"
+# Label update-annotations puts on a Node at the moment it moves a pod off it for a failure
+# counted against the node, its value the move's time in Unix seconds (shared.api.movedoff):
+# the earliest signal of a failure spreading over nodes, seconds before assess-nodes' labels.
+# The webhook's preference reads its age with node affinity's Lt operator, so a mark stops
+# steering once its window passes; assess-nodes' review removes expired ones.
+MOVED_OFF_LABEL: Final = PREFIX + "moved-off"
 # A Node carrying the project's opt-out label (the same key and rule as the pod's, `opted_out`)
 # is never marked, by blame or by pressure rules, gets no usage record and is never rebalanced.
 NODE_OPT_OUT_LABEL: Final = OPT_OUT_LABEL

@@ -193,6 +193,11 @@ class Config:
     # such node is not among its own exclusions: a failure spreading over several nodes at once
     # (a burst) is seen before assess-nodes has the second workload that marks a node. 0: none.
     failing_affinity_weight: int = 100
+    # Mark a node (the moved-off label, shared.api.movedoff) the moment a pod is moved off it
+    # for a failure counted against the node, so that preference steers replacements in a burst
+    # before assess-nodes has written its label; a mark steers for moved_off_window.
+    moved_off_mark: bool = True
+    moved_off_window: timedelta = timedelta(minutes=2)
     # Move a pod failing on a suspect node at its first node-fixable failure.
     suspect_fast_path: bool = True
     # Move a pod sooner than the thresholds above when what is beside it says its node is why
@@ -599,6 +604,8 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "suspect_taint": _as_bool,
     "suspect_affinity_weight": _as_weight,
     "failing_affinity_weight": _as_weight,
+    "moved_off_mark": _as_bool,
+    "moved_off_window": _as_duration,
     "suspect_fast_path": _as_bool,
     "corroborated_fast_path": _as_bool,
     "corroborated_restart_threshold": _as_positive_int,

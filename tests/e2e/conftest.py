@@ -37,6 +37,7 @@ from shared.api.keys import (
     FAILING_WORKLOADS_LABEL,
     LOAD_LABEL,
     MAINTENANCE_LABEL,
+    MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     PRESSURE_ANNOTATION,
@@ -155,6 +156,7 @@ def node_marks_cleared(request: pytest.FixtureRequest) -> Iterator[None]:
             for key in (
                 SUSPECT_LABEL,
                 FAILING_WORKLOADS_LABEL,
+                MOVED_OFF_LABEL,
                 NODE_OPT_OUT_LABEL,
                 PRESSURE_LABEL_KEY,
                 LOAD_LABEL,

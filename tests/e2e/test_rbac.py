@@ -134,8 +134,10 @@ ALLOWED = [
     # ... and a Deployment's own policy, and our state removed from it (rollout undo).
     apps(UPDATE, "get", "deployments"),
     apps(UPDATE, "patch", "deployments"),
-    # ... and, for the fast path, whether the failing pod's node is suspect.
+    # ... and, for the fast path, whether the failing pod's node is suspect; the moved-off
+    # mark on the node a pod is moved off (state-writes-only limits it to that label).
     nodes(UPDATE, "get"),
+    nodes(UPDATE, "patch"),
     # score-nodes: the node cache (a LIST at start, then a WATCH), read only.
     nodes(SCORE, "list"),
     nodes(SCORE, "watch"),
@@ -239,7 +241,8 @@ DENIED = [
     Can(UPDATE, "delete", "events"),
     Can(UPDATE, "list", "events"),
     Can(UPDATE, "update", "events"),
-    Can(UPDATE, "patch", "nodes", namespace=""),
+    Can(UPDATE, "update", "nodes", namespace=""),
+    Can(UPDATE, "patch", "nodes", namespace="", subresource="status"),
     Can(UPDATE, "delete", "nodes", namespace=""),
     Can(UPDATE, "create", "serviceaccounts", subresource="token"),
     # mutate-admission: read only, and only what resolving an owner reads.

@@ -13,6 +13,7 @@ nobody else is affected.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
+from shared.api import movedoff
+from shared.api.keys import MOVED_OFF_LABEL, POLICY_ANNOTATION, STATE_ANNOTATION, SUSPECT_LABEL
 from shared.platform import kube
 from shared.platform.kube import Kube
 from shared.pods.update_annotations import bodies
@@ -84,21 +86,26 @@ def write_state(admin: Kube, writer: Kube, kind: str, namespace: str, name: str)
     raise AssertionError(f"{kind} {namespace}/{name} kept changing")
 
 
-def refused_by_policy(write: Callable[[], Any]) -> str:
+STATE_POLICY = "kn-rescheduler-state-writes-only"
+NODE_POLICY = "kn-rescheduler-node-marks-only"
+
+
+def refused_by_policy(write: Callable[[], Any], policy: str = STATE_POLICY) -> str:
     """The policy's message for a write it refuses (RBAC allowed the write)."""
     try:
         write()
     except (kube.Forbidden, kube.Invalid) as exc:
-        assert "kn-rescheduler-state-writes-only" in str(exc), exc
+        assert policy in str(exc), exc
         return str(exc)
     raise AssertionError("the write went through")
 
 
 def test_the_policy_is_accepted_by_the_api_server(installed: list[Obj]) -> None:
-    (policy,) = of_kind(installed, "ValidatingAdmissionPolicy")
-    (binding,) = of_kind(installed, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
+    policies = of_kind(installed, "ValidatingAdmissionPolicy")
+    bindings = of_kind(installed, "ValidatingAdmissionPolicyBinding")
+    assert sorted(p["metadata"]["name"] for p in policies) == [NODE_POLICY, STATE_POLICY]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == [NODE_POLICY, STATE_POLICY]
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
 
 
 def test_update_annotations_may_write_its_state_and_nothing_else_of_a_workload(
@@ -189,13 +196,13 @@ def test_in_a_namespace_that_opted_in_a_bare_pods_spec_stays_out_of_reach(
     assert written["metadata"]["annotations"][STATE_ANNOTATION] == STATE
 
 
-def _refuses(write: Callable[[], Any]) -> bool:
+def _refuses(write: Callable[[], Any], policy: str = STATE_POLICY) -> bool:
     try:
         write()
     except (kube.Forbidden, kube.Invalid) as exc:
-        return "kn-rescheduler-state-writes-only" in str(exc)
+        return policy in str(exc)
     except k8s.ApiException as exc:
-        return "kn-rescheduler-state-writes-only" in (exc.body or "")
+        return policy in (exc.body or "")
     return False
 
 
@@ -241,3 +248,41 @@ def test_on_a_deployment_only_removing_a_copied_state_goes_through(
         "Deployment", namespace, "web", {"metadata": {"annotations": {STATE_ANNOTATION: None}}}
     )
     assert STATE_ANNOTATION not in removed["metadata"]["annotations"]
+
+
+def test_on_a_node_update_annotations_may_write_its_moved_off_mark_and_nothing_else(
+    api: Kube, as_update_annotations: Callable[..., Kube]
+) -> None:
+    name = "node-0"
+    dry = as_update_annotations(dry_run=True)
+
+    def patch(body: Obj) -> Callable[[], Any]:
+        return lambda: dry.merge_patch("Node", None, name, body)
+
+    taint = {"spec": {"taints": [{"key": "x", "value": "y", "effect": "NoSchedule"}]}}
+    wait_for(
+        "the policy to refuse a taint",
+        lambda: _refuses(patch(taint), NODE_POLICY),
+        timeout=30,
+    )
+    refused_by_policy(patch({"spec": {"unschedulable": True}}), NODE_POLICY)
+    refused_by_policy(
+        patch({"metadata": {"labels": {"topology.kubernetes.io/zone": "b"}}}), NODE_POLICY
+    )
+    refused_by_policy(
+        patch({"metadata": {"labels": {"kubernetes.io/hostname": None}}}), NODE_POLICY
+    )
+    refused_by_policy(patch({"metadata": {"annotations": {"team": "x"}}}), NODE_POLICY)
+    refused_by_policy(
+        patch({"metadata": {"labels": {MOVED_OFF_LABEL: "1", SUSPECT_LABEL: "true"}}}), NODE_POLICY
+    )
+
+    # What a move really writes goes through, for real: the mark, compare-and-swap.
+    try:
+        now = datetime.now(UTC)
+        body = movedoff.mark_patch(api.get("Node", None, name), now, timedelta(minutes=2))
+        assert body is not None
+        marked = as_update_annotations().merge_patch("Node", None, name, body)
+        assert marked["metadata"]["labels"][MOVED_OFF_LABEL] == movedoff.mark_value(now)
+    finally:
+        api.merge_patch("Node", None, name, {"metadata": {"labels": {MOVED_OFF_LABEL: None}}})

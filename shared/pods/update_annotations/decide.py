@@ -285,6 +285,17 @@ class Redirect:
 
 
 @dataclass(frozen=True)
+class MarkNode:
+    """Mark the node the pod is moved off (the moved-off label, ``shared.api.movedoff``) before
+    the pod is removed: its replacement, and every other workload's placed in the same burst,
+    are kept softly off it seconds before assess-nodes has heard. Best effort: a read or
+    write that fails is logged, and the move goes on."""
+
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Answer:
     """The end of the plan: what the delivery replies (None: no reply, 202)."""
 
@@ -302,6 +313,7 @@ Request = (
     | Evict
     | Delete
     | Redirect
+    | MarkNode
     | Answer
 )
 
@@ -919,6 +931,13 @@ def _after_record(
             )
         bare = not given.line_goes_on
     requests: list[Request] = []
+    if failure.node and _marks_its_node(given, failure):
+        requests.append(
+            MarkNode(
+                failure.node,
+                "the earliest signal of a broken node: other replacements keep off it now",
+            )
+        )
     if bare:
         requests.append(
             CreateReplacement(
@@ -999,6 +1018,17 @@ def _after_record(
         )
     )
     return tuple(requests)
+
+
+def _marks_its_node(given: Inputs, failure: Failure) -> bool:
+    """Whether this move marks its node moved-off: only for a failure counted against the
+    node, the ones assess-nodes counts. A pod moved off a node already suspect (the suspect
+    fast path) says nothing new about it; one that never reached a node has none."""
+    if not given.cfg.moved_off_mark or not failure.node:
+        return False
+    if given.early is not None and not given.early.counts_against_node:
+        return False
+    return failure.kind is FailureKind.NODE_FIXABLE
 
 
 def _recorded_removed(given: Inputs, decided: Plan, holder: Ref) -> tuple[Request, ...]:

@@ -16,7 +16,10 @@ that order, stops at the first refusal and maps it (below), and re-plans after a
    PodDisruptionBudget, RBAC, a quota, validation) spends nothing.
 4. Write the new state with the holder's resourceVersion as precondition; on 409 re-read and
    re-plan (many instances acting on one workload at once lose no update).
-5. Only then remove the pod (delete with a uid precondition, or evict). So no pod is ever
+5. For a failure counted against its node, mark the node moved off (one label of ours,
+   ``shared.api.movedoff``; best effort, never stops the move), so that replacements placed in
+   the same burst keep off it before assess-nodes has heard.
+   Only then remove the pod (delete with a uid precondition, or evict). So no pod is ever
    removed without a record, and a redelivered event finds its uid in the state (``plan``
    answers "already handled") and finishes a removal that failed half-way, without counting it
    again.
@@ -51,6 +54,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from shared.api import movedoff
 from shared.api.keys import (
     DEFAULT_NAMESPACE,
     REASON_MOVE_DEFERRED,
@@ -77,6 +81,8 @@ log = logging.getLogger(__name__)
 # ServiceAccount lives in the namespace the project is installed in).
 SERVICE_ACCOUNT: Final = "update-annotations"
 BARE_POD_CLUSTER_ROLE: Final = "kn-rescheduler-bare-pods"
+# Reads and compare-and-swaps of a node's moved-off mark before it is given up (the move goes on).
+MARK_ATTEMPTS: Final = 3
 
 _trace: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
 
@@ -557,6 +563,8 @@ class Rescheduler:
                     return None
                 if removed is Removal.GONE:
                     return self._send(live, made, request.gone, trace, attempt=attempt)
+            elif isinstance(request, decide.MarkNode):
+                self._mark_node(request, trace)
             elif isinstance(request, decide.Redirect):
                 self._redirect_replacements(
                     request.failed, request.node, request.holder, trace, namesake=request.namesake
@@ -564,6 +572,37 @@ class Rescheduler:
             else:
                 return request.reply
         return None
+
+    def _mark_node(self, request: decide.MarkNode, trace: Trace) -> None:
+        """Mark the node the pod is moved off (``shared.api.movedoff``): read it, then a
+        compare-and-swap of our one label. Never stops the move: the mark only steers other
+        replacements sooner, and assess-nodes' label follows the move's reply anyway."""
+        node = request.node
+        for _ in range(MARK_ATTEMPTS):
+            try:
+                found = self.api.get("Node", None, node)
+            except kube.NotFound:
+                trace.note(f"node {node} is gone: not marked")
+                return
+            except kube.KubeError as exc:
+                log.warning("cannot read node %s to mark it moved off: %s", node, exc)
+                trace.note(f"node {node} could not be read: not marked")
+                return
+            patch = movedoff.mark_patch(found, self.clock(), self.cfg.moved_off_window)
+            if patch is None:
+                trace.note(f"node {node}: marked moved off lately, or opted out: not marked again")
+                return
+            try:
+                self.api.merge_patch("Node", None, node, patch)
+            except kube.Conflict:
+                continue  # assess-nodes or the kubelet wrote first: read it again
+            except kube.KubeError as exc:
+                log.warning("cannot mark node %s moved off: %s", node, exc)
+                trace.note(f"node {node} could not be marked: {exc}")
+                return
+            trace.note(f"marked node {node} moved off")
+            return
+        trace.note(f"node {node} kept changing: not marked")
 
     def _dry_run(
         self, live: Pod, request: decide.DryRunCreate | decide.DryRunEvict, trace: Trace
