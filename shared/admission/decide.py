@@ -38,7 +38,9 @@ import jsonpatch
 
 from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
+    FAILING_WORKLOADS_LABEL,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
+    MOVED_OFF_LABEL,
     NODE_NAME_FIELD,
     OPT_OUT_LABEL,
     OPTED_IN_LABEL,
@@ -105,27 +107,71 @@ class SoftAvoid:
     more_values: tuple[str, ...] = ()
     # Avoid every node carrying the key, whatever its value (a count: failing workloads).
     any_value: bool = False
+    # With any_value: also avoid nodes carrying the moved-off mark from this second on (whole
+    # Unix seconds, `movedoff.steers_before`); None: the key alone. See `terms`.
+    moved_off_before: str | None = None
 
-    def term(self) -> PreferredSchedulingTerm:
+    def terms(self) -> tuple[PreferredSchedulingTerm, ...]:
+        """The preferred terms the pod gets for this: one, or two for the moved-off form."""
+        if self.any_value and self.moved_off_before is not None:
+            # "No key, and no mark or an old one": expressions within a term are ANDed, terms
+            # are not ORed but each adds its weight, so the OR is two terms no node matches
+            # both of (a node has the mark or not). Lt compares the label as an integer and
+            # matches nothing that is not one, so a value not ours scores like a fresh mark.
+            return (
+                {
+                    "weight": self.weight,
+                    "preference": {
+                        "matchExpressions": [
+                            {"key": self.key, "operator": "DoesNotExist"},
+                            {"key": MOVED_OFF_LABEL, "operator": "DoesNotExist"},
+                        ]
+                    },
+                },
+                {
+                    "weight": self.weight,
+                    "preference": {
+                        "matchExpressions": [
+                            {"key": self.key, "operator": "DoesNotExist"},
+                            {
+                                "key": MOVED_OFF_LABEL,
+                                "operator": "Lt",
+                                "values": [self.moved_off_before],
+                            },
+                        ]
+                    },
+                },
+            )
         if self.any_value:
-            return {
-                "weight": self.weight,
-                "preference": {"matchExpressions": [{"key": self.key, "operator": "DoesNotExist"}]},
-            }
+            return (
+                {
+                    "weight": self.weight,
+                    "preference": {
+                        "matchExpressions": [{"key": self.key, "operator": "DoesNotExist"}]
+                    },
+                },
+            )
         # NotIn also matches nodes without the label at all: every healthy node scores, and a
         # node nobody measured is never ranked below a measured one.
-        return {
-            "weight": self.weight,
-            "preference": {
-                "matchExpressions": [
-                    {
-                        "key": self.key,
-                        "operator": "NotIn",
-                        "values": [self.value, *self.more_values],
-                    }
-                ]
+        return (
+            {
+                "weight": self.weight,
+                "preference": {
+                    "matchExpressions": [
+                        {
+                            "key": self.key,
+                            "operator": "NotIn",
+                            "values": [self.value, *self.more_values],
+                        }
+                    ]
+                },
             },
-        }
+        )
+
+    def term(self) -> PreferredSchedulingTerm:
+        """The one term of a single-term preference (ValueError for the moved-off form)."""
+        (only,) = self.terms()
+        return only
 
 
 @dataclass(frozen=True)
@@ -251,7 +297,10 @@ def mutate(pod: Pod, owner: OwnerFacts) -> Mutation:
         else:
             reasons.extend(_exclude_nodes(spec, nodes))
 
-    if owner.avoid:
+    if owner.avoid or (owner.excluded_nodes and _preferred_terms(changed)):
+        # Also without a preference to add, for a pod placed after a move (the only kind that
+        # ever got them): our earlier terms that age go (see _prefer_away). Any other pod's
+        # terms are its author's, whatever they name.
         spec = changed.setdefault("spec", {})
         if not spec.get("nodeName"):
             reasons.extend(_prefer_away(spec, owner.avoid))
@@ -346,22 +395,67 @@ def _exclude_nodes(spec: PodSpec, nodes: tuple[str, ...]) -> list[str]:
     return done
 
 
+def _preferred_terms(pod: Pod) -> list[PreferredSchedulingTerm]:
+    affinity = cast(Affinity, (pod.get("spec") or {}).get("affinity") or {})
+    node_affinity: NodeAffinity = affinity.get("nodeAffinity") or {}
+    return list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+
+
+# The term the preference away from failing nodes was before the moved-off mark joined it.
+_EARLIER_FAILING_TERM: Final = [{"key": FAILING_WORKLOADS_LABEL, "operator": "DoesNotExist"}]
+
+
+def _ours_that_ages(term: PreferredSchedulingTerm) -> bool:
+    """Whether a preferred term is our preference away from failing or moved-off nodes, from an
+    earlier admission: a bare pod's replacement is created with the failed pod's spec, affinity
+    and all. Its Lt operand was that admission's time, so kept it would steer off nodes whose
+    marks have long expired, and each move would add two more terms. The earlier single-term
+    form counts too; nobody else's term names the moved-off label."""
+    preference = term.get("preference") or {}
+    expressions = preference.get("matchExpressions") or []
+    if expressions == _EARLIER_FAILING_TERM and not preference.get("matchFields"):
+        return True
+    return any(
+        isinstance(expression, dict) and expression.get("key") == MOVED_OFF_LABEL
+        for expression in expressions
+    )
+
+
 def _prefer_away(spec: PodSpec, avoid: tuple[SoftAvoid, ...]) -> list[str]:
     """Add each preferred term the pod does not have yet (a manifest written for the seed
-    already says `status NotIn [presure]`: not added twice); return what was done."""
+    already says `status NotIn [presure]`: not added twice), after removing our earlier terms
+    that age unless they are exactly what would be added now; the user's terms stay as they
+    are. Return what was done."""
     affinity = cast(Affinity, spec.get("affinity") or {})
     node_affinity: NodeAffinity = affinity.get("nodeAffinity") or {}
-    preferred = list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
-    have = [term.get("preference") for term in preferred]
+    before = list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    wanted = [term for soft in avoid for term in soft.terms()]
+    preferred: list[PreferredSchedulingTerm] = []
+    for term in before:
+        if not _ours_that_ages(term) or (term in wanted and term not in preferred):
+            preferred.append(term)
     done: list[str] = []
+    if len(preferred) < len(before):
+        done.append(f"removed {len(before) - len(preferred)} earlier preference term(s) of ours")
+    have = [term.get("preference") for term in preferred]
     for soft in avoid:
-        term = soft.term()
-        if term["preference"] in have:
-            continue
-        preferred.append(term)
-        done.append(f"prefers nodes that are not {soft.what} (weight {soft.weight})")
-    if done:
+        added = [term for term in soft.terms() if term["preference"] not in have]
+        if added:
+            preferred.extend(added)
+            have.extend(term["preference"] for term in added)
+            done.append(f"prefers nodes that are not {soft.what} (weight {soft.weight})")
+    if preferred == before:
+        return done
+    if preferred:
         node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    else:
+        node_affinity.pop("preferredDuringSchedulingIgnoredDuringExecution", None)
+    if node_affinity:
         affinity["nodeAffinity"] = node_affinity
+    else:
+        affinity.pop("nodeAffinity", None)
+    if affinity:
         spec["affinity"] = dict(affinity)
+    else:
+        spec.pop("affinity", None)
     return done

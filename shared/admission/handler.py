@@ -32,9 +32,11 @@ import base64
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from shared.admission.decide import Mutation, OwnerFacts, SoftAvoid, mutate
+from shared.api import movedoff
 from shared.api.keys import (
     AVOID_PRESSURE_KEY,
     FAILING_WORKLOADS_LABEL,
@@ -44,6 +46,7 @@ from shared.api.keys import (
     LOAD_LABEL,
     LOAD_MEDIUM,
     LOAD_OVERLOADED,
+    MOVED_OFF_LABEL,
     NODE_NAME_FIELD,
     POLICY_ANNOTATION,
     STATE_ANNOTATION,
@@ -53,6 +56,7 @@ from shared.api.keys import (
 )
 from shared.api.kubetypes import Job, Pod
 from shared.api.state import StateError, load_state_lenient
+from shared.api.times import format_duration
 from shared.platform import kube, metrics
 from shared.platform.config import Config
 from shared.workloads.classify import controller_of
@@ -67,11 +71,19 @@ log = logging.getLogger(__name__)
 # again (seconds), and how many namespaces are remembered.
 NAMESPACE_TTL: Final = 30.0
 NAMESPACE_CACHE_MAX: Final = 10_000
-# The one lookup that is not about the pod's own owners (the Node LIST for a replacement) gets
-# less than the others: the owners' two lookups and this one still answer within the
-# registration's timeoutSeconds (5) when the API server is slow, so a slow answer costs the
-# preference, never the pod's exclusions (a webhook that times out is skipped: no patch at all).
+# The one lookup that is not about the pod's own owners (the Node LISTs for a replacement, two
+# at most, sharing it) gets less than the others: the owners' two lookups and this one still
+# answer within the registration's timeoutSeconds (5) when the API server is slow, so a slow
+# answer costs the preference, never the pod's exclusions (a webhook that times out is skipped:
+# no patch at all).
 FAILING_LOOKUP_TIMEOUT: Final = 0.5
+# Less than this left of it after the first LIST: the second is not tried.
+MIN_LOOKUP_TIMEOUT: Final = 0.05
+# Nodes carrying the moved-off mark read in one LIST to find a fresh one: the marks of a burst
+# are a handful, and expired ones are removed by assess-nodes' review. Where it is not deployed
+# they linger, and past this many a fresh mark may be missed: the preference is then left out,
+# as when the API cannot answer.
+MOVED_OFF_LOOKUP_LIMIT: Final = 50
 
 
 def review_response(uid: str, mutation: Mutation | JobMutation | None = None) -> dict[str, Any]:
@@ -83,12 +95,19 @@ def review_response(uid: str, mutation: Mutation | JobMutation | None = None) ->
 
 
 class Admitter:
-    def __init__(self, api: Callable[[], kube.Kube], cfg: Config) -> None:
+    def __init__(
+        self,
+        api: Callable[[], kube.Kube],
+        cfg: Config,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         # The client is made on first use, inside the error handling: missing credentials
         # must not stop pods from being created.
         self._make_api = api
         self._api: kube.Kube | None = None
         self.cfg = cfg
+        # Wall time: the moved-off marks are Unix seconds written by another function.
+        self.clock = clock
         # namespace -> (monotonic expiry, its labels)
         self._namespaces: dict[str, tuple[float, dict[str, str]]] = {}
 
@@ -173,9 +192,10 @@ class Admitter:
         self, policy: str | None, holder: Holder, namespace: str, excluded: tuple[str, ...] = ()
     ) -> tuple[SoftAvoid, ...]:
         """The soft affinities this pod gets: away from suspect nodes for a pod whose policy
-        allows moves; away from nodes where other workloads fail now for such a pod placed
-        after a move (it has exclusions) while such a node exists; away from nodes under
-        pressure for those, and for pods whose workload (annotation) or namespace (label) says
+        allows moves; away from nodes where other workloads fail now, or that a pod was moved
+        off within ``moved_off_window``, for such a pod placed after a move (it has exclusions)
+        while such a node exists; away from nodes under pressure for those, and for pods whose
+        workload (annotation) or namespace (label) says
         ``kn-rescheduler.io/avoid-pressure: "true"``."""
         retries = parse_retries(policy, self.cfg.max_retries)
         moves = isinstance(retries, int) and retries > 0
@@ -185,14 +205,20 @@ class Admitter:
                 SoftAvoid(SUSPECT_LABEL, SUSPECT_VALUE, self.cfg.suspect_affinity_weight, "suspect")
             )
         weight = self.cfg.failing_affinity_weight
-        if moves and excluded and weight and self._failing_elsewhere(excluded):
+        now = self.clock()
+        window = self.cfg.moved_off_window
+        if moves and excluded and weight and self._failing_elsewhere(excluded, now):
+            # Always the two-term form, marks or not: on a cluster without marks it scores
+            # every node as the failing-workloads term alone would, and a mark written after
+            # this admission is read by the scheduler, not by us.
             avoid.append(
                 SoftAvoid(
                     FAILING_WORKLOADS_LABEL,
                     "",
                     weight,
-                    "failing for other workloads",
+                    "failing for other workloads or moved off within " + format_duration(window),
                     any_value=True,
+                    moved_off_before=movedoff.steers_before(now, window),
                 )
             )
         if self.cfg.pressure_affinity_weight and (
@@ -231,21 +257,45 @@ class Admitter:
             )
         return tuple(avoid)
 
-    def _failing_elsewhere(self, excluded: tuple[str, ...]) -> bool:
-        """Whether a node outside the pod's own exclusions carries the failing-workloads label:
-        one LIST with a label and a field selector, at most one Node back. Only then is the
-        preference worth its cost (a term every other node matches dilutes the pod's own
-        preferences: docs/node-health.md). Unreadable: no (never block a pod)."""
+    def _failing_elsewhere(self, excluded: tuple[str, ...], now: datetime) -> bool:
+        """Whether a node outside the pod's own exclusions carries the failing-workloads label
+        or a fresh moved-off mark. Only then is the preference worth its cost (a term every
+        other node matches dilutes the pod's own preferences: docs/node-health.md).
+
+        First one LIST with a label and a field selector, at most one Node back; only when it
+        finds none (in a burst the marks come first: assess-nodes' label takes seconds more), a
+        second for the marked nodes, whose freshness is read here: a mark nobody removed (no
+        assess-nodes) outlives its window. Both share one timeout. Unreadable: no (never block
+        a pod)."""
         fields = ",".join(f"{NODE_NAME_FIELD}!={name}" for name in excluded)
-        timeout = min(self.cfg.api_timeout_seconds, FAILING_LOOKUP_TIMEOUT)
+        budget = min(self.cfg.api_timeout_seconds, FAILING_LOOKUP_TIMEOUT)
+        started = time.monotonic()
         try:
-            page = self.api.with_options(timeout=timeout).list_page(
+            page = self.api.with_options(timeout=budget).list_page(
                 "Node", limit=1, label_selector=FAILING_WORKLOADS_LABEL, field_selector=fields
             )
+            if page.get("items"):
+                return True
+            if not self.cfg.moved_off_mark:
+                return False
+            left = budget - (time.monotonic() - started)
+            if left < MIN_LOOKUP_TIMEOUT:
+                log.info("no time left to list the nodes pods were moved off")
+                return False
+            page = self.api.with_options(timeout=left).list_page(
+                "Node",
+                limit=MOVED_OFF_LOOKUP_LIMIT,
+                label_selector=MOVED_OFF_LABEL,
+                field_selector=fields,
+            )
         except kube.KubeError as exc:
-            log.info("cannot list the nodes where workloads fail: %s", exc)
+            log.info("cannot list the nodes where workloads fail or pods were moved off: %s", exc)
             return False
-        return bool(page.get("items"))
+        window = self.cfg.moved_off_window
+        return any(
+            movedoff.fresh((node.get("metadata") or {}).get("labels"), now, window)
+            for node in page.get("items") or []
+        )
 
     def _namespace_opts_in(self, namespace: str, key: str) -> bool:
         """Whether the namespace carries the label ``key: "true"``; its labels are read at

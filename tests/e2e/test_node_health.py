@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from dev.stack.stack import Stack
+from shared.api import movedoff
 from shared.api.keys import (
     AVOID_PRESSURE_KEY,
     EVENT_NODE_SUSPECTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
     FAILING_WORKLOADS_LABEL,
+    MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     PING_EVENT_TYPE,
@@ -490,6 +492,60 @@ def test_a_replacement_keeps_off_a_node_another_workload_fails_on_before_it_is_s
     assert bound_node(api, namespace, first["metadata"]["name"]) == failing
 
 
+def moved_off_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    terms = (
+        pod["spec"]["affinity"]["nodeAffinity"].get(
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        )
+        or []
+    )
+    return [
+        e
+        for t in terms
+        for e in t["preference"].get("matchExpressions") or []
+        if e["key"] == MOVED_OFF_LABEL
+    ]
+
+
+def test_a_replacement_keeps_off_a_node_a_pod_was_just_moved_off_until_the_mark_expires(
+    cluster: Any, api: Kube, namespace: str, webhook: Webhook
+) -> None:
+    # What update-annotations writes the moment it moves a pod off `marked`, before
+    # assess-nodes has heard (no failing-workloads label there yet).
+    marked, own = cluster.nodes[1], cluster.nodes[2]
+    now = datetime.now(UTC)
+    api.merge_patch(
+        "Node", None, marked, {"metadata": {"labels": {MOVED_OFF_LABEL: movedoff.mark_value(now)}}}
+    )
+    moved = json.dumps({"excludedNodes": [own], "handled": [], "moves": 1, "version": 1})
+    web = builders.template({"app": "web"}, affinity=preferring_weight(marked, 50))
+    api.create(
+        "ReplicaSet",
+        namespace,
+        builders.replicaset(
+            "web", retries="3", annotations={STATE_ANNOTATION: moved}, template=web
+        ),
+    )
+    replacement = wait_for("web's pod", lambda: first_pod(api, namespace, "web-"), timeout=30)
+    assert [e["operator"] for e in moved_off_terms(replacement)] == ["DoesNotExist", "Lt"]
+    assert bound_node(api, namespace, replacement["metadata"]["name"]) not in (marked, own)
+
+    # Once the window has passed, the mark steers nothing: not even the webhook's term.
+    old = now - timedelta(hours=1)
+    api.merge_patch(
+        "Node", None, marked, {"metadata": {"labels": {MOVED_OFF_LABEL: movedoff.mark_value(old)}}}
+    )
+    db = builders.template({"app": "db"}, affinity=preferring_weight(marked, 50))
+    api.create(
+        "ReplicaSet",
+        namespace,
+        builders.replicaset("db", retries="3", annotations={STATE_ANNOTATION: moved}, template=db),
+    )
+    later = wait_for("db's pod", lambda: first_pod(api, namespace, "db-"), timeout=30)
+    assert moved_off_terms(later) == []
+    assert bound_node(api, namespace, later["metadata"]["name"]) == marked
+
+
 def first_pod(api: Kube, namespace: str, prefix: str) -> dict[str, Any] | None:
     return next(
         (p for p in pods_of(api, namespace) if p["metadata"]["name"].startswith(prefix)), None
@@ -603,6 +659,28 @@ def test_two_workloads_crash_looping_on_one_node_move_before_the_threshold_and_m
     replies = [e for e in patient_stack.archived() if e["type"] == EVENT_POD_RESCHEDULED]
     assert {r["data"]["kind"] for r in replies if r["data"]["node"] == bad} == {"node-fixable"}
     wait_for("the node turns suspect", lambda: suspect(node_of(api, bad)), timeout=60)
+
+
+def test_the_pipeline_marks_the_node_a_pod_is_moved_off_at_the_move(
+    cluster: Any, api: Kube, namespace: str, stack: Stack, faults: Callable[..., None]
+) -> None:
+    bad = cluster.nodes[1]
+    faults("crashloop", bad)
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    template = pod_template({"app": "db"}, bad)
+    api.create("Deployment", namespace, workload_body("Deployment", "db", template, replicas=1))
+    moved = wait_for("db's pod moved", lambda: first_move(stack), timeout=60)
+    assert moved["data"]["node"] == bad
+    labels = node_of(api, bad)["metadata"].get("labels") or {}
+    at = movedoff.marked_at(labels)
+    assert at is not None, labels
+    # Written by this move, at its time (whole seconds), before its reply was sent.
+    assert before <= at <= datetime.now(UTC)
+    # Only the node it failed on.
+    others = [n for n in cluster.nodes if n != bad]
+    assert not [
+        n for n in others if MOVED_OFF_LABEL in (node_of(api, n)["metadata"].get("labels") or {})
+    ]
 
 
 def test_the_pipeline_marks_no_node_for_one_deployment_failing_everywhere_across_a_rollout(

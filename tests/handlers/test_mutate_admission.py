@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import base64
+import http.server
 import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
 import jsonpatch
+import pytest
 
+from shared.api import movedoff
 from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
+    FAILING_WORKLOADS_LABEL,
+    MOVED_OFF_LABEL,
     OPT_OUT_LABEL,
     OPTED_IN_LABEL,
     POLICY_STAMP_ANNOTATION,
     STATE_ANNOTATION,
 )
+from shared.platform.config import Config
 from tests.handlers.conftest import ClientFactory
 from tests.unit import pods
 from tests.unit.apivalidation import api_server_errors
@@ -219,3 +229,209 @@ def test_a_body_without_a_request_uid_gets_400(
     client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
     assert client.post("/", data=b"not json").status_code == 400
     assert client.post("/", data=json.dumps({"request": {}})).status_code == 400
+
+
+# -- a replacement in a burst: the preference away from failing and moved-off nodes ------------
+
+
+class _NodesApi(http.server.BaseHTTPRequestHandler):
+    """An API server with the cluster's Nodes (the server's ``nodes``: name -> labels): a Node
+    LIST filtered by label selector (one key: existence) and field selector
+    (``metadata.name!=``) as kube-apiserver filters it, the shop Namespace without labels, 404
+    for anything else."""
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        self.server.requests.append((url.path, query))  # type: ignore[attr-defined]
+        status, body = 404, {"kind": "Status", "reason": "NotFound", "code": 404}
+        if url.path == "/api/v1/nodes":
+            key = query.get("labelSelector", "")
+            unwanted = {f.split("!=", 1)[1] for f in query.get("fieldSelector", "").split(",") if f}
+            nodes = self.server.nodes  # type: ignore[attr-defined]
+            items = [
+                {"metadata": {"name": name, "labels": labels}}
+                for name, labels in nodes.items()
+                if (not key or key in labels) and name not in unwanted
+            ]
+            limit = int(query.get("limit", "500"))
+            status, body = 200, {"kind": "NodeList", "metadata": {}, "items": items[:limit]}
+        elif url.path == "/api/v1/namespaces/shop":
+            status, body = 200, {"kind": "Namespace", "metadata": {"name": "shop"}}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def nodes_api(tmp_path: Path) -> Iterator[tuple[Path, dict[str, dict[str, str]], list[Any]]]:
+    """A kubeconfig for a `_NodesApi` on loopback, its Nodes (fill them in) and the requests
+    it answered."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NodesApi)
+    nodes: dict[str, dict[str, str]] = {}
+    requests: list[Any] = []
+    server.nodes = nodes  # type: ignore[attr-defined]
+    server.requests = requests  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "nodes-kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{server.server_port}'}}}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "current-context: c\n"
+    )
+    try:
+        yield kubeconfig, nodes, requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+OWN_PREFERENCE = {
+    "weight": 5,
+    "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+}
+NOT_FAILING = {"key": FAILING_WORKLOADS_LABEL, "operator": "DoesNotExist"}
+
+
+def replacement_carrying(*preferred: dict[str, Any]) -> Any:
+    """A bare pod's replacement as update-annotations creates it: the failed pod's spec, its
+    preferred terms included, and the state naming the node it was moved off (node-b)."""
+    state = json.dumps(
+        {"version": 2, "moves": 1, "excludedNodes": ["node-b"], "holderUid": pods.uid("solo")}
+    )
+    return pods.pod(
+        "solo-3f9c2",
+        owner=None,
+        node=None,
+        stamp=None,
+        annotations={"scheduling-retries": "2", STATE_ANNOTATION: state},
+        affinity={
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": list(preferred)}
+        },
+    )
+
+
+def test_a_replacement_in_a_burst_prefers_nodes_not_freshly_moved_off_in_place_of_older_terms(
+    function_client: ClientFactory,
+    nodes_api: tuple[Path, dict[str, dict[str, str]], list[Any]],
+) -> None:
+    kubeconfig, nodes, requests = nodes_api
+    # update-annotations marked node-b (this pod's) and node-c seconds ago; assess-nodes has
+    # labelled neither yet. node-d is healthy.
+    marked = movedoff.mark_value(datetime.now(UTC) - timedelta(seconds=5))
+    nodes.update(
+        {"node-b": {MOVED_OFF_LABEL: marked}, "node-c": {MOVED_OFF_LABEL: marked}, "node-d": {}}
+    )
+    # The failed pod was itself a replacement: our term of then, before the user's last one.
+    earlier = {"weight": 100, "preference": {"matchExpressions": [NOT_FAILING]}}
+    pressure = SOFT_AFFINITY["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    replacement = replacement_carrying(pressure, earlier, OWN_PREFERENCE)
+    client = function_client("mutate-admission", KUBECONFIG=str(kubeconfig))
+    window = Config().moved_off_window
+    first = movedoff.steers_before(datetime.now(UTC), window)
+    answer = client.post("/", json=review(obj=replacement)).get_json()["response"]
+    last = movedoff.steers_before(datetime.now(UTC), window)
+    assert answer["allowed"] is True
+    created = jsonpatch.apply_patch(replacement, patch_of(answer))
+    preferred = created["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    # The user's terms as they were, ours replaced by the two of now (never accumulated).
+    assert preferred[:2] == [pressure, OWN_PREFERENCE]
+    assert preferred[2] == {
+        "weight": 100,
+        "preference": {
+            "matchExpressions": [NOT_FAILING, {"key": MOVED_OFF_LABEL, "operator": "DoesNotExist"}]
+        },
+    }
+    (operand,) = preferred[3]["preference"]["matchExpressions"][1]["values"]
+    assert first <= operand <= last  # the admission's own time (same number of digits)
+    assert preferred[3] == {
+        "weight": 100,
+        "preference": {
+            "matchExpressions": [
+                NOT_FAILING,
+                {"key": MOVED_OFF_LABEL, "operator": "Lt", "values": [operand]},
+            ]
+        },
+    }
+    assert len(preferred) == 4
+    assert api_server_errors(created) == []
+    # The failing-workloads LIST found nothing, so the marks were listed, node-b left out.
+    lists = [query for path, query in requests if path == "/api/v1/nodes"]
+    assert lists == [
+        {
+            "limit": "1",
+            "labelSelector": FAILING_WORKLOADS_LABEL,
+            "fieldSelector": "metadata.name!=node-b",
+        },
+        {
+            "limit": "50",
+            "labelSelector": MOVED_OFF_LABEL,
+            "fieldSelector": "metadata.name!=node-b",
+        },
+    ]
+
+
+def test_a_replacement_whose_only_marks_are_its_own_or_stale_gets_no_such_preference(
+    function_client: ClientFactory,
+    nodes_api: tuple[Path, dict[str, dict[str, str]], list[Any]],
+) -> None:
+    kubeconfig, nodes, _ = nodes_api
+    now = datetime.now(UTC)
+    nodes.update(
+        {
+            "node-b": {MOVED_OFF_LABEL: movedoff.mark_value(now)},
+            "node-c": {MOVED_OFF_LABEL: movedoff.mark_value(now - timedelta(minutes=30))},
+        }
+    )
+    old = movedoff.steers_before(now - timedelta(minutes=30), Config().moved_off_window)
+    ours = {
+        "weight": 100,
+        "preference": {
+            "matchExpressions": [
+                NOT_FAILING,
+                {"key": MOVED_OFF_LABEL, "operator": "Lt", "values": [old]},
+            ]
+        },
+    }
+    replacement = replacement_carrying(OWN_PREFERENCE, ours)
+    client = function_client("mutate-admission", KUBECONFIG=str(kubeconfig))
+    answer = client.post("/", json=review(obj=replacement)).get_json()["response"]
+    created = jsonpatch.apply_patch(replacement, patch_of(answer))
+    assert created["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ] == [OWN_PREFERENCE, *SOFT_AFFINITY["preferredDuringSchedulingIgnoredDuringExecution"]]
+
+
+def test_a_replacement_is_admitted_with_its_exclusions_when_no_node_can_be_listed(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    earlier = {"weight": 100, "preference": {"matchExpressions": [NOT_FAILING]}}
+    replacement = replacement_carrying(OWN_PREFERENCE, earlier)
+    client = function_client("mutate-admission", KUBECONFIG=str(unreachable_kubeconfig))
+    answer = client.post("/", json=review(obj=replacement)).get_json()["response"]
+    assert answer["allowed"] is True
+    created = jsonpatch.apply_patch(replacement, patch_of(answer))
+    assert created["spec"]["affinity"]["nodeAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}
+                    ]
+                }
+            ]
+        },
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            OWN_PREFERENCE,
+            *SOFT_AFFINITY["preferredDuringSchedulingIgnoredDuringExecution"],
+        ],
+    }
