@@ -5,18 +5,22 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import logging
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from shared.api import movedoff
 from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
     FAILING_WORKLOADS_LABEL,
+    MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     REASON_RESCHEDULED,
@@ -34,6 +38,7 @@ from shared.nodes.assess_nodes.decide import (
     allowed_suspects,
     assess,
     blame_from_event,
+    moved_off_removal,
     node_patch,
     over_cap,
     within_cap,
@@ -438,6 +443,59 @@ def test_an_opted_out_node_loses_the_failing_workloads_label_it_carried() -> Non
     assert patch is not None and patch["metadata"]["labels"] == {FAILING_WORKLOADS_LABEL: None}
 
 
+def moved_off(age: timedelta) -> dict[str, str]:
+    """A moved-off mark as update-annotations writes it, for a move ``age`` before NOW."""
+    return {MOVED_OFF_LABEL: movedoff.mark_value(NOW - age)}
+
+
+EXPIRED = moved_off(CFG.moved_off_window + timedelta(minutes=3))
+
+
+@pytest.mark.parametrize(
+    ("labels", "drop", "suspect", "expected"),
+    [
+        # Only the mark to remove: a patch of it alone (the record as read is written as read).
+        (EXPIRED, True, False, {MOVED_OFF_LABEL: None}),
+        # Not told: the mark stays, and nothing else to write is no write.
+        (EXPIRED, False, False, None),
+        # Told, but there is no mark: no write for it.
+        ({}, True, False, None),
+        # Alongside another change: one patch, both labels.
+        (EXPIRED, True, True, {MOVED_OFF_LABEL: None, SUSPECT_LABEL: "true"}),
+        # Not told, alongside another change: the mark is not in the patch.
+        (EXPIRED, False, True, {SUSPECT_LABEL: "true"}),
+    ],
+    ids=["only-the-mark", "not-told", "no-mark", "with-a-mark", "not-told-with-a-mark"],
+)
+def test_the_node_patch_removes_the_moved_off_mark_when_told(
+    labels: dict[str, str], drop: bool, suspect: bool, expected: dict[str, Any] | None
+) -> None:
+    record = record_of(blame("A"), blame("B"), suspect_since=NOW if suspect else None)
+    node = facts(record, labels=labels)
+    patch = node_patch(
+        node,
+        node.record,
+        suspect=suspect,
+        taint=False,
+        failing=node.failing_label,
+        drop_moved_off=drop,
+    )
+    if expected is None:
+        assert patch is None
+        return
+    assert patch is not None
+    assert patch["metadata"]["labels"] == expected
+    assert patch["metadata"]["resourceVersion"] == "48211"
+
+
+def test_the_moved_off_removal_is_a_compare_and_swap_of_that_label_alone() -> None:
+    node = facts(record_of(blame("A", 30)), labels={**EXPIRED, FAILING_WORKLOADS_LABEL: "1"})
+    assert moved_off_removal(node) == {
+        "metadata": {"resourceVersion": "48211", "labels": {MOVED_OFF_LABEL: None}}
+    }
+    assert moved_off_removal(facts()) is None
+
+
 def test_a_seen_failure_orders_by_time_first() -> None:
     early = Seen(NOW - timedelta(minutes=1), "Z", "p", "r")
     late = Seen(NOW, "A", "p", "r")
@@ -743,3 +801,199 @@ def test_reports_about_one_node_arriving_at_once_are_written_one_after_another()
     assert len(load(api.node["metadata"]["annotations"][NODE_HEALTH_ANNOTATION]).failures) == 12
     assert api.node["metadata"]["labels"][FAILING_WORKLOADS_LABEL] == "12"
     assert api.conflicts == 0
+
+
+# -- the review removes expired moved-off marks ---------------------------------------------------
+
+
+class Cluster(kube.Kube):
+    """The API server as the review sees it: Nodes listed and read; a Node merge patch recorded,
+    then refused (409) when its resourceVersion is stale, as the API server refuses it, or
+    applied; Events (NodeCleared) recorded. ``marked_meanwhile``: update-annotations marks the
+    node again between the review's read and its first write."""
+
+    def __init__(self, *listed: dict[str, Any], marked_meanwhile: bool = False) -> None:
+        self.nodes = {n["metadata"]["name"]: copy.deepcopy(n) for n in listed}
+        self.patches: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.marked_meanwhile = marked_meanwhile
+
+    def list_all(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        assert kind == "Node"
+        return iter(copy.deepcopy(list(self.nodes.values())))
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        if kind != "Node" or name not in self.nodes:
+            raise kube.NotFound(f"{kind} {name} not found", 404, "NotFound")
+        return copy.deepcopy(self.nodes[name])
+
+    def merge_patch(
+        self, kind: str, namespace: str | None, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        assert kind == "Node"
+        self.patches.append(copy.deepcopy(body))
+        meta = self.nodes[name]["metadata"]
+        if self.marked_meanwhile:
+            self.marked_meanwhile = False
+            meta["labels"].update(moved_off(timedelta(0)))
+            meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        if body["metadata"]["resourceVersion"] != meta["resourceVersion"]:
+            raise kube.Conflict("the object has been modified", 409, "Conflict")
+        for key in ("labels", "annotations"):
+            merged = {**(meta.get(key) or {}), **(body["metadata"].get(key) or {})}
+            meta[key] = {k: v for k, v in merged.items() if v is not None}
+        if "spec" in body:
+            self.nodes[name]["spec"].update(body["spec"])
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return copy.deepcopy(self.nodes[name])
+
+    def create(self, kind: str, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        assert kind == "Event"
+        self.events.append(body)
+        return body
+
+
+def review(api: Cluster) -> list[Any]:
+    return Assessor(api, CFG, clock=lambda: NOW).review()
+
+
+ONLY_THE_MARK = {"metadata": {"resourceVersion": "48211", "labels": {MOVED_OFF_LABEL: None}}}
+
+
+@pytest.mark.parametrize(
+    ("age", "told"),
+    [
+        (CFG.moved_off_window, "2026-11-23T09:58:00Z"),
+        (CFG.moved_off_window + timedelta(hours=5), "2026-11-23T04:58:00Z"),
+    ],
+    ids=["at-the-window", "hours-old"],
+)
+def test_the_review_removes_a_moved_off_mark_older_than_its_window(
+    age: timedelta, told: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A node assess-nodes never blamed: the mark is all of ours on it, and all that is written
+    # (no empty record added).
+    api = Cluster(nodes.node("node-1", labels=moved_off(age)))
+    with caplog.at_level(logging.INFO, logger="shared.nodes.assess_nodes.handler"):
+        outcomes = review(api)
+    assert api.patches == [ONLY_THE_MARK]
+    assert MOVED_OFF_LABEL not in api.nodes["node-1"]["metadata"]["labels"]
+    assert [(o.node, o.verdict, o.written) for o in outcomes] == [("node-1", Verdict.HEALTHY, True)]
+    said = f"removed its moved-off mark of {told}: older than 2m0s"
+    assert outcomes[0].moved_off == said
+    [line] = [r for r in caplog.records if r.getMessage().startswith("node node-1: ")]
+    assert line.getMessage().endswith(f"; {said}")
+    assert line.__dict__["moved_off_removed"] is True
+
+
+@pytest.mark.parametrize(
+    "age",
+    [timedelta(0), timedelta(seconds=30), CFG.moved_off_window - timedelta(seconds=1)],
+    ids=["now", "30s", "last-second"],
+)
+def test_the_review_leaves_a_fresh_moved_off_mark_alone(age: timedelta) -> None:
+    api = Cluster(nodes.node("node-1", labels=moved_off(age)))
+    assert review(api) == []
+    assert api.patches == []
+
+
+@pytest.mark.parametrize("value", ["", "soon", "-60", "1.5e9", "99999999999999999999999"])
+def test_the_review_removes_a_moved_off_value_that_is_not_a_time(value: str) -> None:
+    api = Cluster(nodes.node("node-1", labels={MOVED_OFF_LABEL: value}))
+    outcomes = review(api)
+    assert api.patches == [ONLY_THE_MARK]
+    assert outcomes[0].moved_off == (
+        f"removed its moved-off mark {MOVED_OFF_LABEL}={value!r}: not a time"
+    )
+
+
+def test_an_opted_out_node_loses_its_expired_mark_and_nothing_else_is_written() -> None:
+    # An old record whose failures aged out: a write of the node's state would prune it. The
+    # node is not ours: only our expired mark comes off it.
+    record = record_of(blame("A", 30))
+    opted = nodes.node(
+        "node-1",
+        labels={NODE_OPT_OUT_LABEL: "", **EXPIRED},
+        annotations={NODE_HEALTH_ANNOTATION: record.to_json()},
+    )
+    api = Cluster(opted)
+    outcomes = review(api)
+    assert api.patches == [ONLY_THE_MARK]
+    assert api.nodes["node-1"]["metadata"]["annotations"][NODE_HEALTH_ANNOTATION] == (
+        record.to_json()
+    )
+    assert [(o.verdict, o.marked, bool(o.moved_off)) for o in outcomes] == [
+        (Verdict.HEALTHY, False, True)
+    ]
+    # With a fresh mark the opted-out node is not written at all.
+    fresh = copy.deepcopy(opted)
+    fresh["metadata"]["labels"].update(moved_off(timedelta(seconds=10)))
+    api = Cluster(fresh)
+    assert review(api) == []
+    assert api.patches == []
+
+
+@pytest.mark.parametrize(
+    ("mark", "removed"),
+    [(EXPIRED, True), (moved_off(timedelta(0)), False)],
+    ids=["expired", "fresh"],
+)
+def test_an_expired_mark_rides_along_with_a_suspicion_cleared_in_one_patch(
+    mark: dict[str, str], removed: bool
+) -> None:
+    ours = {"key": SUSPECT_LABEL, "value": "true", "effect": "PreferNoSchedule"}
+    record = record_of(blame("A", 20), blame("B", 20), suspect_since=NOW - timedelta(minutes=20))
+    suspect = nodes.node(
+        "node-1",
+        labels={SUSPECT_LABEL: "true", **mark},
+        annotations={NODE_HEALTH_ANNOTATION: record.to_json()},
+        taints=[ours],
+    )
+    api = Cluster(suspect)
+    outcomes = review(api)
+    assert len(api.patches) == 1
+    patch = api.patches[0]
+    expected = {SUSPECT_LABEL: None, **({MOVED_OFF_LABEL: None} if removed else {})}
+    assert patch["metadata"]["labels"] == expected
+    assert patch["metadata"]["resourceVersion"] == "48211"
+    assert NODE_HEALTH_ANNOTATION in patch["metadata"]["annotations"]
+    assert patch["spec"] == {"taints": []}
+    assert [(o.verdict, bool(o.moved_off)) for o in outcomes] == [(Verdict.CLEAR, removed)]
+    assert [e["reason"] for e in api.events] == ["NodeCleared"]
+    left = api.nodes["node-1"]["metadata"]["labels"]
+    assert (MOVED_OFF_LABEL in left) is not removed
+
+
+def test_a_suspect_node_with_nothing_else_to_write_loses_only_its_expired_mark() -> None:
+    # Still suspect (failures keep coming): nothing the clock changed but the mark's age.
+    record = record_of(blame("A", 3), blame("B", 2), suspect_since=NOW - timedelta(minutes=3))
+    ours = {"key": SUSPECT_LABEL, "value": "true", "effect": "PreferNoSchedule"}
+    api = Cluster(
+        nodes.node(
+            "node-1",
+            labels={SUSPECT_LABEL: "true", FAILING_WORKLOADS_LABEL: "2", **EXPIRED},
+            annotations={NODE_HEALTH_ANNOTATION: record.to_json()},
+            taints=[ours],
+        )
+    )
+    outcomes = review(api)
+    assert api.patches == [ONLY_THE_MARK]
+    assert [(o.verdict, o.marked) for o in outcomes] == [(Verdict.STAYS, True)]
+
+
+def test_a_mark_renewed_between_the_read_and_the_removal_stays() -> None:
+    # update-annotations moved another pod off the node meanwhile: the removal, a compare-and-
+    # swap, is refused; read again, the mark is fresh and left alone.
+    api = Cluster(nodes.node("node-1", labels=EXPIRED), marked_meanwhile=True)
+    assert review(api) == []
+    assert api.patches == [ONLY_THE_MARK]
+    left = api.nodes["node-1"]["metadata"]["labels"][MOVED_OFF_LABEL]
+    assert left == movedoff.mark_value(NOW)

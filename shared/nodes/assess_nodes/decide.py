@@ -34,6 +34,10 @@ most ``suspect_max_share`` of the schedulable nodes are suspect at once: a clust
 or two workloads broken everywhere, must not mark every node. Nodes carrying the opt-out label
 are never marked.
 
+update-annotations marks a node it moves a pod off (``shared.api.movedoff``) and nobody else
+removes the mark: the review removes one whose window passed, in the patch it writes anyway or
+in a patch of that one label, on an opted-out node too (the label is ours).
+
 Everything here is pure: the Node as read, the event, the clock and the settings in; the
 decision, with its reasons, and the request bodies out.
 """
@@ -43,15 +47,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
+from shared.api import movedoff
 from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,
     FAILING_WORKLOADS_LABEL,
+    MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
     SUSPECT_LABEL,
@@ -60,7 +66,7 @@ from shared.api.keys import (
     opted_out,
 )
 from shared.api.nodehealth import NodeHealth, Seen, load
-from shared.api.times import format_duration, parse_time
+from shared.api.times import format_duration, format_time, parse_time
 from shared.api.workloadid import family, workload_id
 from shared.platform.config import Config
 
@@ -462,15 +468,20 @@ def node_patch(
     suspect: bool,
     taint: bool,
     failing: str | None,
+    drop_moved_off: bool = False,
 ) -> dict[str, Any] | None:
     """A merge patch making the Node say what ``record``, ``suspect`` and ``failing`` (the
     failing-workloads label's value, None: no label) say; None when it already does (no write).
+    ``drop_moved_off``: also remove the moved-off mark (the review found it expired), so that
+    a write the node needs anyway takes it along rather than a second compare-and-swap.
 
     The resourceVersion makes it a compare-and-swap: the node lifecycle controller and the
     kubelet write taints too, and a merge patch replaces the whole ``spec.taints`` list, so
     a list built from a stale read must not land.
     """
     metadata: dict[str, Any] = {}
+    if drop_moved_off and MOVED_OFF_LABEL in node.labels:
+        metadata.setdefault("labels", {})[MOVED_OFF_LABEL] = None
     raw = record.to_json()
     if raw != node.record_raw:
         metadata["annotations"] = {NODE_HEALTH_ANNOTATION: raw}
@@ -494,3 +505,31 @@ def node_patch(
     metadata["resourceVersion"] = node.resource_version
     body["metadata"] = metadata
     return body
+
+
+def moved_off_removal(node: NodeFacts) -> dict[str, Any] | None:
+    """A merge patch removing the node's moved-off mark and nothing else; None when it carries
+    none. For a review that found the mark expired and nothing else to write: ``node_patch``
+    would also write the record as the clock pruned it (or an empty one on a node that never
+    had one), and on an opted-out node nothing but our own label is ours to write.
+
+    With the resourceVersion, as every write of the Node's labels: update-annotations may have
+    marked the node again since it was read, and a fresh mark must not be removed.
+    """
+    if MOVED_OFF_LABEL not in node.labels:
+        return None
+    return {
+        "metadata": {
+            "resourceVersion": node.resource_version,
+            "labels": {MOVED_OFF_LABEL: None},
+        }
+    }
+
+
+def moved_off_expiry(node: NodeFacts, window: timedelta) -> str:
+    """Why the node's moved-off mark (found expired) is removed, for the log."""
+    at = movedoff.marked_at(node.labels)
+    if at is None:
+        raw = node.labels.get(MOVED_OFF_LABEL)
+        return f"removed its moved-off mark {MOVED_OFF_LABEL}={raw!r}: not a time"
+    return f"removed its moved-off mark of {format_time(at)}: older than {format_duration(window)}"

@@ -12,7 +12,9 @@ The I/O around ``shared.nodes.assess_nodes.decide``'s decisions:
   marks, or a problem condition of the configured set reported True: suspicions whose window
   passed (and whose conditions cleared) are cleared (``NodeCleared``), a node reporting a problem
   condition is marked, and a node the cap held back is marked once room is free. Expiry
-  therefore does not wait for a failure event that may never come.
+  therefore does not wait for a failure event that may never come. A moved-off mark
+  (``shared.api.movedoff``, update-annotations') whose window passed is removed too: it steers
+  nothing any more, and nobody else removes it.
 
 Two instances marking two nodes at once may both see room under the cap; after marking, each
 lists the suspect nodes again and takes its own mark back if it ranks beyond the cap, so the
@@ -32,9 +34,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from shared.api import movedoff
 from shared.api.keys import (
     EVENT_NODE_SUSPECTED,
     FAILING_WORKLOADS_LABEL,
+    MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
     PING_EVENT_TYPE,
     REASON_NODE_CLEARED,
@@ -82,6 +86,9 @@ class Outcome:
     written: bool
     assessment: Assessment
     cap: CapDecision | None = None
+    # The review removed the node's expired moved-off mark in this outcome's write: why
+    # (empty: it did not).
+    moved_off: str = ""
 
 
 class Assessor:
@@ -153,16 +160,21 @@ class Assessor:
     # -- the Ping -------------------------------------------------------------------------------
 
     def review(self) -> list[Outcome]:
-        """Expire old suspicions and mark nodes the cap held back, across the cluster."""
+        """Expire old suspicions, mark nodes the cap held back and remove expired moved-off
+        marks, across the cluster."""
         nodes = list(self.api.list_all("Node"))
         outcomes: list[Outcome] = []
         for node in nodes:
             meta = node.get("metadata") or {}
             labels = meta.get("labels") or {}
+            # A node with nothing of ours is skipped. A moved-off mark is ours (on a node
+            # assess-nodes never blamed, or opted out, too): it is looked at to be removed once
+            # expired, as nobody else removes it.
             if (
                 NODE_HEALTH_ANNOTATION not in (meta.get("annotations") or {})
                 and SUSPECT_LABEL not in labels
                 and FAILING_WORKLOADS_LABEL not in labels
+                and MOVED_OFF_LABEL not in labels
                 and not decide.reports_problem(node, self.cfg.suspect_conditions)
             ):
                 continue
@@ -192,17 +204,27 @@ class Assessor:
                 except kube.NotFound:
                     return None
             facts = self._facts(node)
-            assessment = decide.assess(facts, None, self.clock(), self.cfg)
-            # Only what the clock changed is worth a write: an expiry, a held-back mark, or a
-            # failing workload's report aging out of the window (the label's count).
-            if (
-                assessment.verdict not in (Verdict.CLEAR, Verdict.MARK)
-                and facts.labelled == assessment.suspect
-                and facts.failing_label == assessment.failing_label(facts)
-            ):
+            now = self.clock()
+            assessment = decide.assess(facts, None, now, self.cfg)
+            # Only what the clock changed is worth a write: an expiry, a held-back mark, a
+            # failing workload's report aging out of the window (the label's count), or a
+            # moved-off mark older than its window. A fresh mark steers replacements: never
+            # touched. An expired one is removed whether or not update-annotations still marks
+            # (moved_off_mark off leaves the old marks behind).
+            changed = (
+                assessment.verdict in (Verdict.CLEAR, Verdict.MARK)
+                or facts.labelled != assessment.suspect
+                or facts.failing_label != assessment.failing_label(facts)
+            )
+            expired = movedoff.expired(facts.labels, now, self.cfg.moved_off_window)
+            if not changed and not expired:
                 return None
             try:
-                return self._settle(facts, None, nodes if attempt == 0 else None)
+                if not changed:
+                    return self._remove_moved_off(facts, assessment)
+                return self._settle(
+                    facts, None, nodes if attempt == 0 else None, drop_moved_off=expired
+                )
             except kube.Conflict:
                 continue
         raise kube.Transient(f"node {name} kept changing: gave up after {MAX_ATTEMPTS} tries")
@@ -221,8 +243,12 @@ class Assessor:
         facts: NodeFacts,
         blame: Blame | None,
         nodes: Sequence[Mapping[str, Any]] | None,
+        *,
+        drop_moved_off: bool = False,
     ) -> Outcome:
-        """Decide for one node as read and write the result (Conflict: read again)."""
+        """Decide for one node as read and write the result (Conflict: read again).
+        ``drop_moved_off``: the review found the moved-off mark expired; it goes in the same
+        patch (a failure's blame leaves the mark to the next review)."""
         now = self.clock()
         assessment = decide.assess(facts, blame, now, self.cfg)
         verdict = assessment.verdict
@@ -235,7 +261,10 @@ class Assessor:
                 suspect = False
                 record = decide.unmarked(record)
         if facts.opted_out and verdict is Verdict.HEALTHY:
-            # Never marked, never written: a node its operator opted out is not ours.
+            # Never marked, never written: a node its operator opted out is not ours. Only our
+            # expired moved-off mark is removed from it, and nothing else written.
+            if drop_moved_off:
+                return self._remove_moved_off(facts, assessment)
             return Outcome(facts.name, facts.uid, verdict, False, False, assessment, cap)
         patch = decide.node_patch(
             facts,
@@ -243,6 +272,7 @@ class Assessor:
             suspect=suspect,
             taint=self.cfg.suspect_taint,
             failing=assessment.failing_label(facts),
+            drop_moved_off=drop_moved_off,
         )
         if patch is not None:
             self.api.merge_patch("Node", None, facts.name, patch)
@@ -255,7 +285,35 @@ class Assessor:
                 )
                 cap = CapDecision(False, (), "over the cap after a concurrent mark: taken back")
                 suspect = False
-        return Outcome(facts.name, facts.uid, verdict, suspect, patch is not None, assessment, cap)
+        removed = drop_moved_off and MOVED_OFF_LABEL in facts.labels and patch is not None
+        return Outcome(
+            facts.name,
+            facts.uid,
+            verdict,
+            suspect,
+            patch is not None,
+            assessment,
+            cap,
+            moved_off=decide.moved_off_expiry(facts, self.cfg.moved_off_window) if removed else "",
+        )
+
+    def _remove_moved_off(self, facts: NodeFacts, assessment: Assessment) -> Outcome:
+        """Remove the node's expired moved-off mark in a patch of that one label, when nothing
+        else is to be written: the record is left as it was read (a review writes it only for
+        a change the clock made), and an opted-out node gets nothing of ours but this removal.
+        Conflict: read again (update-annotations may have marked it anew)."""
+        patch = decide.moved_off_removal(facts)
+        if patch is not None:
+            self.api.merge_patch("Node", None, facts.name, patch)
+        return Outcome(
+            facts.name,
+            facts.uid,
+            assessment.verdict,
+            assessment.suspect,
+            patch is not None,
+            assessment,
+            moved_off=decide.moved_off_expiry(facts, self.cfg.moved_off_window) if patch else "",
+        )
 
     def _cap(
         self, facts: NodeFacts, assessment: Assessment, nodes: Iterable[Mapping[str, Any]] | None
@@ -309,11 +367,17 @@ class Assessor:
         a = outcome.assessment
         ref = Involved("Node", "", outcome.node, outcome.uid)
         log.info(
-            "node %s: %s (%s)",
+            "node %s: %s (%s)%s",
             outcome.node,
             outcome.verdict,
             a.why,
-            extra={"node": outcome.node, "verdict": str(outcome.verdict), "marked": outcome.marked},
+            f"; {outcome.moved_off}" if outcome.moved_off else "",
+            extra={
+                "node": outcome.node,
+                "verdict": str(outcome.verdict),
+                "marked": outcome.marked,
+                "moved_off_removed": bool(outcome.moved_off),
+            },
         )
         if outcome.verdict is Verdict.MARK and outcome.marked:
             since = a.record.suspect_since
