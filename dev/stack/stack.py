@@ -44,6 +44,21 @@ LOCAL_PRESSURE_RULES: Final = ROOT / "dev" / "stack" / "pressure-rules.yaml"
 TRIGGERED_FUNCTIONS: Final = ("detect-failures", "update-annotations", "assess-nodes")
 
 
+def read_archive(path: Path) -> list[dict[str, Any]]:
+    """The events of a JSON-lines archive another thread is appending to, in order.
+
+    The receiver writes each event as one line, but a line longer than the file buffer (a
+    pod event is 5 to 10 kB) reaches the file in more than one write: a line without its
+    newline yet is left for the next read rather than parsed half-written.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
 @dataclass(frozen=True)
 class StackInfo:
     """Where things are, for people and for ``make up``'s state file."""
@@ -279,11 +294,7 @@ class Stack:
 
     def archived(self) -> list[dict[str, Any]]:
         """Every event the Broker accepted so far (its archive Trigger's copy), in order."""
-        try:
-            lines = self.archive.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in lines if line.strip()]
+        return read_archive(self.archive)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         return self.broker.wait_idle(timeout) if self.broker else True

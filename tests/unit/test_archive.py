@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dev.stack.stack import read_archive
 from dev.tools import archive, replay
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.platform import logs
@@ -104,3 +105,21 @@ def test_the_command_writes_the_archive_and_says_what_it_left_out(
     assert [json.loads(line)["id"] for line in out.getvalue().splitlines()] == ["u-1", "f-1", "u-2"]
     said = capsys.readouterr().err
     assert "3 event(s); 1 logged again by another function, 2 line(s) without an event" in said
+
+
+def test_a_stacks_archive_read_while_a_long_line_is_half_written_gives_the_complete_events(
+    tmp_path: Path,
+) -> None:
+    # The local Broker's receiver appends each event as one line, but a pod event longer than
+    # the file buffer reaches the file in two writes: a test reading in between saw half a line
+    # (JSONDecodeError in a full-suite run).
+    path = tmp_path / "archive.jsonl"
+    first = {"id": "1", "data": pods.pod()}
+    second = json.dumps({"id": "2", "data": pods.pod()}, separators=(",", ":"))
+    half = len(second) // 2
+    path.write_text(json.dumps(first) + "\n" + second[:half])
+    assert [e["id"] for e in read_archive(path)] == ["1"]
+    with path.open("a") as f:
+        f.write(second[half:] + "\n")
+    assert [e["id"] for e in read_archive(path)] == ["1", "2"]
+    assert read_archive(tmp_path / "none.jsonl") == []
