@@ -576,10 +576,20 @@ def test_the_pipeline_marks_a_node_two_workloads_fail_on_and_moves_at_first_fail
 ) -> None:
     bad = cluster.nodes[1]
     faults("crashloop", bad)
+    before = datetime.now(UTC) - timedelta(seconds=1)
     for name in ("web", "api"):
         template = pod_template({"app": name}, bad)
         api.create("Deployment", namespace, workload_body("Deployment", name, template, replicas=1))
     wait_for("the faulty node turns suspect", lambda: suspect(node_of(api, bad)), timeout=90)
+    # update-annotations marked it at the first move off it, before assess-nodes had heard:
+    # the move's time, in whole seconds. No other node was moved off.
+    at = movedoff.marked_at(node_of(api, bad)["metadata"].get("labels"))
+    assert at is not None and before <= at <= datetime.now(UTC), at
+    assert not [
+        n
+        for n in cluster.nodes
+        if n != bad and MOVED_OFF_LABEL in (node_of(api, n)["metadata"].get("labels") or {})
+    ]
     replies = wait_for(
         "the reply io.kn-rescheduler.node.suspected",
         lambda: [e for e in stack.archived() if e["type"] == EVENT_NODE_SUSPECTED],
@@ -659,28 +669,6 @@ def test_two_workloads_crash_looping_on_one_node_move_before_the_threshold_and_m
     replies = [e for e in patient_stack.archived() if e["type"] == EVENT_POD_RESCHEDULED]
     assert {r["data"]["kind"] for r in replies if r["data"]["node"] == bad} == {"node-fixable"}
     wait_for("the node turns suspect", lambda: suspect(node_of(api, bad)), timeout=60)
-
-
-def test_the_pipeline_marks_the_node_a_pod_is_moved_off_at_the_move(
-    cluster: Any, api: Kube, namespace: str, stack: Stack, faults: Callable[..., None]
-) -> None:
-    bad = cluster.nodes[1]
-    faults("crashloop", bad)
-    before = datetime.now(UTC) - timedelta(seconds=1)
-    template = pod_template({"app": "db"}, bad)
-    api.create("Deployment", namespace, workload_body("Deployment", "db", template, replicas=1))
-    moved = wait_for("db's pod moved", lambda: first_move(stack), timeout=60)
-    assert moved["data"]["node"] == bad
-    labels = node_of(api, bad)["metadata"].get("labels") or {}
-    at = movedoff.marked_at(labels)
-    assert at is not None, labels
-    # Written by this move, at its time (whole seconds), before its reply was sent.
-    assert before <= at <= datetime.now(UTC)
-    # Only the node it failed on.
-    others = [n for n in cluster.nodes if n != bad]
-    assert not [
-        n for n in others if MOVED_OFF_LABEL in (node_of(api, n)["metadata"].get("labels") or {})
-    ]
 
 
 def test_the_pipeline_marks_no_node_for_one_deployment_failing_everywhere_across_a_rollout(
