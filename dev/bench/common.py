@@ -396,6 +396,38 @@ def cpu_of(pids: Mapping[str, int]) -> dict[str, float]:
     return {name: round(cpu_seconds(pid), 3) for name, pid in pids.items()}
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` alone (all its threads), none of its children: the harness
+    process starts the control plane and every function, which ``cpu_seconds`` would count."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def peak_rss_mib(pid: int, *, descendants: bool = True) -> float:
+    """The peak resident set (VmHWM) of ``pid`` plus, unless told not to, that of its live
+    descendants (gunicorn's master and workers), in MiB."""
+    total = 0
+    stack = [pid]
+    seen: set[int] = set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])  # kB
+        except (OSError, ValueError, IndexError):
+            continue
+        if descendants:
+            stack.extend(_children(p))
+    return round(total / 1024, 1)
+
+
 # -- small helpers --------------------------------------------------------------------------------
 
 

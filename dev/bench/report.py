@@ -230,8 +230,10 @@ def render(results: JSON, results_path: Path) -> str:
             f"({scl['deployments']:,} Deployments x {scl['replicas_per_deployment']}), "
             "the whole pipeline running. Rollout: "
             f"{ro['ready']:,}/{ro['expected']:,} Ready in {ro['seconds']:.0f} s; function CPU "
-            f"during it: {_cpu(ro['function_cpu_s'])}; the harness process (fake kubelet, "
-            f"the Broker's forwards and receivers, watch) used {ro['harness_cpu_s']:.0f} CPU-s."
+            f"during it: {_cpu(ro['function_cpu_s'])}; the control plane: "
+            f"{_cpu(ro.get('control_plane_cpu_s', {}))}; the harness process alone (fake "
+            f"kubelet, tracker, the tests' event archive) "
+            f"{_f(ro.get('harness_process_cpu_s'), 0, ' CPU-s')}."
         )
         r = scl.get("recovery") or {}
         if "affected_replicas" in r:

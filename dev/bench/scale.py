@@ -33,11 +33,12 @@ from dev.bench.common import (
     KN_USER,
     Scales,
     cpu_of,
-    cpu_seconds,
     create_namespace,
     delta,
     identity_kubeconfig,
     list_all,
+    own_cpu_seconds,
+    peak_rss_mib,
     ratio,
     scrape,
     summary,
@@ -50,6 +51,19 @@ from dev.localcluster.kubelet import Timing
 from dev.stack.stack import Stack
 
 NAMESPACE = "bench-scale"
+
+
+def _control_plane_pids(cluster: Cluster) -> dict[str, int]:
+    """etcd, the API server, controller-manager, scheduler, kwok (and Prometheus or
+    metrics-server when running): the cluster's own processes, beside the functions."""
+    return {p.name: p.pid for p in cluster.procs if p.alive()}
+
+
+def _peak_rss(harness: int, pids: Mapping[str, int]) -> dict[str, float]:
+    return {
+        "harness-process": peak_rss_mib(harness, descendants=False),
+        **{name: peak_rss_mib(pid) for name, pid in pids.items()},
+    }
 
 
 def _function_pids(stack: Stack) -> dict[str, int]:
@@ -158,9 +172,12 @@ def _phases(
     rest = cluster.rest
     out: JSON = {}
     pids = _function_pids(stack)
+    plane = _control_plane_pids(cluster)
+    # The harness process alone (fake kubelet, tracker, the tests' event archive), not the
+    # processes it started: those are reported by name.
     harness = os.getpid()
-    cpu0 = cpu_of(pids)
-    harness0 = cpu_seconds(harness)
+    cpu0, plane0 = cpu_of(pids), cpu_of(plane)
+    harness0 = own_cpu_seconds(harness)
     t0 = time.monotonic()
     for i, node in enumerate(cluster.nodes):
         rest.post(
@@ -181,8 +198,8 @@ def _phases(
         time.sleep(1)
     rollout = time.monotonic() - t0
     stack.wait_idle(max(deadline - time.monotonic(), 1.0))
-    cpu1 = cpu_of(pids)
-    harness1 = cpu_seconds(harness)
+    cpu1, plane1 = cpu_of(pids), cpu_of(plane)
+    harness1 = own_cpu_seconds(harness)
     out["rollout"] = {
         "ready": ready,
         "expected": expected,
@@ -190,9 +207,11 @@ def _phases(
         "seconds": round(rollout, 1),
         "pipeline_drained_s": round(time.monotonic() - t0, 1),
         "function_cpu_s": {k: round(cpu1[k] - cpu0.get(k, 0.0), 2) for k in cpu1},
-        "harness_cpu_s": round(harness1 - harness0, 2),
+        "control_plane_cpu_s": {k: round(plane1[k] - plane0.get(k, 0.0), 2) for k in plane1},
+        "harness_process_cpu_s": round(harness1 - harness0, 2),
         "broker": stack.broker.stats() if stack.broker else {},
     }
+    out["peak_rss_mib"] = _peak_rss(harness, {**plane, **pids})
     log(f"  rollout: {ready}/{expected} Ready in {rollout:.0f} s")
     if ready < expected:
         out["recovery"] = {"skipped": "the rollout did not finish within the budget"}
@@ -201,8 +220,8 @@ def _phases(
     faulty = tracker.faulty
     faulty.update(cluster.nodes[-faulty_count:])
     requests0 = scrape(cluster)
-    cpu2 = cpu_of(pids)
-    harness2 = cpu_seconds(harness)
+    cpu2, plane2 = cpu_of(pids), cpu_of(plane)
+    harness2 = own_cpu_seconds(harness)
     t_fault = time.monotonic()
     for node in faulty:
         cluster.set_fault(node, "crashloop")
@@ -224,8 +243,8 @@ def _phases(
             break
     elapsed = time.monotonic() - t_fault
     stack.wait_idle(30)
-    cpu3 = cpu_of(pids)
-    harness3 = cpu_seconds(harness)
+    cpu3, plane3 = cpu_of(pids), cpu_of(plane)
+    harness3 = own_cpu_seconds(harness)
     requests1 = scrape(cluster)
     chains = tracker.snapshot()
     affected = [c for c in chains if c.start is not None]
@@ -258,10 +277,12 @@ def _phases(
             for k in sorted({c.moves for c in recovered})
         },
         "function_cpu_s": {k: round(cpu3[k] - cpu2.get(k, 0.0), 2) for k in cpu3},
-        "harness_cpu_s": round(harness3 - harness2, 2),
+        "control_plane_cpu_s": {k: round(plane3[k] - plane2.get(k, 0.0), 2) for k in plane3},
+        "harness_process_cpu_s": round(harness3 - harness2, 2),
         "pipeline_requests": requests.get(f"fs:{KN_USER}", 0.0),
         "all_requests": requests["total"],
     }
+    out["peak_rss_mib"] = _peak_rss(harness, {**plane, **pids})
     log(
         f"  recovered {len(recovered)}/{len(affected)} in "
         f"{out['recovery']['time_to_all_healthy_s']} s; {moves} moves, {wasted} wasted"
