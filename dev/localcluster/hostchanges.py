@@ -252,6 +252,14 @@ def unmount_all(directory: str) -> None:
                 log.warning("umount %s failed: %s", point, os.strerror(err))
 
 
+def bridge_ports(bridge: str) -> list[str]:
+    """The links enslaved to ``bridge`` (none if it is gone)."""
+    try:
+        return sorted(p.name for p in Path(f"/sys/class/net/{bridge}/brif").iterdir())
+    except OSError:
+        return []
+
+
 def delete_link(name: str) -> None:
     nodenet.run_quietly(["ip", "link", "delete", name])
 
@@ -309,8 +317,14 @@ def undo(record: HostRecord, *, known_sockets: Iterable[Path] = ()) -> None:
         Path(f"{path}.ttrpc").unlink(missing_ok=True)
     unmount_all(record.workdir)
     shutil.rmtree(record.workdir, ignore_errors=True)
+    # The machine-side ends of the nodes' veths (the bridge's ports) are deleted by name: a
+    # deleted netns takes its end of the pair down only when the kernel's namespace cleanup
+    # runs, asynchronously, which a check right after may beat.
+    ports = [port for bridge in record.bridges for port in bridge_ports(bridge)]
     for netns in record.netns:
         nodenet.delete_netns(netns)
+    for port in ports:
+        delete_link(port)
     for bridge in record.bridges:
         delete_link(bridge)
     for root in record.cgroup_roots:
