@@ -133,6 +133,7 @@ class Cluster:
         scheduler_config: Mapping[str, Any] | None = None,
         real_nodes: int = 0,
         kwok_manages_all: bool = True,
+        controller_manager_qps: tuple[int, int] | None = None,
     ) -> None:
         if nodes < 0 or real_nodes < 0 or nodes + real_nodes < 1:
             raise ValueError("a cluster needs at least one node")
@@ -181,6 +182,9 @@ class Cluster:
         self.kwok_manages_all = kwok_manages_all
         self.metrics_server: metricsserver.MetricsServerStack | None = None
         self._metrics_server_bin = ""
+        # (QPS, burst) of each controller's API client; None: kube-controller-manager's defaults
+        # (20, 30), under which a ReplicaSet recreates a burst of pods a few a second.
+        self.controller_manager_qps = controller_manager_qps
         # A KubeSchedulerConfiguration for the cluster's kube-scheduler (see _scheduler_argv).
         self.scheduler_config = dict(scheduler_config) if scheduler_config is not None else None
 
@@ -690,6 +694,14 @@ class Cluster:
                 f"--node-cidr-mask-size={addresses.NODE_CIDR_MASK}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--profiling=false",
+                *(
+                    [
+                        f"--kube-api-qps={self.controller_manager_qps[0]}",
+                        f"--kube-api-burst={self.controller_manager_qps[1]}",
+                    ]
+                    if self.controller_manager_qps
+                    else []
+                ),
                 "--v=1",
             ],
         )
