@@ -139,6 +139,14 @@ def test_scale_rolls_out_and_recovers(results: dict[str, Any]) -> None:
     assert recovery["wasted_share"] == round(recovery["wasted_moves"] / recovery["moves"], 3)
     assert positive(recovery["time_to_all_healthy_s"])
     assert positive(sum(recovery["function_cpu_s"].values()))
+    # The harness process is counted alone, the control plane by process, beside the functions.
+    for phase in (scale["rollout"], recovery):
+        assert positive(phase["harness_process_cpu_s"])
+        assert {"kube-apiserver", "etcd", "kube-scheduler"} <= set(phase["control_plane_cpu_s"])
+        assert positive(phase["control_plane_cpu_s"]["kube-apiserver"])
+    assert positive(scale["peak_rss_mib"]["kube-apiserver"])
+    assert positive(scale["peak_rss_mib"]["detect-failures"])
+    assert scale["peak_rss_mib"]["harness-process"] < sum(scale["peak_rss_mib"].values())
 
 
 def test_load_aware_placement_has_numbers_for_every_system(results: dict[str, Any]) -> None:
