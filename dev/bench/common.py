@@ -20,7 +20,7 @@ import re
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -372,28 +372,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of ``pid`` and its live descendants (gunicorn master and workers)."""
-    total = 0.0
+def _tree(pid: int) -> Iterator[int]:
+    """``pid`` and its live descendants, each once."""
     stack = [pid]
     seen: set[int] = set()
     while stack:
         p = stack.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields[0] is the state (field 3); utime and stime are fields 14 and 15.
-        total += (int(fields[11]) + int(fields[12])) / _TICK
-        stack.extend(_children(p))
-    return total
-
-
-def cpu_of(pids: Mapping[str, int]) -> dict[str, float]:
-    return {name: round(cpu_seconds(pid), 3) for name, pid in pids.items()}
+        if p not in seen:
+            seen.add(p)
+            yield p
+            stack.extend(_children(p))
 
 
 def own_cpu_seconds(pid: int) -> float:
@@ -403,29 +391,34 @@ def own_cpu_seconds(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
+    # fields[0] is the state (field 3); utime and stime are fields 14 and 15.
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` and its live descendants (gunicorn master and workers)."""
+    return sum(own_cpu_seconds(p) for p in _tree(pid))
+
+
+def cpu_of(pids: Mapping[str, int]) -> dict[str, float]:
+    return {name: round(cpu_seconds(pid), 3) for name, pid in pids.items()}
+
+
+def _peak_rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def peak_rss_mib(pid: int, *, descendants: bool = True) -> float:
     """The peak resident set (VmHWM) of ``pid`` plus, unless told not to, that of its live
     descendants (gunicorn's master and workers), in MiB."""
-    total = 0
-    stack = [pid]
-    seen: set[int] = set()
-    while stack:
-        p = stack.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1])  # kB
-        except (OSError, ValueError, IndexError):
-            continue
-        if descendants:
-            stack.extend(_children(p))
-    return round(total / 1024, 1)
+    pids = _tree(pid) if descendants else iter([pid])
+    return round(sum(_peak_rss_kib(p) for p in pids) / 1024, 1)
 
 
 # -- small helpers --------------------------------------------------------------------------------
