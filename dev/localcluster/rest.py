@@ -6,9 +6,9 @@ depend on the project's ``shared`` code, which is developed beside it, nor on th
 client's models.
 
 It sits on urllib3 and orjson, not on requests and json: at scale the fake kubelet writes every
-pod's status several times, and requests' per-call machinery (settings merge, hooks, cookie jar)
-and the standard json module were its largest cost in a profile of the harness (docs in
-dev/bench/RESULTS.md, "Where the harness's time goes").
+pod's status several times, and those writes through requests were 27 % of the harness
+process's own time in a sampling profile. Side by side, this client takes 0.35 ms of CPU a
+request where requests took 0.59 (dev/bench/RESULTS.md, "Where the harness's time goes").
 """
 
 from __future__ import annotations
@@ -86,6 +86,9 @@ class Rest:
 
     def _manager(self) -> urllib3.PoolManager:
         # Built on first use: the certificates may be written after the client is made.
+        pool = self._pool
+        if pool is not None:
+            return pool
         with self._lock:
             if self._pool is None:
                 context = ssl.create_default_context(cafile=str(self._ca_file))
@@ -93,7 +96,6 @@ class Rest:
                 self._pool = urllib3.PoolManager(
                     maxsize=POOL_SIZE,
                     ssl_context=context,
-                    headers=self._headers,
                     retries=False,
                 )
             return self._pool
