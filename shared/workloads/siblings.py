@@ -19,12 +19,20 @@ first pod crosses the threshold a moment before the pods on the other faulty nod
 replacement is admitted in that moment. Measured on the local control plane with 12 replicas
 on two crash-looping nodes: with the thresholds kept, 2 of 3 runs still wasted a move (the
 first move found every pod on the other node one restart short). So a sibling counts from the
-first failure of its current series: in CrashLoopBackOff (or OOM-killed) now, or waiting with
-a failed pull or start. Everything else still says nothing about its node: a pod failing for a
-reason no node can fix (a missing Secret, an image that does not exist), a pod running again,
-being deleted or opted out, and a pod whose own move would not record its node (its container
-ran longer than reset-after before it failed, see `shared.workloads.state`). A pod on the failing
-pod's own node adds nothing.
+first failure of its current series: its first run just ended in an error (the kubelet writes
+``state.terminated`` with restartCount 0 and restarts it at its next sync), in CrashLoopBackOff
+(or OOM-killed) now, or waiting with a failed pull or start. The first crash counts because a
+burst's pods are not created at once: a ReplicaSet's first pods come in slow-start batches
+(1, 2, 4, ... in `slowStartBatch`, pkg/controller/replicaset), each waiting for the last
+batch's creates and their admission, so the first pod on the other faulty node can start a
+few hundred milliseconds after the moving pod. Counted at its first restart it still lost the
+race on a busy machine (CI: the moving pod's second crash, its replacement admitted, the other
+node's pods one crash each). A first run killed at its own memory limit is not counted: one
+such kill is the application's doing (see `classify`). Everything else still says nothing
+about its node: a pod failing for a reason no node can fix (a missing Secret, an image that
+does not exist), a pod running again, being deleted or opted out, and a pod whose own move
+would not record its node (its container ran longer than reset-after before it failed, see
+`shared.workloads.state`). A pod on the failing pod's own node adds nothing.
 
 StatefulSets are left out: their exclusions are kept per pod name (web-0 failing on a node says
 nothing about where web-1, with its own volume and identity, may run), so a sibling's node is
@@ -48,7 +56,13 @@ from typing import Any, Final
 
 from shared.api.kubetypes import Pod
 from shared.platform.config import Config
-from shared.workloads.classify import FailureKind, classify, controller_of
+from shared.workloads.classify import (
+    CRASH_LOOP_BACK_OFF,
+    Failure,
+    FailureKind,
+    classify,
+    controller_of,
+)
 
 # The Job controller labels (and annotates) each pod of an Indexed Job with its completion
 # index (addCompletionIndexLabel in pkg/controller/job): the one label that differs between
@@ -116,7 +130,7 @@ def failing_siblings(
         cowner = controller_of(sibling)
         if cowner is None or cowner.get("uid") != owner_uid:
             continue
-        failure = classify(sibling, evidence, now)
+        failure = classify(sibling, evidence, now) or _first_crash(sibling, evidence, now)
         if failure is None or failure.kind is not FailureKind.NODE_FIXABLE or not failure.node:
             continue
         ran = failure.ran_for_seconds
@@ -124,6 +138,16 @@ def failing_siblings(
             continue
         found.append(FailingSibling(str(cmeta.get("name", "")), failure.node, failure.reason))
     return tuple(sorted(found, key=lambda s: (s.node, s.name)))
+
+
+def _first_crash(pod: Pod, evidence: Config, now: datetime) -> Failure | None:
+    """The failure of a container whose first run just ended in an error, before the kubelet
+    restarted it: what the classifier says with no restart required, kept only when it is a
+    crash with restartCount 0 (not an OOM kill, which needs repeating, see `classify`)."""
+    failure = classify(pod, replace(evidence, crashloop_restart_threshold=0), now)
+    if failure is None or failure.restart_count != 0 or failure.reason != CRASH_LOOP_BACK_OFF:
+        return None
+    return failure
 
 
 def nodes_of(siblings: Iterable[FailingSibling]) -> tuple[str, ...]:

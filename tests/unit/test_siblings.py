@@ -78,6 +78,18 @@ CASES = {
     "a pod in its first crash-loop back-off, below the threshold a move needs": Case(
         sibling(restarts=1), True
     ),
+    # The kubelet's status after a first run exits 1 (kubelet v1.36.3 keeps state.terminated,
+    # restartCount 0, until its next sync restarts the container; see
+    # tests/fixtures/real-kubelet/crashloop-terminated-restart-2.json one run later).
+    "a pod whose first run just ended in an error, not restarted yet": Case(
+        sibling(containers=[pods.terminated("Error", 1)]), True
+    ),
+    "a pod whose first run was killed at its own memory limit": Case(
+        sibling(containers=[pods.terminated("OOMKilled", 137)]), False
+    ),
+    "a pod whose first run exited 0 (restartPolicy Always restarts it)": Case(
+        sibling(containers=[pods.terminated("Completed", 0)]), False
+    ),
     "a pod whose image pull on another node times out": Case(
         sibling(containers=[pods.waiting("ErrImagePull", PULL_TIMEOUT)]), True
     ),
