@@ -50,6 +50,7 @@ from dev.localcluster import (
 from dev.localcluster.bins import ensure_bins
 from dev.localcluster.keys import (
     SIM_CPU_USAGE_ANNOTATION,
+    SIM_FAULT_HITS_RUNNING_LABEL,
     SIM_FAULT_LABEL,
     SIM_MEMORY_USAGE_ANNOTATION,
 )
@@ -223,14 +224,21 @@ class Cluster:
         )
         return k8s_client.ApiClient(cfg)
 
-    def set_fault(self, node: str, mode: str | None) -> None:
+    def set_fault(self, node: str, mode: str | None, *, running: bool = False) -> None:
         """Breaks ``node``: a kwok node is labelled with a fault mode the fake kubelet applies to
         pods bound later (podstatus.FAULT_MODES); a real node gets a real cause added
-        (realnode.FAULTS). None or "none" heals it."""
+        (realnode.FAULTS). None or "none" heals it.
+
+        ``running`` (kwok nodes, the crashing modes): the fault also hits the containers
+        running there now, as a runtime breaking under its pods would; they exit and
+        crash-loop in place; healing the node leaves them crash-looping, as it leaves the pods
+        bound while it was faulty (the fake kubelet decides a run's fate once)."""
         if node not in self.nodes:
             raise ValueError(f"unknown node {node!r}; nodes are {self.nodes}")
         if mode == HEALTHY:
             mode = None
+        if running and (node in self.real_nodes or mode not in ("crashloop", "oom")):
+            raise ValueError(f"only a kwok node's crashloop or oom fault hits running pods: {mode}")
         if node in self.real_nodes:
             if self.realnodes is None:
                 raise ClusterError("the cluster is not started")
@@ -241,7 +249,8 @@ class Cluster:
             return
         if mode is not None and mode not in FAULT_MODES:
             raise ValueError(f"unknown fault mode {mode!r}; modes are {FAULT_MODES}")
-        self.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {SIM_FAULT_LABEL: mode}}})
+        labels = {SIM_FAULT_LABEL: mode, SIM_FAULT_HITS_RUNNING_LABEL: "true" if running else None}
+        self.rest.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": labels}})
 
     # -- Prometheus ----------------------------------------------------------------------------
 

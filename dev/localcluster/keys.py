@@ -10,6 +10,9 @@ from typing import Final
 # The simulated kubelet fault of a Node (or of one pod): how the fake kubelet fails the pods it
 # runs there (the modes are in dev/localcluster/podstatus.py).
 SIM_FAULT_LABEL: Final = "sim.kn-rescheduler.io/fault"
+# "true" on a Node: its fault also breaks the containers already running there (a runtime
+# that broke under its pods), not only the pods bound after it.
+SIM_FAULT_HITS_RUNNING_LABEL: Final = "sim.kn-rescheduler.io/fault-hits-running"
 
 # Simulated node usage the local node-exporter endpoints serve: fractions 0..1 of the node's
 # CPU and memory in use, as annotations on the Node.

@@ -53,6 +53,7 @@ from typing import Final, Literal
 
 from dev.localcluster import addresses
 from dev.localcluster.keys import (
+    SIM_FAULT_HITS_RUNNING_LABEL,
     SIM_FAULT_LABEL,
 )
 from dev.localcluster.podstatus import (
@@ -80,6 +81,10 @@ _RETRY_DELAY: Final = 0.5
 # Timer tokens of a deleted pod's two steps (the tokens of its life's steps count up from 0).
 _STOP: Final = -1
 _REMOVE: Final = -2
+# A shard event: a node fault that hits the containers running there ({"node", "mode"}).
+_FAULT: Final = "FAULT"
+# The faults that make a running container exit (the others stop pods from starting).
+_CRASHING_MODES: Final = frozenset({"crashloop", "oom"})
 
 
 BackOffMode = Literal["compressed", "kubelet"]
@@ -240,6 +245,9 @@ class _Shard:
             for uid in [u for u in self.pods if u not in present]:
                 self._forget(uid)
             return
+        if kind == _FAULT:
+            self._hit_running(pod["node"], pod["mode"])
+            return
         meta = pod.get("metadata", {})
         uid = meta.get("uid", "")
         if kind == "DELETED":
@@ -354,6 +362,37 @@ class _Shard:
             if tracked.pod_ip:
                 node = tracked.pod.get("spec", {}).get("nodeName", "")
                 self.k.ipam.release(node, tracked.pod_ip)
+
+    def _hit_running(self, node: str, mode: str) -> None:
+        """``node``'s runtime broke under its pods: every container running there exits now, as
+        a real node's would (state.terminated, restartCount unchanged, the pod no longer
+        Ready), and from then on crash-loops like a pod started there after the fault."""
+        now = time.time()
+        for uid, tracked in self.pods.items():
+            run = tracked.run
+            if (
+                run is None
+                or run.node != node
+                or run.step != "running"
+                or tracked.stopping
+                or run.mode != HEALTHY
+            ):
+                continue
+            hit = replace(run, conditions=dict(run.conditions), mode=mode, run_finished=now)
+            hit.step = "failed" if restart_policy(tracked.pod) == "Never" else "crashed"
+            try:
+                self._write(tracked, hit)
+            except ApiError as e:
+                self.k.log.info("pod %s: not hit by the fault of %s: %s", uid, node, e)
+                continue
+            self.k.log.info(
+                "pod %s/%s on %s: %s (was running)", run.namespace, run.name, node, mode
+            )
+            if hit.step == "crashed":
+                tracked.done = False
+                self._schedule(uid, tracked, self.k.timing.first_restart)
+            else:
+                tracked.done = True
 
     def _adopt(self, uid: str, tracked: _Tracked) -> None:
         """A pod some earlier kubelet ran: keep a crash loop going, leave the rest alone."""
@@ -599,20 +638,24 @@ class _NodeFaults:
             self.history.clear()
             self.seen.clear()
 
-    def record(self, node: JSON) -> None:
+    def record(self, node: JSON) -> bool:
+        """Applies one revision of ``node``; True when its fault label changed with it."""
         meta = node.get("metadata") or {}
         name = str(meta.get("name", ""))
         try:
             rv = int(str(meta.get("resourceVersion", "")))
         except ValueError:
-            return
+            return False
         fault = (meta.get("labels") or {}).get(SIM_FAULT_LABEL)
+        changed = False
         with self.cond:
             changes = self.history.setdefault(name, [])
             if not changes or changes[-1][1] != fault:
                 changes.append((rv, fault))
+                changed = True
             self.seen[name] = max(self.seen.get(name, 0), rv)
             self.cond.notify_all()
+        return changed
 
     def fault_at(self, name: str, rv: int, newest: int, timeout: float) -> tuple[bool, str | None]:
         """(known, the fault label) of ``name`` at revision ``rv``, once this watch has applied
@@ -724,9 +767,19 @@ class FakeKubelet:
             params = {**params, "continue": cont}
 
     def _watch_nodes(self) -> None:
-        self._list_watch(
-            "/api/v1/nodes", {}, self._list_nodes, lambda _, node: self.node_faults.record(node)
-        )
+        self._list_watch("/api/v1/nodes", {}, self._list_nodes, self._on_node)
+
+    def _on_node(self, kind: str, node: JSON) -> None:
+        """Records the node's fault; a fault that hits running containers goes to every shard
+        (each holds some of the node's pods)."""
+        if not self.node_faults.record(node) or kind == "DELETED":
+            return
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        mode = labels.get(SIM_FAULT_LABEL)
+        if mode in _CRASHING_MODES and labels.get(SIM_FAULT_HITS_RUNNING_LABEL) == "true":
+            for shard in self._shards:
+                shard.put(_FAULT, {"node": meta.get("name", ""), "mode": mode})
 
     def _listed_pods(self) -> str:
         rv = self._list()

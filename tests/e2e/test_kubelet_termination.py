@@ -146,9 +146,8 @@ def assert_terminal_before_gone(events: list[Seen]) -> JSON:
     return first
 
 
-def test_a_deleted_deployment_pod_is_stopped_and_fails_before_it_goes(
-    cluster: Cluster, kube: k8s.ApiClient, namespace: str, watch: PodWatch
-) -> None:
+def one_ready_pod(cluster: Cluster, kube: k8s.ApiClient, namespace: str) -> JSON:
+    """A Deployment of one replica, and its pod once Ready."""
     labels = {"app": "web"}
     k8s.AppsV1Api(kube).create_namespaced_deployment(
         namespace,
@@ -164,7 +163,7 @@ def test_a_deleted_deployment_pod_is_stopped_and_fails_before_it_goes(
             },
         },
     )
-    pod = wait_for(
+    pod: JSON = wait_for(
         "a ready pod",
         lambda: next(
             (
@@ -175,6 +174,13 @@ def test_a_deleted_deployment_pod_is_stopped_and_fails_before_it_goes(
             None,
         ),
     )
+    return pod
+
+
+def test_a_deleted_deployment_pod_is_stopped_and_fails_before_it_goes(
+    cluster: Cluster, kube: k8s.ApiClient, namespace: str, watch: PodWatch
+) -> None:
+    pod = one_ready_pod(cluster, kube, namespace)
     uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
     running = container(pod)
     deleted_at = time.monotonic()
