@@ -25,14 +25,15 @@ first failure of its current series: its first run just ended in an error (the k
 burst's pods are not created at once: a ReplicaSet's first pods come in slow-start batches
 (1, 2, 4, ... in `slowStartBatch`, pkg/controller/replicaset), each waiting for the last
 batch's creates and their admission, so the first pod on the other faulty node can start a
-few hundred milliseconds after the moving pod. Counted at its first restart it still lost the
-race on a busy machine (CI: the moving pod's second crash, its replacement admitted, the other
-node's pods one crash each). A first run killed at its own memory limit is not counted: one
-such kill is the application's doing (see `classify`). Everything else still says nothing
-about its node: a pod failing for a reason no node can fix (a missing Secret, an image that
-does not exist), a pod running again, being deleted or opted out, and a pod whose own move
-would not record its node (its container ran longer than reset-after before it failed, see
-`shared.workloads.state`). A pod on the failing pod's own node adds nothing.
+few hundred milliseconds after the moving pod, and be one crash short of a restart when the
+moving pod crosses its threshold. Counted only from its first restart, a sibling lost that race
+on a busy machine: in CI the first replacement went to the second faulty node. A first run
+killed at its own memory limit is not counted: one such kill is the application's doing (see
+`classify`). Everything else still says nothing about its node: a pod failing for a reason
+no node can fix (a missing Secret, an image that does not exist), a pod running again, being
+deleted or opted out, and a pod whose own move would not record its node (its container ran
+longer than reset-after before it failed, see `shared.workloads.state`). A pod on the failing
+pod's own node adds nothing.
 
 StatefulSets are left out: their exclusions are kept per pod name (web-0 failing on a node says
 nothing about where web-1, with its own volume and identity, may run), so a sibling's node is
