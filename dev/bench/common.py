@@ -331,13 +331,41 @@ def _apply(rest: Rest, collection: str, body: JSON) -> None:
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
+# The webhook kn-rescheduler registers (knative/webhook.yaml); the API server's admission
+# metrics carry it as their ``name`` label.
+WEBHOOK_NAME: Final = "pods.kn-rescheduler.io"
+_WEBHOOK_BUCKET: Final = "apiserver_admission_webhook_admission_duration_seconds_bucket{"
+_WEBHOOK_FAIL_OPEN: Final = "apiserver_admission_webhook_fail_open_count{"
+
+
 def scrape(cluster: Cluster) -> dict[str, float]:
-    """The API server's request counters: ``total`` and one ``fs:<flow schema>`` per schema."""
+    """The API server's counters (see `parse_metrics`)."""
     status, text = cluster.rest.text("/metrics", 30.0)
     if status != 200:
         raise RuntimeError(f"/metrics answered {status}")
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """From the API server's /metrics: requests (``total``, one ``fs:<flow schema>`` per
+    schema), and the calls to kn-rescheduler's webhook as the API server timed them: its
+    latency histogram's cumulative buckets (``webhook_le:<bound>``, every operation and
+    outcome together, a call that failed open included with its time) and the calls it
+    failed open (``webhook_fail_open``: the pod was created without the webhook)."""
     out: dict[str, float] = {"total": 0.0}
     for line in text.splitlines():
+        if line.startswith((_WEBHOOK_BUCKET, _WEBHOOK_FAIL_OPEN)):
+            m = _SAMPLE.match(line)
+            if not m or f'name="{WEBHOOK_NAME}"' not in (m.group(2) or ""):
+                continue
+            if line.startswith(_WEBHOOK_FAIL_OPEN):
+                out["webhook_fail_open"] = out.get("webhook_fail_open", 0.0) + float(m.group(3))
+                continue
+            le = re.search(r'le="([^"]*)"', m.group(2) or "")
+            if le:
+                key = "webhook_le:" + le.group(1)
+                out[key] = out.get(key, 0.0) + float(m.group(3))
+            continue
         if line.startswith("apiserver_request_total{"):
             m = _SAMPLE.match(line)
             if m:
@@ -354,6 +382,32 @@ def scrape(cluster: Cluster) -> dict[str, float]:
 def delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     keys = set(before) | set(after)
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in sorted(keys)}
+
+
+def webhook_calls(counters: Mapping[str, float]) -> JSON:
+    """The webhook's calls in ``counters`` (a `delta` of two scrapes): how many, how many failed
+    open, and the 50th and 99th percentiles as the API server's histogram can say them: the
+    upper bound of the bucket the percentile falls in (5 ms, 25 ms, 100 ms, 0.5 s, 1 s, 2.5 s,
+    10 s, 25 s; None past the last)."""
+    buckets = sorted(
+        (float(key.split(":", 1)[1]), value)
+        for key, value in counters.items()
+        if key.startswith("webhook_le:")
+    )
+    calls = buckets[-1][1] if buckets else 0.0
+
+    def at_most(q: float) -> float | None:
+        for bound, count in buckets:
+            if count >= q * calls:
+                return None if math.isinf(bound) else bound
+        return None
+
+    return {
+        "calls": int(calls),
+        "failed_open": int(counters.get("webhook_fail_open", 0.0)),
+        "p50_s_at_most": at_most(0.5) if calls else None,
+        "p99_s_at_most": at_most(0.99) if calls else None,
+    }
 
 
 # -- CPU time of processes ----------------------------------------------------------------------

@@ -134,6 +134,14 @@ def test_scale_rolls_out_and_recovers(results: dict[str, Any]) -> None:
     recovery = scale["recovery"]
     assert recovery["affected_replicas"] > 0
     assert recovery["recovered"] > 0
+    # The fault hit the pods running on the faulty nodes in place: each is a replica to
+    # recover, and none was removed by the harness (every removal counted is a move).
+    assert recovery["pods_hit_in_place"] == recovery["affected_replicas"]
+    # Every pod created called the webhook, as the API server's own metrics count it: the
+    # rollout's pods, then each move's replacement.
+    assert scale["rollout"]["webhook"]["calls"] >= scale["rollout"]["expected"]
+    assert recovery["webhook"]["calls"] >= recovery["moves"]
+    assert scale["rollout"]["webhook"]["p99_s_at_most"] is not None
     # Wasted moves are a figure of their own, with their share of the moves.
     assert 0 <= recovery["wasted_moves"] <= recovery["moves"]
     assert recovery["wasted_share"] == round(recovery["wasted_moves"] / recovery["moves"], 3)
