@@ -40,8 +40,6 @@ class Chain:
     orphaned: bool = False
     # The chain's current pod is Ready on a healthy node.
     healthy_now: bool = False
-    # Who removed the chain's last removed pod: "system", "driver" or "" (none yet).
-    last_removed_by: str = ""
 
 
 @dataclass
@@ -52,7 +50,6 @@ class PodRecord:
     node: str = ""
     first_failure: float | None = None
     removed: float | None = None
-    counted_wasted: bool = False
 
 
 def _failing(pod: JSON) -> bool:
@@ -90,8 +87,6 @@ class Tracker:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-tracker", daemon=True)
         self.events = 0
-        # Pods the harness itself removed (the scale scenario's trigger): not moves.
-        self.driver_removed: set[str] = set()
 
     def start(self) -> Tracker:
         self._rv = str(
@@ -150,7 +145,8 @@ class Tracker:
             node = pod.get("spec", {}).get("nodeName") or ""
             if node and not rec.node:
                 rec.node = node
-                if node in self.faulty and chain.last_removed_by == "system":
+                if node in self.faulty and chain.moves:
+                    # A replacement (the chain's last pod was moved) bound to a faulty node.
                     chain.wasted += 1
             if kind == "DELETED" or meta.get("deletionTimestamp"):
                 self.live.pop(uid, None)
@@ -158,9 +154,7 @@ class Tracker:
                 if rec.removed is None:
                     rec.removed = t
                     if chain.recovered is None and chain.pods[-1] == uid:
-                        by_driver = uid in self.driver_removed
-                        chain.moves += not by_driver
-                        chain.last_removed_by = "driver" if by_driver else "system"
+                        chain.moves += 1
                         chain.orphaned = True
                 return
             self.live[uid] = pod

@@ -190,3 +190,23 @@ def test_the_tracker_measures_the_back_off_from_the_first_failure_to_the_thresho
     result = tracker.result(0.0, 300.0)
     assert result["affected"] == 1
     assert result["threshold_from_failure_s"] == [30.0]
+
+
+def test_a_move_whose_replacement_is_bound_to_a_faulty_node_is_wasted() -> None:
+    tracker = Tracker(cast(Rest, None), "bench-recovery-3", {"node-1", "node-2"})
+    first = a_pod("7a1c4f0e-2b9d-4c8e-a6f1-0d3e5b7c9a12")
+    first["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "app", "restartCount": 2}],
+    }
+    tracker.observe("MODIFIED", first, 0.0)
+    tracker.observe("DELETED", first, 1.0)  # moved
+    second = a_pod("0c9e8d7f-6a5b-4c3d-9e2f-1a0b9c8d7e6f")
+    second["spec"]["nodeName"] = "node-2"  # another faulty node
+    tracker.observe("ADDED", second, 1.1)
+    tracker.observe("DELETED", second, 2.0)  # moved again
+    third = a_pod("5f4e3d2c-1b0a-4988-8776-655443322110")
+    third["spec"]["nodeName"] = "node-3"
+    tracker.observe("ADDED", third, 2.1)
+    (chain,) = tracker.snapshot()
+    assert (chain.moves, chain.wasted) == (2, 1)
