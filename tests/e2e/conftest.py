@@ -113,6 +113,32 @@ def wait_for(
     )
 
 
+def earlier_tests_gone(cluster: Cluster, namespace: str, timeout: float = 60.0) -> None:
+    """Wait until no pod of another test's namespace still holds a place on a node.
+
+    The ``namespace`` fixture deletes a test's namespace without waiting: its pods stay bound,
+    terminating, until the namespace controller and the kubelet are done, and the scheduler
+    counts their requests until then. A test whose placement weighs requests (a CPU each
+    against a node's preference) needs the nodes as a fresh cluster has them. A terminal pod
+    (Succeeded or Failed) holds nothing: the scheduler's cache leaves it out."""
+
+    def holding() -> list[str]:
+        return [
+            f"{p['metadata']['namespace']}/{p['metadata']['name']} on {p['spec']['nodeName']}"
+            for p in cluster.rest.get("/api/v1/pods").get("items", [])
+            if p["metadata"]["namespace"].startswith("t-")
+            and p["metadata"]["namespace"] != namespace
+            and p["spec"].get("nodeName")
+            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+
+    deadline = time.monotonic() + timeout
+    while left := holding():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pods of earlier tests still on the nodes: {left[:10]}")
+        time.sleep(0.25)
+
+
 @dataclass
 class Webhook:
     server: FunctionServer

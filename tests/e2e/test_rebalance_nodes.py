@@ -35,7 +35,7 @@ from shared.api.keys import (
 from shared.api.usage import Reading, UsageRecord
 from shared.platform.kube import Kube
 from tests import builders
-from tests.e2e.conftest import preferring, wait_for
+from tests.e2e.conftest import earlier_tests_gone, preferring, wait_for
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 
 pytestmark = pytest.mark.e2e
@@ -170,8 +170,12 @@ def streaks_cleared(cluster: Cluster) -> Iterator[None]:
 
 @pytest.fixture
 def rebalance(
-    cluster: Cluster, function_client: ClientFactory, streaks_cleared: None
+    cluster: Cluster, namespace: str, function_client: ClientFactory, streaks_cleared: None
 ) -> ClientFactory:
+    # These pods request a CPU each: an earlier test's pods still terminating on the preferred
+    # node would outweigh the preference (CI saw a replica placed on another node).
+    earlier_tests_gone(cluster, namespace)
+
     def make(**env: str) -> flask.testing.FlaskClient:
         return function_client("rebalance-nodes", KUBECONFIG=str(cluster.kubeconfig), **env)
 
