@@ -58,7 +58,12 @@ from dev.localcluster.kubelet import FakeKubelet, Timing
 from dev.localcluster.nodeexporter import NodeExporter
 from dev.localcluster.podstatus import FAULT_MODES, HEALTHY
 from dev.localcluster.procs import Component, Proc, free_ports, stop_all
-from dev.localcluster.prometheus import LocalPrometheus, PrometheusError, find_binary
+from dev.localcluster.prometheus import (
+    SCRAPE_INTERVAL,
+    LocalPrometheus,
+    PrometheusError,
+    find_binary,
+)
 from dev.localcluster.rest import ApiError, Rest
 
 log = logging.getLogger("localcluster")
@@ -130,6 +135,7 @@ class Cluster:
         keep_workdir: bool | None = None,
         quiet: bool = False,
         prometheus: bool = True,
+        prometheus_scrape_interval: str = SCRAPE_INTERVAL,
         metrics_server: bool = False,
         scheduler_config: Mapping[str, Any] | None = None,
         real_nodes: int = 0,
@@ -174,6 +180,9 @@ class Cluster:
         self._atexit_registered = False
         # Prometheus and the node-exporter endpoints it scrapes (None with prometheus=False).
         self.with_prometheus = prometheus
+        # Every second by default (the local clock is compressed); a large cluster's run uses
+        # what installs use (15 s or more): each scrape is a request to the harness's exporter.
+        self.prometheus_scrape_interval = prometheus_scrape_interval
         self.prometheus: LocalPrometheus | None = None
         self.node_exporter: NodeExporter | None = None
         # metrics-server and what surrounds it (None with metrics_server=False).
@@ -883,7 +892,14 @@ class Cluster:
                 user_agent="kn-rescheduler-node-exporter",
             )
         )
-        prom = LocalPrometheus(self.workdir / "prometheus", self.log_dir, port, binary, exporter)
+        prom = LocalPrometheus(
+            self.workdir / "prometheus",
+            self.log_dir,
+            port,
+            binary,
+            exporter,
+            scrape_interval=self.prometheus_scrape_interval,
+        )
         exporter.on_nodes = prom.write_targets
         prom.prepare()
         self.node_exporter, self.prometheus = exporter, prom

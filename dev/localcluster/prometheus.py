@@ -91,12 +91,14 @@ def target_groups(nodes: Sequence[SimNode], exporter_address: str) -> list[dict[
     return groups
 
 
-def config(targets_file: Path, *, second_job: bool = False) -> dict[str, Any]:
+def config(
+    targets_file: Path, *, second_job: bool = False, scrape_interval: str = SCRAPE_INTERVAL
+) -> dict[str, Any]:
     """The Prometheus configuration: the node-exporter job fed by ``targets_file`` and, with
     ``second_job``, a second job scraping the same targets with the same labels."""
     jobs = [JOB, SECOND_JOB] if second_job else [JOB]
     return {
-        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL},
+        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval},
         "scrape_configs": [
             {
                 "job_name": job,
@@ -130,11 +132,14 @@ class LocalPrometheus:
         exporter: NodeExporter,
         *,
         second_job: bool = False,
+        scrape_interval: str = SCRAPE_INTERVAL,
     ) -> None:
         """``second_job``: also scrape every endpoint as SECOND_JOB (see the module docstring);
-        ``targets_up`` and ``wait_scraped`` then need both jobs up."""
+        ``targets_up`` and ``wait_scraped`` then need both jobs up. ``scrape_interval``: a
+        Prometheus duration, every job's."""
         self.directory = directory
         self.second_job = second_job
+        self.scrape_interval = scrape_interval
         self.exporter = exporter
         self.log_path = log_dir / f"{PROCESS_NAME}.log"
         self.port = port
@@ -153,7 +158,14 @@ class LocalPrometheus:
         self.directory.mkdir(parents=True)
         self.write_targets([])
         self.config_file.write_text(
-            yaml.safe_dump(config(self.targets_file, second_job=self.second_job), sort_keys=False)
+            yaml.safe_dump(
+                config(
+                    self.targets_file,
+                    second_job=self.second_job,
+                    scrape_interval=self.scrape_interval,
+                ),
+                sort_keys=False,
+            )
         )
         self.log_path.unlink(missing_ok=True)
 

@@ -381,6 +381,15 @@ def test_prometheus_scrapes_one_job_every_second_from_the_targets_file() -> None
     assert job["file_sd_configs"][0]["files"] == ["/w/prometheus/targets.json"]
 
 
+def test_a_large_cluster_is_scraped_at_the_interval_it_asks_for_every_job() -> None:
+    cfg = config(Path("/w/prometheus/targets.json"), second_job=True, scrape_interval="15s")
+
+    # A scrape that runs past the interval is cut there, as Prometheus requires.
+    assert cfg["global"] == {"scrape_interval": "15s", "scrape_timeout": "15s"}
+    assert len(cfg["scrape_configs"]) == 2
+    assert all("scrape_interval" not in job for job in cfg["scrape_configs"])
+
+
 def test_a_second_job_scrapes_the_same_targets_file_under_another_job_name() -> None:
     cfg = config(Path("/w/prometheus/targets.json"), second_job=True)
 
