@@ -131,6 +131,13 @@ class FunctionServer:
             context.load_cert_chain(str(self.client_tls.crt), str(self.client_tls.key))
         return context
 
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        """What the function serves on GET /metrics (its Prometheus exposition)."""
+        with urllib.request.urlopen(
+            self.url + "metrics", timeout=timeout, context=self.ssl_context()
+        ) as response:
+            return str(response.read().decode())
+
     def exited(self) -> bool:
         """True when the process was started, not stopped by us, and is gone (killed, crashed)."""
         return self.proc is not None and not self.proc.alive()

@@ -9,6 +9,7 @@
     a timer (the PingSources) -> sweep-failures -> Broker, and -> assess-nodes;
     a timer -> label-nodes -> the cluster's Prometheus (when the Stack is given its URL);
     a timer -> annotate-usage -> the same Prometheus -> Nodes' usage annotations and load labels;
+    a timer -> rebalance-nodes -> evictions from hot nodes (when asked: ``rebalance_every``);
     kube-scheduler (a second one, profile kn-rescheduler-load-aware) -> score-nodes.
 
 Each function is its own gunicorn process started with the image's command line; one that dies
@@ -87,12 +88,17 @@ class Stack:
         prometheus_url: str | None = None,
         label_every: float | None = 10.0,
         usage_every: float | None = 10.0,
+        rebalance_every: float | None = None,
         score_nodes_port: int | None = None,
         triggers_dir: Path = ROOT / "knative",
         restart_functions: bool = True,
         async_handler: bool | None = None,
+        kubeconfigs: Mapping[str, Path] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
+        # A function's own credentials instead of ``kubeconfig``: the scale bench gives each its
+        # identity, so that the API server's metrics tell their requests apart.
+        self.kubeconfigs = dict(kubeconfigs or {})
         self.api_client = api_client
         self.workdir = workdir
         self.log_dir = log_dir
@@ -104,6 +110,9 @@ class Stack:
         self.label_every = label_every
         # annotate-usage, like label-nodes, only with a Prometheus to ask.
         self.usage_every = usage_every
+        # rebalance-nodes reads the usage annotate-usage writes: only with a Prometheus too, and
+        # only when asked (the demo and the tests drive it themselves).
+        self.rebalance_every = rebalance_every
         # score-nodes on a port chosen before the scheduler that calls it was configured.
         self.score_nodes_port = score_nodes_port
         self.triggers_dir = triggers_dir
@@ -135,19 +144,24 @@ class Stack:
         broker_port = free_port()
         # The host's way into the Broker (the namespace and name are the Broker manifest's).
         self.broker_url = f"http://127.0.0.1:{broker_port}/kn-rescheduler/default"
-        env = environment(self.kubeconfig, **self.settings)
+
+        def env_of(function: str) -> dict[str, str]:
+            kubeconfig = self.kubeconfigs.get(function, self.kubeconfig)
+            return environment(kubeconfig, **self.settings)
 
         for name in TRIGGERED_FUNCTIONS:
-            self.servers[name] = FunctionServer(name, self.log_dir, env=env).start()
+            self.servers[name] = FunctionServer(name, self.log_dir, env=env_of(name)).start()
         self.servers["sweep-failures"] = FunctionServer(
-            "sweep-failures", self.log_dir, env={**env, "K_SINK": self.broker_url}
+            "sweep-failures",
+            self.log_dir,
+            env={**env_of("sweep-failures"), "K_SINK": self.broker_url},
         ).start()
         if self.prometheus_url:
             self.servers["label-nodes"] = FunctionServer(
                 "label-nodes",
                 self.log_dir,
                 env={
-                    **env,
+                    **env_of("label-nodes"),
                     "KN_RESCHEDULER_PROMETHEUS_URL": self.prometheus_url,
                     # The built-in rules with a 10 s CPU window: the local clock is compressed.
                     "KN_RESCHEDULER_PRESSURE_RULES_FILE": str(LOCAL_PRESSURE_RULES),
@@ -159,19 +173,27 @@ class Stack:
                 "annotate-usage",
                 self.log_dir,
                 env={
-                    **env,
+                    **env_of("annotate-usage"),
                     "KN_RESCHEDULER_PROMETHEUS_URL": self.prometheus_url,
                     # A 10 s rate: Prometheus scrapes the local nodes every second.
                     "KN_RESCHEDULER_USAGE_RATE_WINDOW": "10s",
                     **self.settings,
                 },
             ).start()
+        if self.prometheus_url and self.rebalance_every:
+            self.servers["rebalance-nodes"] = FunctionServer(
+                "rebalance-nodes", self.log_dir, env=env_of("rebalance-nodes")
+            ).start()
         self.servers["score-nodes"] = FunctionServer(
-            "score-nodes", self.log_dir, env=env, port=self.score_nodes_port
+            "score-nodes", self.log_dir, env=env_of("score-nodes"), port=self.score_nodes_port
         ).start()
         ca, crt, key = webhook_setup.make_tls(self.workdir / "tls")
         hook = FunctionServer(
-            "mutate-admission", self.log_dir, env=env, tls=(crt, key), ca_file=ca
+            "mutate-admission",
+            self.log_dir,
+            env=env_of("mutate-admission"),
+            tls=(crt, key),
+            ca_file=ca,
         ).start()
         self.servers["mutate-admission"] = hook
 
@@ -206,6 +228,7 @@ class Stack:
             ("assess-nodes", self.assess_every),
             ("label-nodes", self.label_every),
             ("annotate-usage", self.usage_every),
+            ("rebalance-nodes", self.rebalance_every),
         ):
             if every and function in self.servers:
                 thread = threading.Thread(
