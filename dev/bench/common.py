@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from dev.localcluster import pki
 from dev.localcluster.cluster import CLUSTER_NAME, K8S_VERSION, Cluster
@@ -336,6 +337,7 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 WEBHOOK_NAME: Final = "pods.kn-rescheduler.io"
 _WEBHOOK_BUCKET: Final = "apiserver_admission_webhook_admission_duration_seconds_bucket{"
 _WEBHOOK_FAIL_OPEN: Final = "apiserver_admission_webhook_fail_open_count{"
+_EXECUTION_BUCKET: Final = "apiserver_flowcontrol_request_execution_seconds_bucket{"
 
 
 def scrape(cluster: Cluster) -> dict[str, float]:
@@ -351,9 +353,22 @@ def parse_metrics(text: str) -> dict[str, float]:
     schema), and the calls to kn-rescheduler's webhook as the API server timed them: its
     latency histogram's cumulative buckets (``webhook_le:<bound>``, every operation and
     outcome together, a call that failed open included with its time) and the calls it
-    failed open (``webhook_fail_open``: the pod was created without the webhook)."""
+    failed open (``webhook_fail_open``: the pod was created without the webhook); and, per flow
+    schema, how long its requests other than watches executed, as cumulative buckets
+    (``fs_le:<schema>:<bound>``): the bench gives each function an identity and a schema of its
+    own (`identity_kubeconfig`), so these are each function's API latencies."""
     out: dict[str, float] = {"total": 0.0}
     for line in text.splitlines():
+        if line.startswith(_EXECUTION_BUCKET):
+            m = _SAMPLE.match(line)
+            labels = (m.group(2) or "") if m else ""
+            schema = re.search(r'flow_schema="([^"]*)"', labels)
+            le = re.search(r'le="([^"]*)"', labels)
+            # A watch's "execution" is its initial stage only: not a request's latency.
+            if m and schema and le and 'type="regular"' in labels:
+                key = f"fs_le:{schema.group(1)}:{le.group(1)}"
+                out[key] = out.get(key, 0.0) + float(m.group(3))
+            continue
         if line.startswith((_WEBHOOK_BUCKET, _WEBHOOK_FAIL_OPEN)):
             m = _SAMPLE.match(line)
             if not m or f'name="{WEBHOOK_NAME}"' not in (m.group(2) or ""):
@@ -384,29 +399,82 @@ def delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, 
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in sorted(keys)}
 
 
-def webhook_calls(counters: Mapping[str, float]) -> JSON:
-    """The webhook's calls in ``counters`` (a `delta` of two scrapes): how many, how many failed
-    open, and the 50th and 99th percentiles as the API server's histogram can say them: the
-    upper bound of the bucket the percentile falls in (5 ms, 25 ms, 100 ms, 0.5 s, 1 s, 2.5 s,
-    10 s, 25 s; None past the last)."""
+def _histogram(
+    counters: Mapping[str, float], prefix: str
+) -> tuple[int, float | None, float | None]:
+    """How many observations the cumulative buckets ``<prefix><bound>`` of ``counters`` hold,
+    and their 50th and 99th percentiles as a histogram can say them: the upper bound of the
+    bucket the percentile falls in (None past the last bound, or with nothing observed)."""
     buckets = sorted(
-        (float(key.split(":", 1)[1]), value)
+        (float(key[len(prefix) :]), value)
         for key, value in counters.items()
-        if key.startswith("webhook_le:")
+        if key.startswith(prefix)
     )
-    calls = buckets[-1][1] if buckets else 0.0
+    count = buckets[-1][1] if buckets else 0.0
 
     def at_most(q: float) -> float | None:
-        for bound, count in buckets:
-            if count >= q * calls:
+        for bound, seen in buckets:
+            if seen >= q * count:
                 return None if math.isinf(bound) else bound
         return None
 
+    if not count:
+        return 0, None, None
+    return int(count), at_most(0.5), at_most(0.99)
+
+
+def webhook_calls(counters: Mapping[str, float]) -> JSON:
+    """The webhook's calls in ``counters`` (a `delta` of two scrapes): how many, how many failed
+    open, and the 50th and 99th percentiles as bucket upper bounds (5 ms, 25 ms, 100 ms, 0.5 s,
+    1 s, 2.5 s, 10 s, 25 s)."""
+    calls, p50, p99 = _histogram(counters, "webhook_le:")
     return {
-        "calls": int(calls),
+        "calls": calls,
         "failed_open": int(counters.get("webhook_fail_open", 0.0)),
-        "p50_s_at_most": at_most(0.5) if calls else None,
-        "p99_s_at_most": at_most(0.99) if calls else None,
+        "p50_s_at_most": p50,
+        "p99_s_at_most": p99,
+    }
+
+
+def api_requests(counters: Mapping[str, float], schema: str) -> JSON:
+    """The requests of flow schema ``schema`` in ``counters`` (a `delta` of two scrapes), watches
+    left out: how many, and how long the API server took to execute them, 50th and 99th
+    percentiles as bucket upper bounds (0, 5 ms, 20 ms, 50 ms, 0.1 s, 0.2 s, 0.5 s, 1 s, 2 s, 5 s,
+    10 s, 15 s, 30 s)."""
+    requests, p50, p99 = _histogram(counters, f"fs_le:{schema}:")
+    return {"requests": requests, "p50_s_at_most": p50, "p99_s_at_most": p99}
+
+
+def parse_function_metrics(text: str) -> dict[str, float]:
+    """From a function's own /metrics (shared/platform/metrics.py): the CloudEvents and
+    admission reviews it answered (``events``, every type and answer) and its handler's time,
+    as cumulative buckets (``handler_le:<bound>``) with their ``handler_sum``."""
+    out: dict[str, float] = {"events": 0.0, "handler_sum": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "knr_events_received_total":
+                out["events"] += sample.value
+            elif sample.name == "knr_handler_seconds_bucket":
+                key = "handler_le:" + sample.labels["le"]
+                out[key] = out.get(key, 0.0) + sample.value
+            elif sample.name == "knr_handler_seconds_sum":
+                out["handler_sum"] += sample.value
+    return out
+
+
+def handling(counters: Mapping[str, float], seconds: float) -> JSON:
+    """What a function handled in ``counters`` (a `delta` of two `parse_function_metrics`)
+    over ``seconds``: events, events per second, and its handler's time (mean; 50th and 99th
+    percentiles as bucket upper bounds, 0.5 ms to 5 s). A timer-driven function handles one
+    event a tick, so its mean is its time per tick."""
+    handled, p50, p99 = _histogram(counters, "handler_le:")
+    return {
+        "events": int(counters.get("events", 0.0)),
+        "events_per_s": round(counters.get("events", 0.0) / seconds, 2) if seconds > 0 else None,
+        "handled": handled,
+        "handler_mean_s": round(counters.get("handler_sum", 0.0) / handled, 4) if handled else None,
+        "handler_p50_s_at_most": p50,
+        "handler_p99_s_at_most": p99,
     }
 
 

@@ -7,6 +7,14 @@ preferring its "home" node (preferred node affinity), is rolled out: ``scale_pod
 one admitted by the webhook and every status change of every pod classified by
 detect-failures.
 
+The load-aware half runs beside it as an install runs it: Prometheus scrapes every node's
+exporter every PROMETHEUS_SCRAPE, and annotate-usage, label-nodes and rebalance-nodes are
+called every LOAD_AWARE_EVERY (their PingSources' schedule) with the built-in rules and rate
+window. Each function has an API identity and a FlowSchema of its own, so the API server's
+metrics say how many requests each made and how long they took; each function's own metrics
+say how many events it handled and how long each took (a timer-driven function's time per
+tick).
+
 Then ``scale_faulty_share`` of the nodes turn faulty at once: their runtime breaks under their
 pods (``Cluster.set_fault(..., running=True)``). Every container running there exits and
 crash-loops in place, as on a real node; nothing is deleted, so a faulty node keeps its pods
@@ -31,12 +39,15 @@ from dev.bench.common import (
     JSON,
     KN_USER,
     Scales,
+    api_requests,
     cpu_of,
     create_namespace,
     delta,
+    handling,
     identity_kubeconfig,
     list_all,
     own_cpu_seconds,
+    parse_function_metrics,
     peak_rss_mib,
     ratio,
     scrape,
@@ -66,18 +77,81 @@ SWEEP_EVERY: Final = 60.0
 # run the controller-manager with --kube-api-qps=100 --kube-api-burst=100 (the burst is
 # doubled here, for the harness's own burst of deletions).
 CONTROLLER_MANAGER_QPS = (100, 200)
+# What installs scrape at (Prometheus' own default is 1 minute): each scrape is a request to the
+# harness's node exporter, a thousand of them per interval.
+PROMETHEUS_SCRAPE: Final = "15s"
+# The PingSources of annotate-usage, label-nodes and rebalance-nodes (knative/*.yaml).
+LOAD_AWARE_EVERY: Final = 30.0
+# The functions' settings for that: the built-in pressure rules (a 2-minute CPU window) and
+# annotate-usage's default 1-minute rate, instead of the local stack's 10 s (a 1 s scrape).
+LOAD_AWARE_SETTINGS: Final = {
+    "KN_RESCHEDULER_PRESSURE_RULES_FILE": "",
+    "KN_RESCHEDULER_USAGE_RATE_WINDOW": "1m",
+}
+# Every function the Stack starts here, each with its own identity (bench-fn-<name>).
+FUNCTIONS: Final = (
+    "detect-failures",
+    "update-annotations",
+    "assess-nodes",
+    "sweep-failures",
+    "label-nodes",
+    "annotate-usage",
+    "rebalance-nodes",
+    "score-nodes",
+    "mutate-admission",
+)
+
+
+def identity(function: str) -> str:
+    """The user (and FlowSchema) a function's API requests are made as in this measurement."""
+    return f"bench-fn-{function}"
 
 
 def _control_plane_pids(cluster: Cluster) -> dict[str, int]:
     """etcd, the API server, controller-manager, scheduler, kwok (and Prometheus or
     metrics-server when running): the cluster's own processes, beside the functions."""
-    return {p.name: p.pid for p in cluster.procs if p.alive()}
+    pids = {p.name: p.pid for p in cluster.procs if p.alive()}
+    # Prometheus is started (and restarted, in outage tests) apart from the other processes.
+    prom = cluster.prometheus.proc if cluster.prometheus is not None else None
+    if prom is not None and prom.alive():
+        pids["prometheus"] = prom.pid
+    return pids
 
 
 def _peak_rss(harness: int, pids: Mapping[str, int]) -> dict[str, float]:
     return {
         "harness-process": peak_rss_mib(harness, descendants=False),
         **{name: peak_rss_mib(pid) for name, pid in pids.items()},
+    }
+
+
+def _function_metrics(stack: Stack) -> dict[str, dict[str, float]]:
+    """Each function's own counters now (a function that does not answer: none)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, server in stack.servers.items():
+        try:
+            out[name] = parse_function_metrics(server.metrics_text())
+        except OSError:
+            out[name] = {}
+    return out
+
+
+def _per_function(
+    stack: Stack,
+    seconds: float,
+    cpu: tuple[Mapping[str, float], Mapping[str, float]],
+    api: Mapping[str, float],
+    own: tuple[Mapping[str, Mapping[str, float]], Mapping[str, Mapping[str, float]]],
+) -> JSON:
+    """One phase, function by function: CPU seconds, its API requests as the API server timed
+    them, and the events it handled as it timed them."""
+    return {
+        name: {
+            "cpu_s": round(cpu[1].get(name, 0.0) - cpu[0].get(name, 0.0), 2),
+            "api": api_requests(api, identity(name)),
+            **handling(delta(own[0].get(name, {}), own[1].get(name, {})), seconds),
+        }
+        for name in sorted(stack.servers)
     }
 
 
@@ -113,15 +187,14 @@ def measure(
     default_timeout = cluster_module.START_TIMEOUT
     cluster_module.START_TIMEOUT = max(default_timeout, 120.0 + nodes * 0.6)  # type: ignore[misc]
     try:
-        # No Prometheus: nothing here reads node metrics, and scraping every node each second
-        # (the local default) costs the 2 cores a run of this size needs.
         cluster = Cluster(
             workdir / "cluster",
             nodes=nodes,
             timing=timing,
             quiet=True,
             keep_workdir=True,
-            prometheus=False,
+            prometheus=True,
+            prometheus_scrape_interval=PROMETHEUS_SCRAPE,
             controller_manager_qps=CONTROLLER_MANAGER_QPS,
         ).start()
     finally:
@@ -138,6 +211,9 @@ def measure(
     deadline = time.monotonic() + scales.scale_budget
     try:
         kubeconfig = identity_kubeconfig(cluster, KN_USER, workdir / "identity")
+        kubeconfigs = {
+            f: identity_kubeconfig(cluster, identity(f), workdir / "identity") for f in FUNCTIONS
+        }
         stack = Stack(
             kubeconfig,
             cluster.api_client(),
@@ -147,7 +223,12 @@ def measure(
             # event announces, such as a pod the API server admitted without the webhook (it
             # fails open on a timeout) and so without the label the event source selects on.
             sweep_every=SWEEP_EVERY,
-            settings=settings,
+            prometheus_url=cluster.prometheus_url,
+            label_every=LOAD_AWARE_EVERY,
+            usage_every=LOAD_AWARE_EVERY,
+            rebalance_every=LOAD_AWARE_EVERY,
+            settings={**LOAD_AWARE_SETTINGS, **(settings or {})},
+            kubeconfigs=kubeconfigs,
         ).start()
         try:
             result.update(_run(cluster, stack, scales, replicas, faulty_count, deadline, log))
@@ -199,6 +280,7 @@ def _phases(
     cpu0, plane0 = cpu_of(pids), cpu_of(plane)
     harness0 = own_cpu_seconds(harness)
     metrics0 = scrape(cluster)
+    own0 = _function_metrics(stack)
     t0 = time.monotonic()
     expected = replicas * len(cluster.nodes)
     log(f"scale: rolling out {expected} pods, at most {IN_FLIGHT} not Ready at a time")
@@ -224,12 +306,14 @@ def _phases(
     cpu1, plane1 = cpu_of(pids), cpu_of(plane)
     harness1 = own_cpu_seconds(harness)
     metrics1 = delta(metrics0, scrape(cluster))
+    own1 = _function_metrics(stack)
+    drained = time.monotonic() - t0
     out["rollout"] = {
         "ready": ready,
         "expected": expected,
         "complete": ready >= expected,
         "seconds": round(rollout, 1),
-        "pipeline_drained_s": round(time.monotonic() - t0, 1),
+        "pipeline_drained_s": round(drained, 1),
         "function_cpu_s": {k: round(cpu1[k] - cpu0.get(k, 0.0), 2) for k in cpu1},
         "control_plane_cpu_s": {k: round(plane1[k] - plane0.get(k, 0.0), 2) for k in plane1},
         "harness_process_cpu_s": round(harness1 - harness0, 2),
@@ -237,6 +321,7 @@ def _phases(
         # Every pod create called the webhook: its latency as the API server measured it.
         "webhook": webhook_calls(metrics1),
         "all_requests": metrics1["total"],
+        "functions": _per_function(stack, drained, (cpu0, cpu1), metrics1, (own0, own1)),
     }
     out["peak_rss_mib"] = _peak_rss(harness, {**plane, **pids})
     log(f"  rollout: {ready}/{expected} Ready in {rollout:.0f} s")
@@ -247,6 +332,7 @@ def _phases(
     faulty = tracker.faulty
     faulty.update(cluster.nodes[-faulty_count:])
     requests0 = scrape(cluster)
+    own2 = _function_metrics(stack)
     cpu2, plane2 = cpu_of(pids), cpu_of(plane)
     harness2 = own_cpu_seconds(harness)
     t_fault = time.monotonic()
@@ -274,6 +360,8 @@ def _phases(
     cpu3, plane3 = cpu_of(pids), cpu_of(plane)
     harness3 = own_cpu_seconds(harness)
     requests1 = scrape(cluster)
+    own3 = _function_metrics(stack)
+    measured = time.monotonic() - t_fault
     chains = tracker.snapshot()
     affected = [c for c in chains if c.start is not None]
     recovered = [c for c in affected if c.recovered is not None]
@@ -308,9 +396,13 @@ def _phases(
         "function_cpu_s": {k: round(cpu3[k] - cpu2.get(k, 0.0), 2) for k in cpu3},
         "control_plane_cpu_s": {k: round(plane3[k] - plane2.get(k, 0.0), 2) for k in plane3},
         "harness_process_cpu_s": round(harness3 - harness2, 2),
-        "pipeline_requests": requests.get(f"fs:{KN_USER}", 0.0),
+        # kn-rescheduler's functions, each under its own identity, and the Broker's.
+        "pipeline_requests": sum(
+            v for k, v in requests.items() if k.startswith(("fs:bench-fn-", f"fs:{KN_USER}"))
+        ),
         "all_requests": requests["total"],
         "webhook": webhook_calls(requests),
+        "functions": _per_function(stack, measured, (cpu2, cpu3), requests, (own2, own3)),
     }
     out["peak_rss_mib"] = _peak_rss(harness, {**plane, **pids})
     log(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dev.bench.common import finite_numbers
+from dev.bench.scale import FUNCTIONS as SCALE_FUNCTIONS
 
 # The first test also runs the suite (module fixture): room for a first descheduler build.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
@@ -155,6 +156,26 @@ def test_scale_rolls_out_and_recovers(results: dict[str, Any]) -> None:
     assert positive(scale["peak_rss_mib"]["kube-apiserver"])
     assert positive(scale["peak_rss_mib"]["detect-failures"])
     assert scale["peak_rss_mib"]["harness-process"] < sum(scale["peak_rss_mib"].values())
+    # Prometheus and the load-aware functions run beside the pipeline, as installed.
+    assert positive(scale["peak_rss_mib"]["prometheus"])
+    assert set(SCALE_FUNCTIONS) <= set(recovery["functions"])
+
+
+def test_scale_reports_each_functions_requests_and_events(results: dict[str, Any]) -> None:
+    scale = results["measurements"]["scale"]
+    rollout, recovery = scale["rollout"]["functions"], scale["recovery"]["functions"]
+    # Every status change of every pod reached detect-failures, which needs no API request.
+    assert rollout["detect-failures"]["handled"] >= scale["rollout"]["expected"]
+    assert positive(rollout["detect-failures"]["events_per_s"])
+    assert rollout["detect-failures"]["api"]["requests"] == 0
+    # Each move is written by update-annotations under its own identity: the API server timed
+    # its requests apart from every other function's.
+    moves = scale["recovery"]["moves"]
+    assert recovery["update-annotations"]["handled"] >= moves
+    assert recovery["update-annotations"]["api"]["requests"] >= 2 * moves
+    assert recovery["update-annotations"]["api"]["p99_s_at_most"] is not None
+    assert positive(recovery["update-annotations"]["handler_mean_s"])
+    assert rollout["mutate-admission"]["handled"] > 0
 
 
 def test_load_aware_placement_has_numbers_for_every_system(results: dict[str, Any]) -> None:
