@@ -464,14 +464,15 @@ def parse_function_metrics(text: str) -> dict[str, float]:
 
 def handling(counters: Mapping[str, float], seconds: float) -> JSON:
     """What a function handled in ``counters`` (a `delta` of two `parse_function_metrics`)
-    over ``seconds``: events, events per second, and its handler's time (mean; 50th and 99th
-    percentiles as bucket upper bounds, 0.5 ms to 5 s). A timer-driven function handles one
-    event a tick, so its mean is its time per tick."""
+    over ``seconds``: the CloudEvents it answered (``events``, malformed ones included), the
+    events or admission reviews its handler timed (``handled``) and how many a second, and the
+    handler's time (mean; 50th and 99th percentiles as bucket upper bounds, 0.5 ms to 5 s). A
+    timer-driven function handles one event a tick, so its mean is its time per tick."""
     handled, p50, p99 = _histogram(counters, "handler_le:")
     return {
         "events": int(counters.get("events", 0.0)),
-        "events_per_s": round(counters.get("events", 0.0) / seconds, 2) if seconds > 0 else None,
         "handled": handled,
+        "handled_per_s": round(handled / seconds, 2) if seconds > 0 else None,
         "handler_mean_s": round(counters.get("handler_sum", 0.0) / handled, 4) if handled else None,
         "handler_p50_s_at_most": p50,
         "handler_p99_s_at_most": p99,

@@ -8,6 +8,7 @@ in one table that names each run's scenario, kubelet back-off and nodes (kwok or
 times from the first failure and from the threshold side by side (runs of either back-off,
 scenario or kind of node compared).
 ``python -m dev.bench.report --scale FILE ...`` prints the scale run's recovery row of each file.
+``python -m dev.bench.report --functions FILE`` prints its figures function by function.
 ``python -m dev.bench.report --load FILE`` prints the load-aware section (9) of a run that measured
 it (``--only load``), to put into RESULTS.md beside the full run's sections.
 ``python -m dev.bench.report --throughput FILE`` prints the scheduling-throughput table of a run
@@ -454,6 +455,54 @@ def scale_rows(paths: list[Path]) -> list[str]:
     return out
 
 
+FUNCTIONS_HEADER = [
+    "| function | phase | CPU s | API requests | API p50 / p99 (≤) | handled | handled/s "
+    "| handler mean | handler p99 (≤) |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def _bound(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1000:g} ms" if seconds < 1 else f"{seconds:g} s"
+
+
+def functions_rows(scl: JSON) -> list[str]:
+    """The scale run function by function, each phase a row: its CPU, its API requests as the
+    API server timed them, the events it handled as it timed them (a timer-driven function's
+    mean is its time per tick). Runs from before the per-function figures have none."""
+    out = list(FUNCTIONS_HEADER)
+    phases = [(name, (scl.get(name) or {}).get("functions")) for name in ("rollout", "recovery")]
+    names = sorted({f for _, functions in phases for f in functions or {}})
+    for function in names:
+        for phase, functions in phases:
+            f = (functions or {}).get(function)
+            if f is None:
+                continue
+            api = f["api"]
+            latency = (
+                f"{_bound(api['p50_s_at_most'])} / {_bound(api['p99_s_at_most'])}"
+                if api["requests"]
+                else "—"
+            )
+            mean = f["handler_mean_s"]
+            cells = [
+                function,
+                phase,
+                _f(f["cpu_s"]),
+                f"{api['requests']:,}",
+                latency,
+                f"{f['handled']:,}",
+                # The first run with these figures counted CloudEvents a second only.
+                _f(f.get("handled_per_s")),
+                _f(mean * 1000, 0, " ms") if mean is not None and mean < 1 else _f(mean, 2, " s"),
+                _bound(f["handler_p99_s_at_most"]),
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 COMPARE_HEADER = [
     "| run (UTC), commit, raw | scenario | kubelet back-off | nodes | system | recovered (≤5 min) "
     "| first failure to threshold p50 | p50 from failure | p95 from failure | p50 from threshold "
@@ -574,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args[:1] == ["--scale"]:
         print("\n".join(scale_rows([Path(a) for a in args[1:]])))
+        return 0
+    if args[:1] == ["--functions"]:
+        results = json.loads(Path(args[1]).read_text())
+        print("\n".join(functions_rows(results["measurements"]["scale"])))
         return 0
     if args[:1] == ["--load"]:
         results = json.loads(Path(args[1]).read_text())

@@ -25,7 +25,7 @@ def test_the_events_a_function_answered_and_its_time_are_read_from_its_metrics(
     window = handling(delta(before, after), seconds=2.0)
 
     assert window["events"] == 4
-    assert window["events_per_s"] == 2.0
+    assert window["handled_per_s"] == 2.0
     # Every event that parsed as a CloudEvent was timed, the one its handler refused too.
     assert window["handled"] == 4
     assert window["handler_mean_s"] is not None and 0 < window["handler_mean_s"] < 5
