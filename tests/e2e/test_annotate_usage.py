@@ -103,6 +103,26 @@ def test_each_nodes_usage_is_written_onto_it_as_percent_of_allocatable(
     assert node_writes(annotate_usage) == before
 
 
+def test_a_tick_replayed_in_dry_run_decides_every_node_and_writes_none(
+    cluster: Cluster, annotate_usage: flask.testing.FlaskClient
+) -> None:
+    # The writes go out from a pool of threads: the dry run asked for by the event must reach
+    # each of them, or a replay would write for real.
+    assert all(usage_of(cluster, n) == (None, None) for n in cluster.nodes)
+    before = node_writes(annotate_usage)
+    headers, body = cloudevent(
+        PING_EVENT_TYPE, {"message": "measure"}, source="/pingsource", knrdryrun="true"
+    )
+    response = annotate_usage.post("/", headers=headers, data=body)
+    assert response.status_code == 202, response.get_data(as_text=True)
+
+    # Every node was decided and its write sent, as a dry run: the API server kept nothing.
+    assert node_writes(annotate_usage) - before == len(cluster.nodes)
+    assert all(usage_of(cluster, n) == (None, None) for n in cluster.nodes)
+    ping(annotate_usage)
+    assert all(usage_of(cluster, n)[0] is not None for n in cluster.nodes)
+
+
 def test_a_node_falling_below_a_boundary_keeps_its_bucket_within_the_hysteresis(
     cluster: Cluster, annotate_usage: flask.testing.FlaskClient
 ) -> None:

@@ -8,6 +8,13 @@ label alone. No resourceVersion precondition, for the reason label-nodes gives: 
 touches only keys this function owns, one evaluation runs at a time (one pod, one request), and
 what it writes depends only on those keys and on the measurement.
 
+At a thousand nodes an evaluation writes hundreds of Nodes (a record moves with every pod bound
+there, through the estimate), and one at a time, against a busy API server, that took 26 to 53 s
+(the scale measurement, dev/bench/RESULTS.md), longer than the PingSource's 30 s. So the writes
+go out WRITERS at a time, and a tick that arrives while an evaluation runs is answered at once:
+that evaluation measures what the tick would have (they used to queue behind it, each holding a
+thread and one more evaluation of the same nodes to come).
+
 The source down is not a failed evaluation: nothing new is written, records age, buckets of
 nodes whose records went stale are removed, the outage is logged, counted and shown on
 ``/status``, and the Ping is answered 202 (its adapter's retries last 1.5 s; an outage does
@@ -16,9 +23,11 @@ not). What a retry can fix (the API server throttling or briefly unreachable) is
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, cast
@@ -39,9 +48,13 @@ log = logging.getLogger(__name__)
 
 EVALUATIONS: Final = Counter(
     "knr_usage_evaluations_total",
-    "annotate-usage evaluations, by outcome (ok; outage: the usage source did not answer).",
+    "annotate-usage evaluations, by outcome (ok; outage: the usage source did not answer; "
+    "skipped: the tick came while another evaluation ran).",
     ["outcome"],
 )
+# Node writes in flight at once in one evaluation: the API server's priority and fairness
+# queues them fairly with everyone else's, and a Kube client's connection pool holds this many.
+WRITERS: Final = 8
 NODE_WRITES: Final = Counter(
     "knr_usage_node_writes_total", "Nodes whose usage annotation or load label was written."
 )
@@ -129,9 +142,16 @@ class Annotator:
         # The nodes this process exports a usage gauge for.
         self._gauged: set[str] = set()
 
-    def evaluate(self) -> Evaluation:
-        with self._lock:
+    def evaluate(self) -> Evaluation | None:
+        """One evaluation; None when another is running (it measures what this tick would)."""
+        if not self._lock.acquire(blocking=False):
+            EVALUATIONS.labels(outcome="skipped").inc()
+            log.info("an evaluation is already running; this tick is covered by it")
+            return None
+        try:
             return self._evaluate()
+        finally:
+            self._lock.release()
 
     def _evaluate(self) -> Evaluation:
         nodes = [cast(Node, node) for node in self.kube.list_all("Node")]
@@ -190,32 +210,39 @@ class Annotator:
         return by_node
 
     def _write(self, decisions: Iterable[NodeDecision]) -> tuple[str, ...]:
-        written = []
-        transient: list[str] = []
-        for decision in decisions:
-            if not decision.write:
-                continue
-            try:
-                self.kube.merge_patch("Node", None, decision.node, decision.patch())
-            except kubeapi.NotFound:
-                log.info("node %s is gone; nothing to write", decision.node)
-                continue
-            except kubeapi.Transient as err:
-                transient.append(f"{decision.node}: {err}")
-                continue
-            written.append(decision.node)
-            NODE_WRITES.inc()
-            log.info(
-                "node %s: usage written, load %s (%s)",
-                decision.node,
-                decision.bucket or "unlabelled",
-                decision.reason,
-                extra={"node": decision.node, "bucket": decision.bucket},
-            )
+        due = [d for d in decisions if d.write]
+        with ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="usage-write") as pool:
+            # Each write runs in a copy of this request's context, taken here: a forced dry run
+            # (a replay's), the event's log fields and the recording of its API calls are
+            # context variables, which a pool's threads do not inherit.
+            contexts = [contextvars.copy_context() for _ in due]
+            outcomes = list(pool.map(lambda c, d: c.run(self._write_one, d), contexts, due))
+        written = [d.node for d, outcome in zip(due, outcomes, strict=True) if outcome is None]
+        transient = [o for o in outcomes if o]
         if transient:
             # The other nodes got their writes; the next tick retries these.
             raise kubeapi.Transient("; ".join(transient))
         return tuple(written)
+
+    def _write_one(self, decision: NodeDecision) -> str | None:
+        """Writes one node's decision; None when written (or the node is gone), else what a
+        retry could fix."""
+        try:
+            self.kube.merge_patch("Node", None, decision.node, decision.patch())
+        except kubeapi.NotFound:
+            log.info("node %s is gone; nothing to write", decision.node)
+            return ""
+        except kubeapi.Transient as err:
+            return f"{decision.node}: {err}"
+        NODE_WRITES.inc()
+        log.info(
+            "node %s: usage written, load %s (%s)",
+            decision.node,
+            decision.bucket or "unlabelled",
+            decision.reason,
+            extra={"node": decision.node, "bucket": decision.bucket},
+        )
+        return None
 
     def _record(
         self,
