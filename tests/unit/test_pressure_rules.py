@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from shared.nodes.label_nodes.rules import (
+    CPU_USAGE,
     DEFAULT_RULES,
     MEMORY_AVAILABLE,
     Fires,
@@ -254,26 +255,36 @@ def selector(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-def promtool_check(rules: Sequence[Rule], jobs: Sequence[dict[str, str]], step: int) -> str:
+def promtool_check(
+    rules: Sequence[Rule], jobs: Sequence[dict[str, str]], step: int, *, young: int = 0
+) -> str:
     """``promtool test rules`` asserting that every series each rule yields reads the expected
-    value (the smallest and the largest: label-nodes takes the one nearest pressure). Returns
-    promtool's output; raises AssertionError with it when a value is wrong."""
+    value (the smallest and the largest: label-nodes takes the one nearest pressure). With
+    ``young``, the series began only ``young`` scrapes before the evaluation (a node just
+    added), their counters at what a machine up for days has. Returns promtool's output;
+    raises AssertionError with it when a value is wrong."""
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool (Debian's prometheus package) is not installed")
     samples = 40
+    # Missing samples (`_`) until the series begins.
+    gap = f"_x{samples - young} " if young else ""
+    count = young if young else samples
     series = []
     for job in jobs:
         for cpu in ("0", "1"):
-            labels = {**job, "cpu": cpu, "mode": "idle"}
-            series.append(
-                {
-                    "series": "node_cpu_seconds_total" + selector(labels),
-                    "values": f"0+{IDLE_PER_SECOND * step:g}x{samples}",
-                }
-            )
+            # node-exporter's modes: the busy time here is all user time.
+            for mode, share in (("idle", IDLE_PER_SECOND), ("user", 1 - IDLE_PER_SECOND)):
+                labels = {**job, "cpu": cpu, "mode": mode}
+                start = 86_400 * share if young else 0
+                series.append(
+                    {
+                        "series": "node_cpu_seconds_total" + selector(labels),
+                        "values": f"{gap}{start:g}+{share * step:g}x{count}",
+                    }
+                )
         for name, value in MEMORY.items():
-            series.append({"series": name + selector(job), "values": f"{value}x{samples}"})
+            series.append({"series": name + selector(job), "values": f"{gap}{value}x{count}"})
     checks = [
         {
             "expr": f"{aggregate}({rule.expr})",
@@ -315,6 +326,23 @@ def test_the_built_in_rules_read_a_node_scraped_by_two_jobs_as_once(
     promtool_check(DEFAULT_RULES, jobs, step=15)
 
 
+@pytest.mark.parametrize("scrapes", [2, 3, 4, 8])
+def test_the_built_in_rules_read_a_node_just_added_as_it_is(scrapes: int) -> None:
+    # Its series began 15 to 105 s ago, inside the CPU rule's two-minute window. Idle time over
+    # the window's length read this node (75 % busy) as 94 % busy after two scrapes.
+    promtool_check(DEFAULT_RULES, [WITH_NODE], step=15, young=scrapes)
+
+
+def test_the_young_series_check_catches_idle_time_over_the_windows_length() -> None:
+    over_window = replace(
+        CPU_USAGE,
+        expr='100 * (1 - avg by (node, instance) (rate(node_cpu_seconds_total{mode="idle"}[2m])))',
+    )
+    promtool_check([over_window], [WITH_NODE], step=15)
+    with pytest.raises(AssertionError, match="cpu_seconds_total"):
+        promtool_check([over_window], [WITH_NODE], step=15, young=3)
+
+
 @pytest.mark.parametrize("jobs", TWO_JOBS.values(), ids=TWO_JOBS.keys())
 def test_the_local_stacks_rules_read_a_node_scraped_by_two_jobs_as_once(
     jobs: tuple[dict[str, str], dict[str, str]],
@@ -334,3 +362,15 @@ def test_the_two_job_check_catches_a_rule_that_adds_the_jobs_up() -> None:
     promtool_check([summed], [WITH_NODE], step=15)
     with pytest.raises(AssertionError, match=r"got: \{\} 8\.388608E\+08"):
         promtool_check([summed], TWO_JOBS["two jobs with the same instance and node"], step=15)
+
+
+def test_the_installs_rule_file_is_the_built_in_rules() -> None:
+    # knative/label-nodes.yaml mounts its rules from a ConfigMap: what is tested above is what
+    # an install reads.
+    manifest = Path(__file__).resolve().parents[2] / "knative" / "label-nodes.yaml"
+    config_map = next(
+        d
+        for d in yaml.safe_load_all(manifest.read_text())
+        if d and d.get("kind") == "ConfigMap" and d["metadata"]["name"] == "label-nodes-rules"
+    )
+    assert parse_rules(yaml.safe_load(config_map["data"]["rules.yaml"])) == DEFAULT_RULES

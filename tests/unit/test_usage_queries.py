@@ -62,13 +62,15 @@ def node_exporter(
     """One scrape job's series of one node-exporter, two hours at a 15 s interval (the
     1-hour maximum needs a full hour before the evaluation)."""
     labels = {**target, "job": job}
+    # node-exporter's modes: the busy time here is all user time.
     out = [
         _series(
             "node_cpu_seconds_total",
-            {**labels, "cpu": str(cpu), "mode": "idle"},
-            f"0+{idle_per_scrape}x480",
+            {**labels, "cpu": str(cpu), "mode": mode},
+            f"0+{per_scrape}x480",
         )
         for cpu in range(cpus)
+        for mode, per_scrape in (("idle", idle_per_scrape), ("user", 15 - idle_per_scrape))
     ]
     out.append(_series("node_memory_MemTotal_bytes", labels, f"{total:.0f}x480"))
     out.append(_series("node_memory_MemAvailable_bytes", labels, f"{available:.0f}x480"))
@@ -154,3 +156,27 @@ def test_a_node_exporter_pod_restarting_within_the_rate_window_is_counted_once(
     expr = queries(timedelta(minutes=1))["memory"]
     done = evaluate(expr, EXPECTED["memory"], series, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("key", ["cpu", "cpu_avg5m"])
+def test_a_node_just_added_reads_as_busy_as_it_is(key: str, tmp_path: Path) -> None:
+    """Its series began three scrapes (45 s) before the evaluation, inside the 1- and 5-minute
+    windows, its counters at what a machine up for a day has. Idle time over the window's
+    length read node-1 (1.8 cores of 2 in use) as 1.96 in the 5-minute average."""
+    young = [
+        {**s, "values": "_x472 " + _young(s["values"])}
+        for s in node_exporter(NODE_1, "node-exporter", 2, 1.5, 16 * Gi, 8.75 * Gi)
+    ]
+    series = [*young, *node_exporter(NODE_2, "node-exporter", 1, 3.75, 4 * Gi, 3 * Gi)]
+    expr = queries(timedelta(minutes=1))[key]
+    done = evaluate(expr, EXPECTED[key], series, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _young(values: str) -> str:
+    """A series of 480 samples as its last three: a counter (``0+Nx480``) a day old, a gauge
+    (``Vx480``) as it is."""
+    if "+" not in values:
+        return values.replace("x480", "x3")
+    step = float(values.split("+", 1)[1].split("x", 1)[0])
+    return f"{step * 5760:g}+{step:g}x3"

@@ -4,9 +4,12 @@ Both answer the same question, cores and bytes in use per Node (`decide.Measured
 annotator turns them into percent of the node's allocatable. They differ in what they know:
 
 - Prometheus keeps history, so it gives the current usage (a rate over 1 minute), the 5-minute
-  average and the 1-hour maximum. CPU in use is the sum over the node's CPUs of the share of
-  time not idle (``1 - rate(node_cpu_seconds_total{mode="idle"})``): iowait and steal count as
-  in use, as the CPU is not available to pods then either. Memory in use is MemTotal minus
+  average and the 1-hour maximum. CPU in use is the node's CPUs times the share of their time
+  not idle (idle time over all CPU time, ``node_cpu_seconds_total``): iowait and steal count as
+  in use, as the CPU is not available to pods then either. Not idle time over the window's
+  length: rate() divides what it extrapolates by the whole window, so a series younger than the
+  window (a node just added, a Prometheus that lost its data) would read busier than it is; the
+  two sides of the ratio are short by the same factor. Memory in use is MemTotal minus
   MemAvailable (what the kernel could give without swapping; the working set the kubelet
   evicts on is close to it). Series are matched to Nodes as label-nodes matches them
   (shared.platform.prometheus.node_values). A node-exporter scraped by two jobs is one
@@ -36,25 +39,32 @@ from shared.platform.config import USAGE_SOURCE_METRICS_API, USAGE_SOURCE_PROMET
 
 log = logging.getLogger(__name__)
 
-_CPU_IN_USE: Final = '1 - rate(node_cpu_seconds_total{mode="idle"}[%s])'
+_CPUS: Final = 'count without (cpu, mode) (node_cpu_seconds_total{mode="idle"})'
 _MEMORY_IN_USE: Final = "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes"
 
 
-def _per_node(expr: str, *, over_cpus: bool) -> str:
-    """``expr`` as one value per node.
+def _per_node(expr: str) -> str:
+    """``expr``, whose series keep every label of their target, as one value per node.
 
-    First summed over the node's CPUs (``without (cpu, mode)``), which keeps every other label
-    and so keeps apart the series of one node-exporter scraped twice: by two jobs (a Helm
-    chart's ``kubernetes-service-endpoints`` and kube-prometheus's ``node-exporter``, each with
-    the same ``instance`` and ``node``), or by one job across a node-exporter pod's restart
-    (a new ``pod`` label while the old series is still inside the rate window). Then the
-    largest of those per ``instance`` and ``node``: they measure the same machine, so adding
-    them (a plain ``sum by (instance, node)``) would count it twice. Copies with a different
-    ``instance`` are matched to the same Node afterwards, and their largest taken too
+    A target's series keep apart one node-exporter scraped twice: by two jobs (a Helm chart's
+    ``kubernetes-service-endpoints`` and kube-prometheus's ``node-exporter``, each with the
+    same ``instance`` and ``node``), or by one job across a node-exporter pod's restart (a new
+    ``pod`` label while the old series is still inside the rate window). Then the largest of
+    those per ``instance`` and ``node``: they measure the same machine, so adding them (a plain
+    ``sum by (instance, node)``) would count it twice. Copies with a different ``instance`` are
+    matched to the same Node afterwards, and their largest taken too
     (``PrometheusSource.sample``).
     """
-    inner = f"sum without (cpu, mode) ({expr})" if over_cpus else expr
-    return f"max by (instance, node) ({inner})"
+    return f"max by (instance, node) ({expr})"
+
+
+def _cpu_in_use(window: str) -> str:
+    """Cores in use per node over ``window``: a target's CPUs times the share of their time not
+    idle, each part summed over the CPUs and modes only (``without (cpu, mode)``), so that the
+    parts match one to one and a target's copies stay apart (`_per_node`)."""
+    idle = f'sum without (cpu, mode) (rate(node_cpu_seconds_total{{mode="idle"}}[{window}]))'
+    every = f"sum without (cpu, mode) (rate(node_cpu_seconds_total[{window}]))"
+    return _per_node(f"{_CPUS} * (1 - {idle} / {every})")
 
 
 def queries(rate_window: timedelta) -> dict[str, str]:
@@ -68,19 +78,17 @@ def queries(rate_window: timedelta) -> dict[str, str]:
     now = f"{seconds}s"
     step = f"{max(1, seconds // 4)}s"
     return {
-        "cpu": _per_node(_CPU_IN_USE % now, over_cpus=True),
-        "cpu_avg5m": _per_node(_CPU_IN_USE % "5m", over_cpus=True),
-        "cpu_max1h": f"max_over_time(({_per_node(_CPU_IN_USE % now, over_cpus=True)})[1h:{step}])",
-        "memory": _per_node(_MEMORY_IN_USE, over_cpus=False),
+        "cpu": _cpu_in_use(now),
+        "cpu_avg5m": _cpu_in_use("5m"),
+        "cpu_max1h": f"max_over_time(({_cpu_in_use(now)})[1h:{step}])",
+        "memory": _per_node(_MEMORY_IN_USE),
         "memory_avg5m": _per_node(
             "avg_over_time(node_memory_MemTotal_bytes[5m]) - "
-            "avg_over_time(node_memory_MemAvailable_bytes[5m])",
-            over_cpus=False,
+            "avg_over_time(node_memory_MemAvailable_bytes[5m])"
         ),
         "memory_max1h": _per_node(
             "max_over_time(node_memory_MemTotal_bytes[1h]) - "
-            "min_over_time(node_memory_MemAvailable_bytes[1h])",
-            over_cpus=False,
+            "min_over_time(node_memory_MemAvailable_bytes[1h])"
         ),
     }
 

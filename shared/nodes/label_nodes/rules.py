@@ -6,8 +6,8 @@ oscillating around the threshold does not flap the label, and a direction, so th
 fire on a value that is too low (memory left) as well as too high (usage)::
 
     rules:
-      - name: cpu-usage          # letters, digits, '-', '_' and '.'; unique
-        expr: 100 * (1 - avg by (node, instance) (rate(node_cpu_seconds_total{mode="idle"}[2m])))
+      - name: memory-usage       # letters, digits, '-', '_' and '.'; unique
+        expr: 100 * (1 - node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes)
         threshold: 70            # a number, or a quantity such as 512Mi
         clear: 60                # optional, default: the threshold (no hysteresis)
         for: 1m                  # optional, default 0: over the threshold this long first
@@ -112,12 +112,20 @@ class Rule:
 # All three read node-exporter's metrics only, and group by (node, instance) so the series keep
 # whichever label says which node they are (see shared.platform.prometheus).
 
-# CPU in use, percent: 100 minus the share of time the node's CPUs spent idle over the last two
-# minutes (the seed's query uses increase() over one minute; rate() over two minutes is the same
-# ratio and still has two samples with a 60 s scrape interval).
+# CPU in use, percent: 100 minus the node's idle CPU time over all its CPU time, both over the
+# last two minutes (the seed's ratio, over two minutes so that a 60 s scrape interval still gives
+# two samples). Not idle time over the window's length: rate() divides what it extrapolates by
+# the whole window, so a series younger than the window reads as less idle than it is. A node
+# at 10 % whose series began 30 s ago (a node just added, a Prometheus that lost its data)
+# would read 72 %, over the threshold, at a 15 s scrape interval (tests/unit/
+# test_pressure_rules.py, on Prometheus' own engine). Both sides of the ratio are short by the
+# same factor, so it holds from the second sample on.
 CPU_USAGE: Final = Rule(
     name="cpu-usage",
-    expr='100 * (1 - avg by (node, instance) (rate(node_cpu_seconds_total{mode="idle"}[2m])))',
+    expr=(
+        '100 * (1 - sum by (node, instance) (rate(node_cpu_seconds_total{mode="idle"}[2m]))'
+        " / sum by (node, instance) (rate(node_cpu_seconds_total[2m])))"
+    ),
     threshold=70,
     clear=60,
 )
