@@ -41,7 +41,9 @@ from shared.workloads.podevents import (
     FAILED_CREATE_POD_SANDBOX,
     PodEvent,
     missing_volume_source,
+    sandbox_doubtful,
     sandbox_failures,
+    sandbox_follows_pod,
 )
 from shared.workloads.podshape import judges_pod
 from shared.workloads.policy import (
@@ -448,7 +450,11 @@ def stuck_pending(
     sandbox = _condition(pod, "PodReadyToStartContainers")
     sandbox_up = sandbox is not None and sandbox.get("status") == "True"
     failures = None if sandbox_up else sandbox_failures(events, node)
-    if failures is not None:
+    if failures is not None and sandbox_follows_pod(failures.message):
+        # The pod's own configuration (a network attachment its namespace lacks): every node
+        # fails it the same way, never stuck (as a missing ConfigMap volume).
+        return None
+    if failures is not None and not sandbox_doubtful(failures.message):
         failing_for = now - failures.first
         if failing_for >= cfg.waiting_failure_after:
             return Failure(
@@ -525,6 +531,9 @@ def still_starting(pod: Pod, node: str, cfg: Config, *, sandbox: bool | None = N
 
 
 _IMAGE_PULL_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})
+# ImagePullBackOff as kubelets before v1.32 write it, without the pull's error (v1.32 appends
+# ": ErrImagePull: <the registry's answer>": recorded in image-pull-refused-imagepullbackoff.json).
+_BARE_PULL_BACK_OFF: Final = re.compile(r'^\s*Back-off pulling image "[^"]*"\s*$')
 # Waiting reasons and termination reasons of a container the runtime could not start; containerd
 # reports a failed start as a termination with reason StartError (exit code 128).
 _START_FAILURE_REASONS: Final = frozenset(
@@ -639,6 +648,21 @@ def _run_length(block: Mapping[str, Any]) -> timedelta | None:
     return finished - started
 
 
+def longest_run(pod: Pod) -> timedelta | None:
+    """The longest a container of ``pod`` ran before it ended, among the runs its status
+    shows (each container's current and last terminated state); None when none ended."""
+    runs = []
+    for _, status in _container_statuses(pod):
+        for block in (
+            (status.get("state") or {}).get("terminated"),
+            (status.get("lastState") or {}).get("terminated"),
+        ):
+            ran = _run_length(block) if block else None
+            if ran is not None:
+                runs.append(ran)
+    return max(runs) if runs else None
+
+
 def _seconds(delta: timedelta | None) -> int | None:
     return None if delta is None else int(delta.total_seconds())
 
@@ -734,6 +758,9 @@ def _container_failure(
     else:
         return None
     ran_for = _seconds(_run_length(last)) if last else 0
+    if declared_restart(specs.get((is_init, name)), last):
+        # Restarts the user declared retriable (restartPolicyRules): never a node's failure.
+        return None
 
     def failure(reason: str, message: str, why: str) -> Failure:
         return Failure(
@@ -783,6 +810,12 @@ def _container_failure(
         )
     if waiting_reason in cfg.waiting_reasons:
         message = waiting.get("message", "")
+        if waiting_reason == "ImagePullBackOff" and _BARE_PULL_BACK_OFF.match(message):
+            # A kubelet before v1.32 says only that it backs off, not what the registry
+            # answered: a tag that does not exist (every node) looks like a mirror that is down
+            # (this node). Judged when the kubelet tries again and writes ErrImagePull with
+            # the registry's answer.
+            return None
         since = _failing_since(pod, last)
         if since is None:
             return None
@@ -863,7 +896,54 @@ def _restart_policy(pod: Pod, name: str, is_init: bool) -> str:
         if own == "Always":
             return "Always"
         return "Never" if pod_policy == "Never" else "OnFailure"
-    return str(pod_policy)
+    own = next(
+        (c.get("restartPolicy") for c in spec.get("containers") or [] if c.get("name") == name),
+        None,
+    )
+    # ContainerRestartRules (beta, on by default since v1.35): a regular container may carry
+    # its own restartPolicy, which replaces the pod's for it.
+    return str(own or pod_policy)
+
+
+# The actions of a container restart rule that restart in place: the container
+# (``Restart``, ContainerRestartRules) or every container of the pod (``RestartAllContainers``,
+# beta in v1.36).
+_RESTART_ACTIONS: Final = frozenset({"Restart", "RestartAllContainers"})
+
+
+def declared_restart(spec: Mapping[str, Any] | None, last: Mapping[str, Any]) -> str | None:
+    """The container's own restart rule that its last exit matched, in words, or None.
+
+    A container's ``restartPolicyRules`` (ContainerRestartRules, beta and on by default since
+    Kubernetes v1.35) ask the kubelet to restart it in place on the exit codes they name, even
+    under a pod ``restartPolicy: Never``: the first rule whose ``exitCodes`` requirement
+    (``In`` or ``NotIn`` the values) the exit code meets decides. Training jobs declare their
+    retriable exits this way precisely so as not to be rescheduled: those restarts are the
+    user's choice, not evidence against the node.
+    """
+    if not spec or not last:
+        return None
+    code = last.get("exitCode")
+    if not isinstance(code, int):
+        return None
+    for rule in spec.get("restartPolicyRules") or []:
+        if not isinstance(rule, Mapping):
+            continue
+        codes = rule.get("exitCodes") or {}
+        values = codes.get("values") or []
+        operator = codes.get("operator")
+        if operator == "In":
+            met = code in values
+        elif operator == "NotIn":
+            met = code not in values
+        else:
+            continue
+        if met:
+            action = rule.get("action")
+            if action in _RESTART_ACTIONS:
+                return f"exit code {code} meets its restart rule ({action}, {operator} {values})"
+            return None  # the first rule met decides, and it does not restart in place
+    return None
 
 
 def _failing_since(pod: Pod, last: Mapping[str, Any]) -> datetime | None:

@@ -85,6 +85,38 @@ def missing_volume_source(events: Iterable[PodEvent], since: datetime) -> str | 
     return None
 
 
+# Sandbox failures that follow the pod, on every node: a Multus network attachment the pod
+# names that does not exist in its namespace (GitOps applying the pod before its
+# NetworkAttachmentDefinition). Multus writes the lister's error into the CNI failure
+# (getKubernetesDelegate: 'cannot find a network-attachment-definition (x) in namespace (y):
+# network-attachment-definitions.k8s.cni.cncf.io "x" not found').
+_POD_OWN_SANDBOX: Final = (
+    re.compile(r"cannot find a network-attachment-definition"),
+    re.compile(r'network-attachment-definitions?\.k8s\.cni\.cncf\.io "[^"]+" not found'),
+)
+# Sandbox failures that may follow the pod or its node, no telling which from the message: a
+# RuntimeClass handler the runtime does not know (containerd: 'failed to get sandbox runtime:
+# no runtime for "x" is configured': missing on this node, or on every node), and pod IP
+# addresses running out (host-local IPAM: 'no IP addresses available in range set', a per-node
+# range; a cloud CNI's subnet runs out for every node). They wait for the full threshold
+# (``pending_stuck_after``), never the 30 s of a node's own sandbox failure.
+_DOUBTFUL_SANDBOX: Final = (
+    re.compile(r'no runtime for "[^"]*" is configured'),
+    re.compile(r"no IP addresses available", re.IGNORECASE),
+    re.compile(r"failed to (allocate|assign) (for range|an IP)", re.IGNORECASE),
+)
+
+
+def sandbox_follows_pod(message: str) -> bool:
+    """Whether a sandbox failure's message says the pod's own configuration is why."""
+    return any(p.search(message) for p in _POD_OWN_SANDBOX)
+
+
+def sandbox_doubtful(message: str) -> bool:
+    """Whether a sandbox failure's message may as well be the pod's as the node's."""
+    return any(p.search(message) for p in _DOUBTFUL_SANDBOX)
+
+
 @dataclass(frozen=True)
 class SandboxFailures:
     """The kubelet's failures to create a pod's sandbox on one node."""

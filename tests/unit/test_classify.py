@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -178,7 +179,10 @@ MOVED = {
             containers=[
                 waiting(
                     "ImagePullBackOff",
-                    'Back-off pulling image "registry.example.com/shop/web:1.4.2"',
+                    # As kubelet v1.36 words it (image-pull-refused-imagepullbackoff.json).
+                    'Back-off pulling image "registry.example.com/shop/web:1.4.2": ErrImagePull: '
+                    'failed to pull and unpack image "registry.example.com/shop/web:1.4.2": '
+                    "failed to do request: dial tcp 10.0.0.5:5000: connect: connection refused",
                 )
             ],
         ),
@@ -309,6 +313,17 @@ LEFT_ALONE = {
                 '"registry.example.com/shop/web:1.4.3": failed to resolve reference '
                 '"registry.example.com/shop/web:1.4.3": registry.example.com/shop/web:1.4.3: '
                 "not found",
+            )
+        ],
+    ),
+    "an older kubelet's back-off that does not say what the registry answered": pods.pod(
+        phase="Pending",
+        containers=[
+            # Kubelets before v1.32 (the registry's error appended from v1.32): a tag that does
+            # not exist and a mirror that is down look the same; judged at the next
+            # ErrImagePull, which carries the answer.
+            waiting(
+                "ImagePullBackOff", 'Back-off pulling image "registry.example.com/shop/web:1.4.3"'
             )
         ],
     ),
@@ -1189,3 +1204,53 @@ def test_a_container_that_never_started_ran_for_no_time_at_all() -> None:
     assert failure is not None
     assert failure.ran_for_seconds == 0
     assert "3 restarts" in failure.why
+
+
+# -- restarts the user declared (ContainerRestartRules, beta and on by default since v1.35) ------
+
+
+def with_restart_rules(p: Pod, *rules: dict[str, Any], policy: str | None = None) -> Pod:
+    """``p`` with its container's ``restartPolicyRules`` (and ``restartPolicy``), as the API
+    server stores them (core/v1 Container.restartPolicyRules: action, exitCodes)."""
+    container = p["spec"]["containers"][0]  # type: ignore[typeddict-item]
+    container["restartPolicyRules"] = list(rules)
+    if policy is not None:
+        container["restartPolicy"] = policy
+    return p
+
+
+def restart_on(operator: str, *codes: int, action: str = "Restart") -> dict[str, Any]:
+    return {"action": action, "exitCodes": {"operator": operator, "values": list(codes)}}
+
+
+@pytest.mark.parametrize(
+    ("rules", "exit_code", "moved"),
+    [
+        # A training job's retriable exit: restarted in place by the user's own rule.
+        ([restart_on("In", 42)], 42, False),
+        ([restart_on("NotIn", 0, 1)], 42, False),
+        ([restart_on("In", 42, action="RestartAllContainers")], 42, False),
+        # An exit the rules do not name: the pod's policy decides, and the crash loop counts.
+        ([restart_on("In", 42)], 1, True),
+        ([restart_on("NotIn", 1)], 1, True),
+    ],
+    ids=["in", "not-in", "restart-all", "other-exit", "not-in-excluded"],
+)
+def test_restarts_a_container_rule_declares_are_the_users_choice(
+    rules: list[dict[str, Any]], exit_code: int, moved: bool
+) -> None:
+    p = with_restart_rules(
+        pods.pod(containers=[crash_looping(restarts=5, exit_code=exit_code)]), *rules
+    )
+    assert (classify(p, CFG, NOW) is not None) is moved
+
+
+def test_a_containers_own_restart_policy_replaces_the_pods() -> None:
+    # Under a pod restartPolicy Never, a container with restartPolicy Always is restarted in
+    # place: its crash loop between restarts is one the kubelet will keep restarting.
+    looping = terminated("Error", 1, restarts=4)
+    never = pods.pod(containers=[looping], started=NOW - timedelta(minutes=2))
+    never["spec"]["restartPolicy"] = "Never"  # type: ignore[typeddict-item]
+    assert classify(never, CFG, NOW) is None
+    always = with_restart_rules(copy.deepcopy(never), policy="Always")
+    assert classify(always, CFG, NOW) is not None

@@ -403,3 +403,57 @@ def test_the_back_off_bounds_the_series_in_restarts_as_restart_count_counts_them
     failure = classify(pod, CFG, recorded_at(scenario))
     assert failure is not None
     assert f"{restarts} in a row" in failure.why
+
+
+# The recorded CNI failure's Event with its message as other causes write it (the rest of the
+# Event and the pod as recorded): Multus's getKubernetesDelegate error for an attachment its
+# namespace lacks, containerd's for a RuntimeClass handler it does not know, host-local IPAM's
+# for a node range with no address left.
+MULTUS_NAD_MISSING = (
+    "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for "
+    'sandbox "08df2d2a": plugin type="multus" name="multus-cni-network" failed (add): Multus: '
+    "[default/sandbox-cni-broken/429cdb2d-e464-4301-97d1-fdcf1dad2224]: error loading k8s "
+    "delegates k8s args: TryLoadPodDelegates: error in getting k8s network for pod: "
+    "GetNetworkDelegates: failed getting the delegate: getKubernetesDelegate: cannot find a "
+    "network-attachment-definition (macvlan-conf) in namespace (default): "
+    'network-attachment-definitions.k8s.cni.cncf.io "macvlan-conf" not found'
+)
+RUNTIME_HANDLER_MISSING = (
+    "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox "
+    'runtime: no runtime for "kata" is configured'
+)
+NO_IP_LEFT = (
+    "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for "
+    'sandbox "08df2d2a": plugin type="bridge" failed (add): failed to allocate for range 0: no '
+    "IP addresses available in range set: 10.244.2.1-10.244.2.254"
+)
+
+
+def sandbox_failing_with(message: str, now: datetime) -> list[PodEvent]:
+    events = warning_events(load("sandbox-cni-broken")["events"])
+    mine = events[pod_of("sandbox-cni-broken")["metadata"]["uid"]]
+    return [
+        kept_coming(dataclasses.replace(e, message=message), now)
+        if e.reason == FAILED_CREATE_POD_SANDBOX
+        else e
+        for e in mine
+    ]
+
+
+def test_a_network_attachment_the_namespace_lacks_is_never_the_nodes_failure() -> None:
+    pod = pod_of("sandbox-cni-broken")
+    later = recorded_at("sandbox-cni-broken") + timedelta(days=1)
+    assert stuck_pending(pod, CFG, later, sandbox_failing_with(MULTUS_NAD_MISSING, later)) is None
+
+
+@pytest.mark.parametrize("message", [RUNTIME_HANDLER_MISSING, NO_IP_LEFT], ids=["runtime", "ip"])
+def test_a_sandbox_failure_that_may_follow_the_pod_waits_for_the_full_threshold(
+    message: str,
+) -> None:
+    pod = pod_of("sandbox-cni-broken")
+    first = recorded_at("sandbox-cni-broken")
+    soon = first + CFG.waiting_failure_after + timedelta(seconds=30)
+    assert stuck_pending(pod, CFG, soon, sandbox_failing_with(message, soon)) is None
+    later = first + CFG.pending_stuck_after
+    failure = stuck_pending(pod, CFG, later, sandbox_failing_with(message, later))
+    assert failure is not None and failure.reason == STUCK_PENDING
