@@ -42,7 +42,10 @@ The evidence, and why each part:
   for that long has failed: a crash-looping container is Ready for the seconds between two
   crashes when it has no readiness probe, so Ready alone says nothing about it. A pod being
   deleted, and a pod that ended Failed (a Job keeps those, the pods we moved among them), say
-  nothing.
+  nothing. A pod Ready that never restarted is healthy only once it has been Ready longer than
+  the failing pod's containers ran before they failed (twice that, at least ``PROVEN_MIN``, at
+  most ``crashloop_recent_run``: ``proof_for``): an image that crashes 20 s after start has a
+  twin Ready for 7 s in every rollout step and after every move, which proves nothing.
 - **Nobody missing.** Fewer pods than the ReplicaSet wants means a replacement is on its way,
   perhaps to a good node: no stop until it shows what it does.
 
@@ -58,17 +61,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
 from shared.api.kubetypes import Pod
 from shared.api.state import Stopped
-from shared.api.times import parse_kube_time
+from shared.api.times import format_duration, parse_kube_time
 from shared.platform.config import Config
-from shared.workloads.classify import FailureKind, classify, controller_of, same_failure
+from shared.workloads.classify import (
+    FailureKind,
+    classify,
+    controller_of,
+    longest_run,
+    same_failure,
+)
 from shared.workloads.siblings import sibling_evidence
 
+# The least time a twin that never restarted must have been Ready to prove its template runs
+# (`proof_for`): a container that fails at start does so within seconds.
+PROVEN_MIN: Final = timedelta(seconds=10)
 # Distinct nodes one failure reason must have been recorded on (the current one included).
 NODES_WITH_WITNESSES: Final = 2
 NODES_ALONE: Final = 3
@@ -134,8 +146,19 @@ def _restarts(pod: Mapping[str, Any]) -> int:
     return total
 
 
-def health_of(pod: Pod, cfg: Config, now: datetime) -> tuple[Health, str]:
-    """How a pod of the controller stands (see the module docstring), and why."""
+def proof_for(failing: Pod, cfg: Config) -> timedelta:
+    """How long a twin of ``failing`` that never restarted must have been Ready to prove that
+    its template runs: twice the longest run of ``failing``'s containers, at least
+    ``PROVEN_MIN``, at most ``crashloop_recent_run`` (a longer run starts a new series)."""
+    ran = longest_run(failing) or timedelta(0)
+    return min(max(2 * ran, PROVEN_MIN), max(cfg.crashloop_recent_run, PROVEN_MIN))
+
+
+def health_of(
+    pod: Pod, cfg: Config, now: datetime, proof: timedelta = PROVEN_MIN
+) -> tuple[Health, str]:
+    """How a pod of the controller stands (see the module docstring), and why. ``proof``: how
+    long it must have been Ready, when it never restarted (``proof_for`` the failing pod)."""
     status = pod.get("status") or {}
     phase = status.get("phase")
     node = (pod.get("spec") or {}).get("nodeName")
@@ -150,9 +173,15 @@ def health_of(pod: Pod, cfg: Config, now: datetime) -> tuple[Health, str]:
     restarts = _restarts(pod)
     ready = _condition(pod, "Ready")
     if ready is not None and ready.get("status") == "True":
-        if restarts == 0:
-            return Health.HEALTHY, f"Ready {where}"
         since = parse_kube_time(ready.get("lastTransitionTime"))
+        if restarts == 0:
+            if since is not None and now - since >= proof:
+                return Health.HEALTHY, f"Ready {where} for {format_duration(now - since)}"
+            lasted = f"only {format_duration(now - since)}" if since is not None else "a while"
+            return Health.UNPROVEN, (
+                f"Ready {where} for {lasted}, less than the {format_duration(proof)} that "
+                "prove its template runs"
+            )
         if since is not None and now - since >= cfg.crashloop_recent_run:
             return Health.HEALTHY, f"Ready {where} since {since:%Y-%m-%dT%H:%M:%SZ}"
         return Health.FAILED, f"Ready {where} only briefly after {restarts} restart(s)"
@@ -178,6 +207,7 @@ def witnesses_of(
     if not owner_uid:
         return ALONE
     own_uid = (pod.get("metadata") or {}).get("uid")
+    proof = proof_for(pod, cfg)
     found: list[Witness] = []
     live = 1  # the failing pod itself
     for candidate in candidates:
@@ -193,7 +223,7 @@ def witnesses_of(
             # History, not a witness: a Job keeps its failed pods (our evicted ones among
             # them) until it finishes, and they are the same lineage as the failing pod.
             continue
-        health, why = health_of(other, cfg, now)
+        health, why = health_of(other, cfg, now, proof)
         # The ReplicaSet controller counts neither terminal nor deleted pods as its own
         # (FilterActivePods): it replaces them.
         if phase != "Succeeded":
@@ -211,6 +241,7 @@ def judge(
     reason: str,
     others: Witnesses,
     kept_off: Iterable[str] = (),
+    implicated: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Whether moving a pod that failed with ``reason`` on ``node`` can help.
 
@@ -224,6 +255,13 @@ def judge(
     way again elsewhere. A pod that was already running when the moves were recorded was never
     given the chance: twenty replicas pinned to two bad nodes are each moved once, not stopped
     at the second node's first failure (tests/e2e/test_rescheduling_safety.py).
+
+    ``implicated`` maps the nodes that are evidence against themselves rather than against the
+    application (suspect, or other workloads failed there within the window; a node that could
+    not be read is in it too) to why. They do not count: failing on nodes where other workloads
+    fail too is what a cluster with several bad nodes looks like (3 bad nodes of 8 stopped 3 of
+    6 workloads after 1-2 moves, their replicas left crash-looping beside 5 healthy nodes). A
+    stop needs the failure on enough nodes where others run fine. None: not read yet.
     """
     again = [n for n in kept_off if n in recorded and same_failure(recorded[n], reason)]
     seen = tuple(dict.fromkeys([*again, node]))
@@ -239,6 +277,15 @@ def judge(
     if len(seen) < needed:
         return Verdict(
             False, f"{reason} was seen on {len(seen)} node(s), fewer than {needed}", seen
+        )
+    blamed = [n for n in seen if n in (implicated or {})]
+    if len(seen) - len(blamed) < needed:
+        shown = "; ".join(f"{n}: {(implicated or {})[n]}" for n in blamed)
+        return Verdict(
+            False,
+            f"{reason} was seen on {len(seen)} node(s), but only {len(seen) - len(blamed)} of "
+            f"them are nodes where other workloads run fine, fewer than {needed} ({shown})",
+            seen,
         )
     failing = (
         f"its other {len(others.pods)} pod(s) are failing too"

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from shared.api import nodehealth
 from shared.api.keys import NODE_HEALTH_ANNOTATION, SUSPECT_LABEL, SUSPECT_VALUE
@@ -50,8 +50,11 @@ from shared.api.records import RecordError
 from shared.api.workloadid import family, workload_id
 from shared.platform.config import Config
 from shared.workloads.classify import Failure, FailureKind, classify, controller_of
-from shared.workloads.everywhere import Health, health_of
+from shared.workloads.everywhere import Health, health_of, proof_for
 from shared.workloads.siblings import sibling_evidence
+
+# A pod in one of these phases never runs again (its containers are not restarted).
+_TERMINAL_PHASES: Final = frozenset({"Failed", "Succeeded"})
 
 
 def early_config(cfg: Config) -> Config:
@@ -162,6 +165,14 @@ def other_workloads_failing(
     judged has already failed in a row, and waiting for the neighbour to do the
     same is a race the first of a burst always loses. A neighbour killed at its own memory
     limit, being deleted, or of the same workload says nothing about the node.
+
+    Nor does a terminal neighbour (phase ``Failed`` or ``Succeeded``): it is history, not a
+    failure now. Kubernetes keeps such pods until the pod garbage collector's threshold
+    (``--terminated-pod-gc-threshold``, 12,500 by default) or their owner removes them: an
+    Evicted, ``Terminated`` (graceful node shutdown), ``OutOfcpu`` or ``NodeAffinity`` pod left
+    days ago, of a workload that never opted in, would otherwise corroborate every crash on
+    its node. A neighbour that failed terminally moments ago and was moved counts through the
+    node's record instead (`recorded_on_node`), where assess-nodes wrote it once confirmed.
     """
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
@@ -172,6 +183,8 @@ def other_workloads_failing(
     for candidate in on_node:
         meta = candidate.get("metadata") or {}
         if (candidate.get("spec") or {}).get("nodeName") != node or meta.get("deletionTimestamp"):
+            continue
+        if (candidate.get("status") or {}).get("phase") in _TERMINAL_PHASES:
             continue
         workload = family_of(candidate)
         if workload == own or workload in found:
@@ -195,13 +208,16 @@ def ready_elsewhere(
     Only a ReplicaSet's pods are twins: a StatefulSet's carry their own identity and volume,
     a Job's run to completion. A crash-looping container with no readiness probe is Ready
     between two crashes, so Ready alone proves nothing (`health_of` asks for a pod that never
-    restarted or stayed Ready long after).
+    restarted or stayed Ready long after); and a twin Ready for seconds has not yet outlived
+    the failing pod's own runs (`proof_for`): a rollout whose image crashes 20 s after start
+    has one in every step.
     """
     owner = controller_of(pod)
     if owner is None or owner.get("kind") != "ReplicaSet" or not owner.get("uid"):
         return ()
     own_node = (pod.get("spec") or {}).get("nodeName")
     own_uid = (pod.get("metadata") or {}).get("uid")
+    proof = proof_for(pod, cfg)
     found = []
     for candidate in candidates:
         meta = candidate.get("metadata") or {}
@@ -214,6 +230,27 @@ def ready_elsewhere(
         cowner = controller_of(twin)
         if cowner is None or cowner.get("uid") != owner.get("uid"):
             continue
-        if health_of(twin, cfg, now)[0] is Health.HEALTHY:
+        if health_of(twin, cfg, now, proof)[0] is Health.HEALTHY:
             found.append(f"{meta.get('name', '')} on {node}")
     return tuple(sorted(found))
+
+
+def implicated_nodes(
+    pod: Pod, nodes: Mapping[str, Mapping[str, Any] | None], cfg: Config, now: datetime
+) -> dict[str, str]:
+    """Of the nodes ``pod``'s workload failed on (``nodes``: each as read, None when it could
+    not be read), those that speak against themselves rather than against the application,
+    with why: suspect, or another workload failed there within ``suspect_window`` (the node's
+    record, `recorded_on_node`). A node not read is in doubt, and counted here too: a stop
+    rests only on nodes known to run other workloads fine."""
+    found: dict[str, str] = {}
+    for name, node in nodes.items():
+        if node is None:
+            found[name] = "could not be read"
+        elif is_suspect(node):
+            found[name] = "suspect"
+        else:
+            others = recorded_on_node(pod, node, cfg, now)
+            if others:
+                found[name] = f"{len(others)} other workload(s) failed there ({others[0]} ...)"
+    return found

@@ -81,7 +81,7 @@ and clearing only shrinks the state.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -394,6 +394,7 @@ def plan(
     statefulset: StatefulSetRange | None = None,
     also_failing: Iterable[str] = (),
     witnesses: Witnesses | None = None,
+    implicated: Mapping[str, str] | None = None,
 ) -> Plan:
     """Decide what to do about one failing pod, given the workload's state and policy.
 
@@ -409,6 +410,8 @@ def plan(
     budget that cannot help (the same failure on enough distinct nodes, no pod healthy
     anywhere) is stopped instead (`Action.STOPPED`, or nothing when the stop is recorded
     already). None means they were not looked at, and then a move is never stopped.
+    `implicated` are the nodes the failure was seen on that are evidence against themselves
+    (`shared.workloads.everywhere.judge`): they do not count towards a stop.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -600,7 +603,13 @@ def plan(
         # A container that ran past reset-after is not failing everywhere: it ran fine here.
         kind = failure.reason[:MAX_REASON_LENGTH]
         verdict = judge(
-            current.failed_on, current.stopped, failure.node, kind, witnesses, failure.kept_off
+            current.failed_on,
+            current.stopped,
+            failure.node,
+            kind,
+            witnesses,
+            failure.kept_off,
+            implicated,
         )
         if (
             verdict.stop

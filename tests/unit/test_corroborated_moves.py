@@ -9,8 +9,10 @@ controller names it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +38,7 @@ from tests.unit.test_owners import replicaset
 
 CFG = Config()
 NODE = "node-b"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real-kubelet"
 
 
 def web(name: str = "web-7d9c8b6f4-x2x9z", **kwargs: Any) -> Any:
@@ -50,6 +53,41 @@ def api_pod(
     kwargs.setdefault("owner", ("ReplicaSet", f"api-{template}"))
     kwargs.setdefault("labels", {"app": "api", "pod-template-hash": template})
     return pods.pod(name, **kwargs)
+
+
+def evicted_days_ago() -> dict[str, Any]:
+    """What the eviction manager left three days ago: phase Failed, reason Evicted, its
+    container's status unknown (the shape of tests/unit/pods.py's ``evicted``)."""
+    days_ago = pods.NOW - timedelta(days=3)
+    return {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": "The node was low on resource: memory. ",
+        "containers": [pods.terminated("ContainerStatusUnknown", 137, finished=days_ago)],
+        "started": days_ago - timedelta(hours=1),
+    }
+
+
+def shut_down() -> dict[str, Any]:
+    """What the kubelet's node shutdown manager writes on the pods it stops
+    (pkg/kubelet/nodeshutdown: reason Terminated)."""
+    return {
+        "phase": "Failed",
+        "reason": "Terminated",
+        "message": "Pod was terminated in response to imminent node shutdown.",
+        "containers": [pods.terminated("Error", 137)],
+        "started": pods.NOW - timedelta(hours=20),
+    }
+
+
+def recorded_eviction_on(node: str) -> Any:
+    """The evicted pod recorded from kubelet v1.36.3
+    (tests/fixtures/real-kubelet/evicted-disk-pressure.json), of its own bare workload, on
+    ``node``."""
+    left = json.loads((FIXTURES / "evicted-disk-pressure.json").read_text())["pod"]
+    left["spec"]["nodeName"] = node
+    left["metadata"]["namespace"] = "shop"
+    return left
 
 
 def crashing(restarts: int, **kwargs: Any) -> list[Any]:
@@ -208,6 +246,11 @@ def test_a_deployments_pods_are_one_workload_across_its_replicasets() -> None:
             ],
             [],
         ),
+        # Terminal pods left on the node (Kubernetes keeps them until the pod garbage
+        # collector's threshold): history, not a failure now.
+        ([api_pod(**evicted_days_ago())], []),
+        ([api_pod(**shut_down())], []),
+        ([recorded_eviction_on(NODE)], []),
     ],
     ids=[
         "other-deployment",
@@ -219,6 +262,9 @@ def test_a_deployments_pods_are_one_workload_across_its_replicasets() -> None:
         "deleting",
         "own-limit-oom",
         "missing-secret",
+        "evicted-days-ago",
+        "terminated-by-a-node-shutdown",
+        "recorded-eviction",
     ],
 )
 def test_another_workload_counts_only_when_it_fails_on_this_node_for_a_node_fixable_reason(
@@ -420,3 +466,24 @@ def test_another_workload_in_the_nodes_record_corroborates_without_a_list(
         assert "Deployment shop/api" in step.why and "health record" in step.why
     else:
         assert isinstance(step, decide.ListNodePods)
+
+
+def test_a_twin_ready_for_seconds_does_not_corroborate_an_image_that_crashes_after_twenty() -> None:
+    """The demo's lookalike: a pod at its second crash moved because a rollout pod 7 s into
+    its first run was Ready. The twin proves its template runs only once it outlived the
+    failing pod's runs (twice its 20 s)."""
+    looping = pods.crash_looping(restarts=1)
+    looping["lastState"]["terminated"] = pods.last_terminated(ran_for=timedelta(seconds=20))
+    failing = web(containers=[looping])
+
+    def twin(ready_for: timedelta) -> Any:
+        return web(
+            "web-7d9c8b6f4-zksvb",
+            node="node-d",
+            started=pods.NOW - ready_for - timedelta(seconds=1),
+            containers=[pods.running(started=pods.NOW - ready_for)],
+        )
+
+    assert ready_elsewhere(failing, [failing, twin(timedelta(seconds=7))], CFG, pods.NOW) == ()
+    proven = ready_elsewhere(failing, [failing, twin(timedelta(seconds=45))], CFG, pods.NOW)
+    assert proven == ("web-7d9c8b6f4-zksvb on node-d",)

@@ -316,3 +316,48 @@ def test_a_replacement_not_created_yet_counts_as_missing() -> None:
 def test_a_bare_pod_is_alone() -> None:
     bare = pods.pod("solo", owner=None, node="node-a", containers=[pods.crash_looping()])
     assert witnesses_of(bare, [bare, sibling()], Config(), NOW, replicas=None) == ALONE
+
+
+# -- a fresh twin proves nothing yet --------------------------------------------------------------
+
+
+def crashing_after(ran_for: timedelta) -> Any:
+    """The failing pod: its container crashed twice in a row, each run lasting ``ran_for``
+    (an image that fails some seconds after start, as the kubelet records its last run)."""
+    looping = pods.crash_looping(restarts=2)
+    looping["lastState"]["terminated"] = pods.last_terminated(ran_for=ran_for)
+    return pods.pod("web-7d9c8b6f4-x2x9z", node="node-b", containers=[looping])
+
+
+def twin_ready_for(ready_for: timedelta) -> Any:
+    """A twin on another node, Ready for ``ready_for``, never restarted (the kubelet turns a
+    pod Ready 3 s after its creation in these builders)."""
+    return pods.pod(
+        "web-7d9c8b6f4-zksvb",
+        node="node-d",
+        started=NOW - ready_for - timedelta(seconds=1),
+        containers=[pods.running(started=NOW - ready_for)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("ran_for", "ready_for", "health"),
+    [
+        # The demo's lookalike: an image crashing 20 s after start, a twin Ready for 7 s.
+        (timedelta(seconds=20), timedelta(seconds=7), Health.UNPROVEN),
+        (timedelta(seconds=20), timedelta(seconds=30), Health.UNPROVEN),
+        (timedelta(seconds=20), timedelta(seconds=45), Health.HEALTHY),
+        # A container failing at start: a twin Ready for the minimum has outlived it.
+        (timedelta(seconds=1), timedelta(seconds=5), Health.UNPROVEN),
+        (timedelta(seconds=1), timedelta(seconds=12), Health.HEALTHY),
+        # A run longer than the crash-loop horizon: ten minutes of Ready are proof enough.
+        (timedelta(minutes=30), timedelta(minutes=11), Health.HEALTHY),
+    ],
+    ids=["20s-vs-7s", "20s-vs-30s", "20s-vs-45s", "at-start-vs-5s", "at-start-vs-12s", "long-run"],
+)
+def test_a_twin_that_never_restarted_is_healthy_only_once_it_outlived_the_failing_pods_runs(
+    ran_for: timedelta, ready_for: timedelta, health: Health
+) -> None:
+    failing = crashing_after(ran_for)
+    found = witnesses_of(failing, [failing, twin_ready_for(ready_for)], Config(), NOW, replicas=2)
+    assert [w.health for w in found.pods] == [health], found.pods[0].why
