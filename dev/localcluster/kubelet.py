@@ -66,6 +66,7 @@ from dev.localcluster.podstatus import (
     PodRun,
     Step,
     back_off_after,
+    eviction_message,
     is_job_pod,
     on_exit,
     pod_status,
@@ -582,6 +583,8 @@ class _Shard:
             return
         run.step = nxt
         self._write(tracked, run)
+        if nxt == "evicted":
+            self._record_eviction(tracked.pod)
         if nxt == "running":
             if mode == "evict":
                 delay = t.evict_after
@@ -613,6 +616,42 @@ class _Shard:
             STRATEGIC_MERGE_PATCH,
         )
         tracked.run = run
+
+    def _record_eviction(self, pod: JSON) -> None:
+        """The Warning Event the eviction manager records on the pod it evicts, as kubelet
+        v1.36 writes it through its legacy recorder (tests/fixtures/real-kubelet/
+        evicted-disk-pressure.json): the pod with its uid, reason Evicted, the node as
+        ``source.host``. Best effort, as the kubelet's own Events are."""
+        meta = pod.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{zlib.crc32(str(meta.get('uid')).encode()):08x}"},
+            "involvedObject": {
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": name,
+                "uid": meta.get("uid"),
+                "apiVersion": "v1",
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": "Evicted",
+            "message": eviction_message(pod),
+            "source": {"component": "kubelet", "host": node},
+            "firstTimestamp": at,
+            "lastTimestamp": at,
+            "count": 1,
+            "type": "Warning",
+            "reportingComponent": "kubelet",
+            "reportingInstance": node,
+        }
+        try:
+            self.k.rest.post(f"/api/v1/namespaces/{namespace}/events", body)
+        except ApiError as exc:
+            self.k.log.warning("could not record the eviction of %s/%s: %s", namespace, name, exc)
 
 
 class _NodeFaults:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from shared.api import nodehealth
 from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_RESCHEDULED,
     JOB_CONTROLLER_UID_LABEL,
+    NODE_HEALTH_ANNOTATION,
     REASON_INVALID_POLICY,
     REASON_JOB_RETRIES_SPENT,
     REASON_MOVE_WOULD_FAIL_JOB,
@@ -32,6 +35,7 @@ from shared.api.keys import (
 )
 from shared.api.kubetypes import Pod
 from shared.api.state import WorkloadState, dump_state, load_state
+from shared.api.workloadid import workload_id
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.platform.events import Event, Reply
@@ -57,9 +61,11 @@ from shared.pods.update_annotations.decide import (
     WriteState,
 )
 from shared.pods.update_annotations.handler import Rescheduler
+from shared.workloads.evidence import PodEvidence
+from shared.workloads.fastpath import implicated_nodes
 from shared.workloads.owners import BARE, JOB, REPLICASET, STATEFUL, Resolution, holder_of
 from shared.workloads.state import Action
-from tests.unit import pods
+from tests.unit import nodes, pods
 from tests.unit import test_jobs as jobs_builder
 from tests.unit.test_owners import replicaset, statefulset
 
@@ -94,13 +100,15 @@ def plan_of(
     cfg: Config = CFG,
     siblings: Sequence[Mapping[str, Any]] = (),
     line: Sequence[Mapping[str, Any]] = (),
+    node_objects: Mapping[str, Any] | None = None,
     **inputs: Any,
 ) -> MovePlan:
     """The plan for ``live``, the reads it asks for answered as the handler answers them:
     ``siblings`` are the pods a LIST of the workload (or of a Job's pods) finds, ``line`` those
-    a LIST of a bare pod's siblings finds."""
+    a LIST of a bare pod's siblings finds, ``node_objects`` the Nodes GETs find (by default
+    each one a Node nothing speaks against)."""
     given = Inputs(report(live, cfg), live, resolved, cfg, NOW, **inputs)
-    for _ in range(4):
+    for _ in range(5):
         made = decide.plan_move(given)
         if isinstance(made, MovePlan):
             return made
@@ -109,6 +117,11 @@ def plan_of(
             given = replace(given, siblings=judged, job_pods=judged.pods)
         elif isinstance(made, ListJobPods):
             given = replace(given, job_pods=tuple(siblings))
+        elif isinstance(made, decide.ReadNodes):
+            read = {name: (node_objects or {}).get(name, nodes.node(name)) for name in made.nodes}
+            given = replace(given, implicated=implicated_nodes(live, read, cfg, NOW))
+        elif isinstance(made, decide.ReadEvidence):
+            given = replace(given, evidence=PodEvidence())
         else:
             goes_on, _ = decide.line_goes_on(live, line)
             given = replace(given, line_goes_on=goes_on)
@@ -315,6 +328,59 @@ def test_moves_stopped_for_a_workload_failing_everywhere_record_the_stop_and_rem
     assert kinds(made) == [WriteState, decide.Count, RecordEvent, Answer]
     assert not removals(made.requests)
     assert not any(isinstance(r, CreateReplacement | DryRunCreate) for r in made.requests)
+
+
+def failed_on_three_nodes() -> Pod:
+    """A bare pod (one lineage) that failed the same way on node-a and node-c, was kept off
+    them, and fails the same way again on node-b: a stop, unless the nodes say otherwise."""
+    bare = pods.pod(
+        name="solo",
+        owner=None,
+        stamp=None,
+        excluded=["node-a", "node-c"],
+        annotations={"scheduling-retries": "5"},
+        containers=[pods.crash_looping(restarts=4)],
+    )
+    state = WorkloadState(
+        moves=2,
+        excluded_nodes=("node-a", "node-c"),
+        holder_uid=bare["metadata"]["uid"],
+        failed_on={"node-a": "CrashLoopBackOff", "node-c": "CrashLoopBackOff"},
+    )
+    return with_state(bare, state)  # type: ignore[return-value]
+
+
+def another_workload_failed_on(name: str) -> dict[str, Any]:
+    """A Node whose health record (assess-nodes') names another workload failing there a
+    minute ago."""
+    record = nodehealth.NodeHealth().with_failure(
+        nodehealth.Seen(
+            NOW - timedelta(minutes=1),
+            workload_id("ReplicaSet", "shop", "api-5f6b9c7d8"),
+            "uid-api-x",
+            "CrashLoopBackOff",
+        )
+    )
+    return nodes.node(name, annotations={NODE_HEALTH_ANNOTATION: record.to_json()})
+
+
+@pytest.mark.parametrize(
+    ("against", "node"),
+    [
+        ("suspect", nodes.node("node-c", labels={SUSPECT_LABEL: SUSPECT_VALUE})),
+        ("another workload failed there", another_workload_failed_on("node-c")),
+        ("could not be read", None),
+    ],
+    ids=["suspect", "other-workload-in-its-record", "unread"],
+)
+def test_no_stop_rests_on_a_node_that_speaks_against_itself(against: str, node: Any) -> None:
+    """Three bad nodes out of eight used to stop workloads after 1-2 moves, their replicas
+    left crash-looping beside five healthy nodes: failing where other workloads fail too is
+    evidence against the nodes, not the application."""
+    live = failed_on_three_nodes()
+    made = plan_of(live, resolution(BARE, live, "5"), node_objects={"node-c": node})  # type: ignore[arg-type]
+    assert made.decided is not None and made.decided.action is Action.MOVE, made.decided
+    assert removals(made.requests)
 
 
 def test_rescheduling_off_writes_nothing_and_removes_nothing() -> None:

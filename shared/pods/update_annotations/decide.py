@@ -50,7 +50,6 @@ from shared.pods.update_annotations import bodies
 from shared.pods.update_annotations.replacements import is_terminal_failure, label_selector
 from shared.workloads import jobs
 from shared.workloads.classify import (
-    STUCK_PENDING,
     Failure,
     FailureKind,
     classify,
@@ -59,6 +58,7 @@ from shared.workloads.classify import (
     unschedulable_due_to_exclusions,
 )
 from shared.workloads.everywhere import ALONE, Witnesses, witnesses_of
+from shared.workloads.evidence import SWEEP_VERDICTS, PodEvidence, failing_now, kubelet_recorded
 from shared.workloads.fastpath import (
     corroborated_config,
     corroborated_failure,
@@ -69,7 +69,7 @@ from shared.workloads.fastpath import (
     recorded_on_node,
 )
 from shared.workloads.owners import BARE, JOB, Holder, Ref, Resolution
-from shared.workloads.podevents import FAILED_CREATE_POD_SANDBOX
+from shared.workloads.podevents import PodEvent
 from shared.workloads.policy import (
     BudgetScope,
     InvalidPolicy,
@@ -138,6 +138,10 @@ class Inputs:
     # What an early report (a failure below the thresholds) was acted on for; None: the full
     # rules' report.
     early: Early | None = None
+    # What was read beside the pod for a verdict of the sweep's; None until read.
+    evidence: PodEvidence | None = None
+    # The nodes a stop would rest on that speak against themselves, and why; None until read.
+    implicated: Mapping[str, str] | None = None
 
 
 # -- what a plan asks to be read first ----------------------------------------------------------
@@ -175,7 +179,24 @@ class ListLine:
     why: str
 
 
-Lookup = ListSiblings | ListJobPods | ListLine
+@dataclass(frozen=True)
+class ReadEvidence:
+    """Read what beside the pod the sweep judged it on (its Warning Events, its siblings'
+    started containers: ``shared.workloads.evidence``), then judge it again with them."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class ReadNodes:
+    """GET the nodes a stop would rest on, then plan again with the ones that are evidence
+    against themselves (``shared.workloads.fastpath.implicated_nodes``)."""
+
+    nodes: tuple[str, ...]
+    why: str
+
+
+Lookup = ListSiblings | ListJobPods | ListLine | ReadEvidence | ReadNodes
 
 
 # -- the requests of a plan ---------------------------------------------------------------------
@@ -573,13 +594,27 @@ def current_failure(
     cfg: Config,
     now: datetime,
     early: Early | None = None,
-) -> tuple[Failure | None, str]:
-    """The event may be old: judge the pod as it is now, falling back to the event's
-    verdict only for a pod we already decided to move (its removal must finish). None, and
-    why, when it is no longer failing."""
+    evidence: PodEvidence | None = None,
+) -> tuple[Failure | None, str] | ReadEvidence:
+    """The report may be old, or forged: judge the pod as it is now, by the full rules, on
+    what this delivery read. The report's own verdict stands only for a pod whose move we
+    recorded already (its removal must finish). None, and why, when it is not failing now;
+    ``ReadEvidence`` when the verdict needs what is read beside the pod first."""
     now_failing = classify(live, cfg, now) or unschedulable_due_to_exclusions(live, cfg)
-    if now_failing is None:
-        now_failing = _still_stuck(live, failing.failure, cfg, now)
+    if now_failing is None and _may_be_stuck(live, failing.failure, cfg):
+        if evidence is None:
+            return ReadEvidence(
+                f"{failing.failure.reason} rests on the kubelet's Events and the pod's "
+                "siblings: read them, then judge again"
+            )
+        if evidence.unread:
+            return None, (
+                f"pod {failing.namespace}/{failing.name}: {failing.failure.reason} in the "
+                f"report, but {evidence.unread}: not judged, nothing done"
+            )
+        found = failing_now(live, cfg, now, evidence)
+        if found is not None and found.node == failing.failure.node:
+            now_failing = found
     if now_failing is None and early is not None and early.acted_on:
         found = classify(live, early.rules(cfg), now)
         if found is not None and found.node == failing.failure.node:
@@ -589,24 +624,54 @@ def current_failure(
     if failing.uid in handled_uids(holder.annotations.get(STATE_ANNOTATION)):
         return failing.failure, ""
     return None, (
-        f"pod {failing.namespace}/{failing.name} is no longer failing "
-        f"({failing.failure.reason} in the event): nothing to do"
+        f"pod {failing.namespace}/{failing.name} is no longer failing by the full rules "
+        f"({failing.failure.reason} in the report): nothing to do"
     )
 
 
-def _still_stuck(live: Pod, found: Failure, cfg: Config, now: datetime) -> Failure | None:
-    """The sweep's own verdicts, which the pod's status alone does not repeat to classify: a
-    pod stuck starting on its node, and a node that failed to create its sandbox. The sweep
-    judged them on evidence beside the pod (the kubelet's Events, the pod's siblings); they
-    still stand while the pod is bound there, Pending, not started (for a sandbox failure,
-    with no sandbox up)."""
-    if not found.node:
-        return None
-    if found.reason == STUCK_PENDING:
-        return found if still_starting(live, found.node, cfg) else None
-    if found.reason == FAILED_CREATE_POD_SANDBOX:
-        return found if still_starting(live, found.node, cfg, sandbox=False) else None
-    return None
+def _may_be_stuck(live: Pod, reported: Failure, cfg: Config) -> bool:
+    """Whether the pod is in the stage where the sweep's own verdicts (stuck starting on its
+    node, a sandbox its node fails to create) can hold: bound to the reported node, Pending,
+    not started. Only then is the evidence beside it worth reading; the verdict itself is
+    judged again from that evidence with the full thresholds, never taken from the report."""
+    if reported.reason not in SWEEP_VERDICTS or not reported.node:
+        return False
+    return still_starting(live, reported.node, cfg)
+
+
+def claims_removed_by_statefulset(failing: FailingPod, cfg: Config) -> bool:
+    """Whether the report says a StatefulSet's pod failed terminally on a node (a reason
+    the kubelet writes when it fails a pod: Evicted, OutOf*, ...), so that its controller may
+    have removed it before this delivery."""
+    failure = failing.failure
+    owner = next((o for o in failing.owner_references if o.get("controller")), None)
+    return (
+        failure.kind is FailureKind.NODE_FIXABLE
+        and bool(failure.node)
+        and failure.reason in cfg.failed_pod_reasons
+        and owner is not None
+        and owner.get("kind") == OwnerKind.STATEFUL_SET.value
+    )
+
+
+def removed_confirmed(failing: FailingPod, said: Sequence[PodEvent]) -> tuple[bool, str]:
+    """Whether the kubelet itself said what the report claims of a pod that is gone: a Warning
+    Event about that pod (its uid) of the reported reason, from the reported node. The kubelet
+    records one for each of its rejections (``rejectPod``: OutOfcpu, NodeAffinity,
+    UnexpectedAdmissionError, ...) and evictions (``Evicted``); a failure it records none for
+    (a graceful node shutdown's ``Terminated``) is not recorded from a report alone."""
+    failure = failing.failure
+    who = f"pod {failing.namespace}/{failing.name} (uid {failing.uid})"
+    found = kubelet_recorded(tuple(said), failure.reason, failure.node or "")
+    if found is None:
+        return False, (
+            f"{who} is gone and no Event of the kubelet of node {failure.node} says it failed "
+            f"with {failure.reason}: the report alone records nothing"
+        )
+    return True, (
+        f"{who} failed with {failure.reason} on node {failure.node}, as its kubelet recorded "
+        f"({found.message.strip()[:200]}), and its StatefulSet already replaced it"
+    )
 
 
 def judge_siblings(
@@ -712,9 +777,12 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         )
     failure = given.failure
     if failure is None:
-        failure, why_not = current_failure(
-            live, failing, resolution.holder, cfg, given.now, given.early
+        verdict = current_failure(
+            live, failing, resolution.holder, cfg, given.now, given.early, given.evidence
         )
+        if isinstance(verdict, ReadEvidence):
+            return verdict
+        failure, why_not = verdict
         if failure is None:
             return _nothing(why_not)
     holder = given.holder or resolution.holder
@@ -751,7 +819,20 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         statefulset=holder.statefulset,
         also_failing=siblings.also_failing if siblings is not None else (),
         witnesses=witnesses,
+        implicated=given.implicated,
     )
+    if (
+        decided.action is Action.STOPPED
+        and given.implicated is None
+        and decided.new_state is not None
+        and decided.new_state.stopped is not None
+    ):
+        # A stop says the application is broken: it must rest on nodes where other workloads
+        # run fine. Read them (a few GETs, only when a stop is planned), then plan again.
+        return ReadNodes(
+            decided.new_state.stopped.nodes,
+            "a stop rests only on nodes where other workloads run fine",
+        )
     if (
         decided.action is Action.MOVE
         and siblings is None

@@ -69,10 +69,9 @@ from shared.platform.config import Config
 from shared.pods.failing import FailingPod
 from shared.pods.update_annotations import decide, rollouts
 from shared.pods.update_annotations.replacements import label_selector, redirects
-from shared.workloads import jobs
+from shared.workloads import evidence, fastpath, jobs
 from shared.workloads.classify import FailureKind
 from shared.workloads.owners import Holder, Ref, Resolution, holder_of, resolve
-from shared.workloads.policy import OwnerKind
 from shared.workloads.state import Action, Plan
 
 log = logging.getLogger(__name__)
@@ -236,13 +235,13 @@ class Rescheduler:
         try:
             live: Pod = self.api.get("Pod", ns, name)  # type: ignore[assignment]
         except kube.NotFound:
-            if self._removed_by_its_statefulset(failing):
+            if self._removed_by_its_statefulset(failing, trace):
                 return self._record_removed(failing, None, trace)
             trace.note(f"pod {ns}/{name} is gone")
             return self._said_if_ours(failing, trace)
         meta = live.get("metadata", {})
         if meta.get("uid") != failing.uid:
-            if self._removed_by_its_statefulset(failing):
+            if self._removed_by_its_statefulset(failing, trace):
                 return self._record_removed(failing, live, trace)
             trace.note(f"pod {ns}/{name} was replaced (uid {meta.get('uid')})")
             return self._said_if_ours(failing, trace)
@@ -304,19 +303,31 @@ class Rescheduler:
 
     # -- terminal failures: the controller replaced the pod before we recorded it ---------------
 
-    def _removed_by_its_statefulset(self, failing: FailingPod) -> bool:
+    def _removed_by_its_statefulset(self, failing: FailingPod, trace: Trace) -> bool:
         """A StatefulSet pod the kubelet failed (Evicted, OutOf*, ...) is deleted and recreated
         under its name by the StatefulSet controller itself, usually before this delivery: the
-        failure is still worth recording (the event is the only witness left)."""
-        failure = failing.failure
-        owner = next((o for o in failing.owner_references if o.get("controller")), None)
-        return (
-            failure.kind is FailureKind.NODE_FIXABLE
-            and bool(failure.node)
-            and failure.reason in self.cfg.failed_pod_reasons
-            and owner is not None
-            and owner.get("kind") == OwnerKind.STATEFUL_SET.value
-        )
+        failure is still worth recording. The report is a claim and the pod is gone, so the
+        kubelet's own Event about that pod (its uid), of that reason, on that node, is what
+        the record rests on (``decide.removed_confirmed``); without it nothing is recorded."""
+        if not decide.claims_removed_by_statefulset(failing, self.cfg):
+            return False
+        try:
+            said = evidence.read_warning_events(self.api, failing.namespace, failing.uid)
+        except kube.Transient:
+            raise
+        except kube.KubeError as exc:
+            log.warning(
+                "cannot read the Events of %s/%s to confirm its failure: %s",
+                failing.namespace,
+                failing.name,
+                exc,
+            )
+            said = ()
+        confirmed, why = decide.removed_confirmed(failing, said)
+        trace.note(why)
+        if not confirmed:
+            log.warning(why)
+        return confirmed
 
     def _record_removed(
         self, failing: FailingPod, namesake: Pod | None, trace: Trace
@@ -470,6 +481,22 @@ class Rescheduler:
             if isinstance(made, decide.ListLine):
                 given = replace(given, line_goes_on=self._line_goes_on(given.live, made, trace))
                 continue
+            if isinstance(made, decide.ReadNodes):
+                nodes = {node: self._node_or_none(node) for node in made.nodes}
+                implicated = fastpath.implicated_nodes(given.live, nodes, self.cfg, self.clock())
+                for node, why in implicated.items():
+                    trace.note(f"node {node} does not count towards a stop: {why}")
+                given = replace(given, implicated=implicated)
+                continue
+            if isinstance(made, decide.ReadEvidence):
+                trace.note(f"pod {given.failing.namespace}/{given.failing.name}: {made.why}")
+                read = evidence.read_evidence(self.api, given.live, self.clock(), siblings=True)
+                if read.unread:
+                    log.warning(
+                        "%s/%s: %s", given.failing.namespace, given.failing.name, read.unread
+                    )
+                given = replace(given, evidence=read)
+                continue
             if made.decided is not None:
                 trace.plan = made.decided
             if made.job_cost is not None or (
@@ -572,6 +599,14 @@ class Rescheduler:
             else:
                 return request.reply
         return None
+
+    def _node_or_none(self, name: str) -> Mapping[str, Any] | None:
+        """The Node as read; None when it is gone or cannot be read (then in doubt)."""
+        try:
+            return self.api.get("Node", None, name)
+        except kube.KubeError as exc:
+            log.warning("cannot read node %s: %s", name, exc)
+            return None
 
     def _mark_node(self, request: decide.MarkNode, trace: Trace) -> None:
         """Mark the node the pod is moved off (``shared.api.movedoff``): read it, then a

@@ -1,0 +1,105 @@
+"""The evidence beside a pod, read again by whoever acts on a report about it.
+
+A report (``io.kn-rescheduler.pod.failing``) is a claim: any pod of the cluster can post one
+to a function's Service. What a function writes must rest on what it reads itself, so a
+verdict the pod's status alone does not repeat is judged again from the same evidence the
+sweep judged it on, read in this request:
+
+- the kubelet's Warning Events about the pod, by its uid (``shared.workloads.podevents``): a
+  sandbox the node failed to create, a volume source that does not exist, and for a pod its
+  controller already removed (a StatefulSet's failed pod) the only witness left of why and where
+  it failed: the kubelet records its rejections (``rejectPod`` in pkg/kubelet/kubelet.go:
+  ``OutOfcpu``, ``NodeAffinity``, ``UnexpectedAdmissionError`` ...) and its evictions
+  (``Evicted``, pkg/kubelet/eviction) as Events on the pod, with the node as ``source.host``;
+- the started containers of the pod's siblings (``classify.started_containers``), the evidence
+  that shortens a pull's threshold.
+
+Reading is here, deciding is pure: ``failing_now`` is ``classify`` and ``stuck_pending`` over
+what was read, with the full thresholds, the same code the sweep runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from shared.api.kubetypes import Pod
+from shared.platform import kube
+from shared.platform.config import Config
+from shared.workloads.classify import (
+    STUCK_PENDING,
+    Failure,
+    Started,
+    classify,
+    controller_of,
+    started_containers,
+    stuck_pending,
+)
+from shared.workloads.podevents import FAILED_CREATE_POD_SANDBOX, PodEvent, warning_events
+from shared.workloads.siblings import sibling_selector
+
+# The sweep's own verdicts: a pod's status shows only ``ContainerCreating`` for them, and the
+# evidence that makes them a failure is beside the pod.
+SWEEP_VERDICTS: Final = frozenset({STUCK_PENDING, FAILED_CREATE_POD_SANDBOX})
+
+
+@dataclass(frozen=True)
+class PodEvidence:
+    """What was read beside one pod, and when. ``unread`` says what could not be read (a
+    verdict that needs it is then not reached: the pod waits)."""
+
+    events: tuple[PodEvent, ...] = ()
+    started: tuple[Started, ...] = ()
+    read_at: datetime | None = None
+    unread: str = ""
+
+
+def read_warning_events(api: kube.Kube, namespace: str, uid: str) -> tuple[PodEvent, ...]:
+    """The Warning Events about the pod of ``uid``, one LIST in its namespace (by field
+    selector: the API server filters). KubeError as it comes."""
+    items = api.list_all(
+        "Event",
+        namespace,
+        field_selector=f"involvedObject.uid={uid},type=Warning",
+    )
+    return warning_events(items).get(uid, ())
+
+
+def read_evidence(api: kube.Kube, pod: Pod, now: datetime, *, siblings: bool) -> PodEvidence:
+    """The pod's Warning Events and, with ``siblings``, its controller's started containers.
+    Best effort: what cannot be read is said in ``unread``, never raised."""
+    meta = pod.get("metadata", {})
+    namespace, uid = str(meta.get("namespace", "")), str(meta.get("uid", ""))
+    try:
+        found = read_warning_events(api, namespace, uid)
+    except kube.KubeError as exc:
+        return PodEvidence(read_at=now, unread=f"its Events could not be listed ({exc})")
+    started: list[Started] = []
+    selector = sibling_selector(pod) if siblings and controller_of(pod) else None
+    if selector is not None:
+        try:
+            for other in api.list_all("Pod", namespace, label_selector=selector):
+                started.extend(started_containers(other))  # type: ignore[arg-type]
+        except kube.KubeError as exc:
+            return PodEvidence(
+                found, read_at=now, unread=f"the pods of its controller could not be listed ({exc})"
+            )
+    return PodEvidence(found, tuple(started), now)
+
+
+def failing_now(pod: Pod, cfg: Config, now: datetime, evidence: PodEvidence) -> Failure | None:
+    """The pod's failure by the full rules, judged on the pod as read and the evidence read
+    beside it: the verdicts of the detector and of the sweep, never the report's."""
+    return classify(pod, cfg, now) or stuck_pending(
+        pod, cfg, now, evidence.events, evidence.started
+    )
+
+
+def kubelet_recorded(events: tuple[PodEvent, ...], reason: str, node: str) -> PodEvent | None:
+    """The kubelet's Warning Event of ``reason`` on ``node`` about the pod: the witness of a
+    failure whose pod is gone (its controller removed it)."""
+    for event in events:
+        if event.reason == reason and event.node == node:
+            return event
+    return None
