@@ -54,7 +54,10 @@ DEFAULT_WAITING_REASONS: Final = frozenset(
 DEFAULT_TERMINATION_REASONS: Final = frozenset({"OOMKilled"})
 # status.reason of a pod in phase Failed that the node put it in: eviction under pressure,
 # admission rejections by the kubelet (OutOf*, NodeAffinity, UnexpectedAdmissionError), a lost
-# or shut-down node.
+# node. Not a graceful node shutdown (Terminated, and Shutdown from v1.21 kubelets): a planned
+# reboot is no fault of the node, and its pods' controllers place their replacements elsewhere
+# while it is down; counted, two opted-in workloads on a node being drained for maintenance
+# made it suspect.
 DEFAULT_FAILED_POD_REASONS: Final = frozenset(
     {
         "Evicted",
@@ -65,8 +68,6 @@ DEFAULT_FAILED_POD_REASONS: Final = frozenset(
         "NodeAffinity",
         "UnexpectedAdmissionError",
         "NodeLost",
-        "Shutdown",
-        "Terminated",
     }
 )
 # Failures that follow the pod to every node (a missing Secret, a malformed or never-pull

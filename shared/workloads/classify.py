@@ -253,7 +253,7 @@ def fails_everywhere(status: ContainerStatus) -> str | None:
     reason = waiting.get("reason", "")
     if reason in NEVER_MOVE_REASONS:
         return f"{reason} fails on every node"
-    if reason in _IMAGE_PULL_REASONS:
+    if reason in _IMAGE_PULL_REASONS and not _OTHER_PLATFORM.search(waiting.get("message", "")):
         matched = _matches(_IMAGE_EVERYWHERE + _REGISTRY_ANSWERS, waiting.get("message", ""))
         if matched:
             return f"{reason}: the registry answered {matched!r}, which no node can change"
@@ -531,6 +531,10 @@ def still_starting(pod: Pod, node: str, cfg: Config, *, sandbox: bool | None = N
 
 
 _IMAGE_PULL_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})
+# An image whose index has no entry for this node's platform (containerd: "no match for
+# platform in manifest: not found"): a node of another architecture pulls it, so it is the
+# node's, whatever "not found" says (a mixed-arch cluster, a single-arch image).
+_OTHER_PLATFORM: Final = re.compile(r"no match for platform in manifest", re.IGNORECASE)
 # ImagePullBackOff as kubelets before v1.32 write it, without the pull's error (v1.32 appends
 # ": ErrImagePull: <the registry's answer>": recorded in image-pull-refused-imagepullbackoff.json).
 _BARE_PULL_BACK_OFF: Final = re.compile(r'^\s*Back-off pulling image "[^"]*"\s*$')
@@ -797,6 +801,11 @@ def _container_failure(
         return _between_restarts(pod, status, last, is_init, cfg, now, failure)
     if waiting_reason == CRASH_LOOP_BACK_OFF or last_reason == "OOMKilled":
         if not last:
+            return None
+        if last.get("exitCode") == 0 and last_reason in ("", "Completed"):
+            # A container that ends well every time under restartPolicy Always (a one-shot
+            # command in a Deployment): the kubelet backs off restarting it, and every node
+            # would do the same.
             return None
         in_a_row, how = _recent_failures(status, last, cfg)
         if in_a_row < cfg.crashloop_restart_threshold:

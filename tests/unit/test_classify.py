@@ -148,15 +148,21 @@ MOVED = {
         "OutOfcpu",
         None,
     ),
-    "a pod failed by a graceful node shutdown is moved": Moved(
+    "an image without an entry for this node's platform is moved": Moved(
         pods.pod(
-            phase="Failed",
-            reason="Terminated",
-            message="Pod was terminated in response to imminent node shutdown.",
-            containers=[terminated("Error", 143)],
+            phase="Pending",
+            containers=[
+                waiting(
+                    "ErrImagePull",
+                    # containerd's words for a single-arch image on a node of another
+                    # architecture (core/images, the platform matcher finding no manifest).
+                    'failed to pull and unpack image "registry.example.com/shop/web:1.4.2": '
+                    "no match for platform in manifest: not found",
+                )
+            ],
         ),
-        "Terminated",
-        None,
+        "ErrImagePull",
+        "app",
     ),
     "a container the runtime cannot run is moved": Moved(
         pods.pod(
@@ -437,6 +443,17 @@ LEFT_ALONE = {
         containers=[crash_looping(restarts=9)],
     ),
 }
+
+
+LEFT_ALONE["a pod failed by a graceful node shutdown (no fault of the node)"] = pods.pod(
+    phase="Failed",
+    reason="Terminated",
+    message="Pod was terminated in response to imminent node shutdown.",
+    containers=[terminated("Error", 143)],
+)
+LEFT_ALONE["a container that exits 0 every time under restartPolicy Always"] = pods.pod(
+    containers=[crash_looping(restarts=6, last_reason="Completed", exit_code=0)]
+)
 
 
 @pytest.mark.parametrize("pod", LEFT_ALONE.values(), ids=LEFT_ALONE.keys())
