@@ -23,7 +23,7 @@ Where it comes from:
   - a Job made by the CronJob controller is named ``<cronjob>-<scheduled time in minutes since
     the epoch>`` (pkg/controller/cronjob, getJobName);
   - a bare pod update-annotations replaced is named ``<original>-<5 hex digits>``
-    (``shared.pods.update_annotations.bodies.replacement_name``).
+    (``shared.api.barepods.replacement_name``).
 
 Failures are counted by ``family``: namespace and name with that one suffix taken off, without
 the kind, so ``Deployment shop/web`` (a reply's ``topWorkload``), ``ReplicaSet

@@ -68,11 +68,14 @@ def read_warning_events(api: kube.Kube, namespace: str, uid: str) -> tuple[PodEv
 
 def read_evidence(api: kube.Kube, pod: Pod, now: datetime, *, siblings: bool) -> PodEvidence:
     """The pod's Warning Events and, with ``siblings``, its controller's started containers.
-    Best effort: what cannot be read is said in ``unread``, never raised."""
+    What the API refuses (403: RBAC) is said in ``unread``; kube.Transient (5xx, timeouts) is
+    raised, for the delivery to be retried rather than the pod taken for one not failing."""
     meta = pod.get("metadata", {})
     namespace, uid = str(meta.get("namespace", "")), str(meta.get("uid", ""))
     try:
         found = read_warning_events(api, namespace, uid)
+    except kube.Transient:
+        raise
     except kube.KubeError as exc:
         return PodEvidence(read_at=now, unread=f"its Events could not be listed ({exc})")
     started: list[Started] = []
@@ -81,6 +84,8 @@ def read_evidence(api: kube.Kube, pod: Pod, now: datetime, *, siblings: bool) ->
         try:
             for other in api.list_all("Pod", namespace, label_selector=selector):
                 started.extend(started_containers(other))  # type: ignore[arg-type]
+        except kube.Transient:
+            raise
         except kube.KubeError as exc:
             return PodEvidence(
                 found, read_at=now, unread=f"the pods of its controller could not be listed ({exc})"

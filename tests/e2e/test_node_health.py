@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,11 +35,12 @@ from shared.api.keys import (
     STATE_ANNOTATION,
     SUSPECT_LABEL,
 )
+from shared.api.state import Stopped, WorkloadState, dump_state
 from shared.platform.kube import Kube
 from shared.pods.failing import FailingPod
-from shared.workloads.classify import Failure, FailureKind
+from shared.workloads.classify import Failure, FailureKind, classify
 from tests import builders
-from tests.e2e.conftest import Webhook, pod_template, wait_for
+from tests.e2e.conftest import LOCAL, Webhook, pod_template, wait_for
 from tests.e2e.test_pipeline import workload as workload_body
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 
@@ -49,13 +51,62 @@ pytestmark = pytest.mark.e2e
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 
 
-def rescheduled(node: str, workload: str, pod: str, at: datetime) -> dict[str, Any]:
-    """What update-annotations replies after moving ``pod`` of ReplicaSet ``workload``, a
-    ReplicaSet nobody controls (its own top-level workload), at the restart threshold."""
+class Moves:
+    """Moves recorded as update-annotations records them, and its replies saying so.
+
+    assess-nodes counts a ``pod.rescheduled`` reply only when the holder it names records the
+    move (the pod's uid in ``handled``, the node in ``failedOn``), so each reply here is backed
+    by a real ReplicaSet of the test's namespace (no replicas: nobody controls it, so it is
+    its own top-level workload) whose state annotation says so, written as ``dump_state``
+    writes it, with the ReplicaSet's uid as its holder."""
+
+    def __init__(self, api: Kube, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.states: dict[str, WorkloadState] = {}
+
+    def uid(self, pod: str) -> str:
+        """A pod's uid, the same for the same name (a redelivery, another node's report)."""
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.namespace}/{pod}"))
+
+    def record(self, node: str, workload: str, pod: str) -> str:
+        """Record the move of ``pod`` of ReplicaSet ``workload`` off ``node``; its uid."""
+        uid = self.uid(pod)
+        state = self.states.get(workload)
+        if state is None:
+            body = builders.replicaset(workload, replicas=0, retries="3")
+            created = self.api.create("ReplicaSet", self.namespace, body)
+            state = WorkloadState(holder_uid=created["metadata"]["uid"])
+        new = uid not in state.handled
+        state = replace(
+            state,
+            moves=state.moves + (1 if new else 0),
+            excluded_nodes=tuple(dict.fromkeys((*state.excluded_nodes, node))),
+            handled=(*state.handled, uid) if new else state.handled,
+            failed_on={**state.failed_on, node: "CrashLoopBackOff"},
+            updated_at=datetime.now(UTC),
+        )
+        self.states[workload] = state
+        patch = {"metadata": {"annotations": {STATE_ANNOTATION: dump_state(state)}}}
+        self.api.merge_patch("ReplicaSet", self.namespace, workload, patch)
+        return uid
+
+    def reply(self, node: str, workload: str, pod: str, at: datetime) -> dict[str, Any]:
+        """What update-annotations replies after moving ``pod`` of ReplicaSet ``workload`` at
+        the restart threshold, the move recorded on the ReplicaSet first."""
+        uid = self.record(node, workload, pod)
+        return rescheduled(self.namespace, node, workload, pod, uid, at)
+
+
+def rescheduled(
+    namespace: str, node: str, workload: str, pod: str, uid: str, at: datetime
+) -> dict[str, Any]:
+    """The reply ``io.kn-rescheduler.pod.rescheduled`` as update-annotations shapes it (a
+    ReplicaSet nobody controls is its own top-level workload)."""
     return {
-        "namespace": "shop",
+        "namespace": namespace,
         "name": pod,
-        "uid": f"uid-{pod}",
+        "uid": uid,
         "node": node,
         "reason": "CrashLoopBackOff",
         "kind": "node-fixable",
@@ -69,6 +120,11 @@ def rescheduled(node: str, workload: str, pod: str, at: datetime) -> dict[str, A
         "message": f"moved pod {pod} off node {node}",
         "_at": at,
     }
+
+
+@pytest.fixture
+def moves(api: Kube, namespace: str) -> Moves:
+    return Moves(api, namespace)
 
 
 def post(client: Any, data: dict[str, Any]) -> Any:
@@ -125,25 +181,27 @@ def assess(function_client: ClientFactory, cluster: Any) -> Callable[..., Any]:
 
 
 def test_two_workloads_failing_on_one_node_make_it_suspect_and_one_does_not(
-    cluster: Any, api: Kube, assess: Callable[..., Any]
+    cluster: Any, api: Kube, assess: Callable[..., Any], moves: Moves
 ) -> None:
     client = assess()
     bad, now = cluster.nodes[1], datetime.now(UTC)
-    first = post(client, rescheduled(bad, "web-7c9d", "web-7c9d-a", now))
-    again = post(client, rescheduled(bad, "web-7c9d", "web-7c9d-b", now))
+    first = post(client, moves.reply(bad, "web-7c9d", "web-7c9d-a", now))
+    again = post(client, moves.reply(bad, "web-7c9d", "web-7c9d-b", now))
     assert (first.status_code, again.status_code) == (202, 202)
     node = node_of(api, bad)
     assert not suspect(node) and our_taints(node) == []
-    assert {f["workload"] for f in record(node)["failures"]} == {"ReplicaSet shop/web-7c9d"}
+    assert {f["workload"] for f in record(node)["failures"]} == {
+        f"ReplicaSet {moves.namespace}/web-7c9d"
+    }
 
-    answer = post(client, rescheduled(bad, "api-5f6b", "api-5f6b-c", now))
+    answer = post(client, moves.reply(bad, "api-5f6b", "api-5f6b-c", now))
     assert answer.status_code == 200
     attributes, data = reply_of(answer)
     assert attributes["type"] == EVENT_NODE_SUSPECTED
     assert data["node"] == bad
     assert [w["workload"] for w in data["workloads"]] == [
-        "ReplicaSet shop/api-5f6b",
-        "ReplicaSet shop/web-7c9d",
+        f"ReplicaSet {moves.namespace}/api-5f6b",
+        f"ReplicaSet {moves.namespace}/web-7c9d",
     ]
     node = node_of(api, bad)
     assert suspect(node)
@@ -152,14 +210,14 @@ def test_two_workloads_failing_on_one_node_make_it_suspect_and_one_does_not(
     ]
     said = node_events(api, bad, "NodeSuspected")
     assert len(said) == 1 and said[0]["type"] == "Warning"
-    assert "ReplicaSet shop/api-5f6b" in said[0]["message"]
+    assert f"ReplicaSet {moves.namespace}/api-5f6b" in said[0]["message"]
     # kubectl describe node finds it: an involvedObject without a namespace, uid set.
     assert said[0]["involvedObject"]["uid"] == node["metadata"]["uid"]
     assert not said[0]["involvedObject"].get("namespace")
 
 
 def test_duplicates_and_reordering_give_the_same_record(
-    cluster: Any, api: Kube, assess: Callable[..., Any]
+    cluster: Any, api: Kube, assess: Callable[..., Any], moves: Moves
 ) -> None:
     client = assess(suspect_workloads="5")
     one, two = cluster.nodes[2], cluster.nodes[3]
@@ -170,7 +228,7 @@ def test_duplicates_and_reordering_give_the_same_record(
         for i in order:
             workload, pod, minute = reports[i]
             at = start + timedelta(minutes=minute)
-            assert post(client, rescheduled(node, workload, pod, at)).status_code == 202
+            assert post(client, moves.reply(node, workload, pod, at)).status_code == 202
 
     deliver(one, [0, 1, 2])
     deliver(two, [2, 0, 2, 1, 0])  # out of order, with duplicates
@@ -179,12 +237,12 @@ def test_duplicates_and_reordering_give_the_same_record(
 
 
 def test_a_suspicion_expires_when_its_window_passes_without_a_failure(
-    cluster: Any, api: Kube, assess: Callable[..., Any]
+    cluster: Any, api: Kube, assess: Callable[..., Any], moves: Moves
 ) -> None:
     client = assess(suspect_window="4s")
     bad, now = cluster.nodes[1], datetime.now(UTC)
-    post(client, rescheduled(bad, "web", "web-1", now))
-    assert post(client, rescheduled(bad, "api", "api-1", now)).status_code == 200
+    post(client, moves.reply(bad, "web", "web-1", now))
+    assert post(client, moves.reply(bad, "api", "api-1", now)).status_code == 200
     assert suspect(node_of(api, bad))
     assert ping(client).status_code == 202
     assert suspect(node_of(api, bad)), "still inside the window"
@@ -197,7 +255,7 @@ def test_a_suspicion_expires_when_its_window_passes_without_a_failure(
 
 
 def test_at_most_the_configured_share_of_nodes_is_suspect(
-    cluster: Any, api: Kube, assess: Callable[..., Any]
+    cluster: Any, api: Kube, assess: Callable[..., Any], moves: Moves
 ) -> None:
     # 3 of 4 nodes faulty; 30 % of 4 schedulable nodes is 1.
     assert len(cluster.nodes) == 4
@@ -206,19 +264,19 @@ def test_at_most_the_configured_share_of_nodes_is_suspect(
     faulty = cluster.nodes[1:]
     for node in faulty:
         for workload in ("web", "api"):
-            post(client, rescheduled(node, workload, f"{workload}-{node}", now))
+            post(client, moves.reply(node, workload, f"{workload}-{node}", now))
     marked = [n for n in faulty if suspect(node_of(api, n))]
     assert marked == [faulty[0]]
     held = faulty[1]
     warned = node_events(api, held, "SuspectCapReached")
     assert warned and "ranks below them and is not marked" in warned[0]["message"]
     # A node with more failing workloads takes the mark from the weakest.
-    post(client, rescheduled(held, "db", f"db-{held}", now))
+    post(client, moves.reply(held, "db", f"db-{held}", now))
     assert [n for n in faulty if suspect(node_of(api, n))] == [held]
 
 
 def test_a_node_with_the_opt_out_label_is_never_marked(
-    cluster: Any, api: Kube, assess: Callable[..., Any]
+    cluster: Any, api: Kube, assess: Callable[..., Any], moves: Moves
 ) -> None:
     bad = cluster.nodes[2]
     api.merge_patch("Node", None, bad, {"metadata": {"labels": {NODE_OPT_OUT_LABEL: "true"}}})
@@ -226,7 +284,7 @@ def test_a_node_with_the_opt_out_label_is_never_marked(
         client = assess()
         now = datetime.now(UTC)
         for workload in ("web", "api", "db"):
-            assert post(client, rescheduled(bad, workload, f"{workload}-x", now)).status_code == 202
+            assert post(client, moves.reply(bad, workload, f"{workload}-x", now)).status_code == 202
         node = node_of(api, bad)
         assert not suspect(node) and NODE_HEALTH_ANNOTATION not in node["metadata"]["annotations"]
     finally:
@@ -317,12 +375,36 @@ def post_failing(client: Any, data: dict[str, Any]) -> Any:
     return client.post("/", headers=headers, data=body)
 
 
+def opted_in_template(labels: dict[str, str], node: str) -> dict[str, Any]:
+    """A pod template bound to ``node`` and opted in by its own ``scheduling-retries`` (no
+    webhook stamps it here)."""
+    template = pod_template(labels, node, nodeName=node)
+    template["metadata"]["annotations"] = {POLICY_ANNOTATION: "3"}
+    return template
+
+
+def failing_on(api: Kube, namespace: str, pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """``pod`` as the API returns it once it is failing on ``node`` by the full rules (the
+    fake kubelet's crash loop past the restart threshold): what assess-nodes will read."""
+    name = pod["metadata"]["name"]
+
+    def failing() -> dict[str, Any] | None:
+        live = api.get("Pod", namespace, name)
+        failure = classify(live, LOCAL, datetime.now(UTC))  # type: ignore[arg-type]
+        found = failure is not None and failure.kind is FailureKind.NODE_FIXABLE
+        return live if found and failure is not None and failure.node == node else None
+
+    return dict(wait_for(f"pod {name} failing on {node}", failing, timeout=60))
+
+
 def test_pods_of_one_deployment_across_a_rollout_restart_are_one_workload(
-    cluster: Any, api: Kube, namespace: str, assess: Callable[..., Any]
+    cluster: Any, api: Kube, namespace: str, assess: Callable[..., Any], faults: Callable[..., None]
 ) -> None:
-    # The ReplicaSets and pods are the real controllers': <deployment>-<pod-template-hash>.
+    # The ReplicaSets and pods are the real controllers': <deployment>-<pod-template-hash>,
+    # crash-looping for real on the faulty node (a report counts once the API shows it).
     bad = cluster.nodes[1]
-    template = pod_template({"app": "web"}, bad)
+    faults("crashloop", bad)
+    template = opted_in_template({"app": "web"}, bad)
     api.create("Deployment", namespace, workload_body("Deployment", "web", template, replicas=1))
     first = wait_for("the first rollout's pod", lambda: pods_of(api, namespace), timeout=30)[0]
     restart_rollout(api, namespace, "web")
@@ -334,21 +416,127 @@ def test_pods_of_one_deployment_across_a_rollout_restart_are_one_workload(
     )[0]
     client = assess()
     for pod in (first, second):
-        assert post_failing(client, failing_report(pod, bad)).status_code == 202
+        live = failing_on(api, namespace, pod, bad)
+        assert post_failing(client, failing_report(live, bad)).status_code == 202
     node = node_of(api, bad)
     assert len(record(node)["failures"]) == 2, "both pods' failures are on record"
     assert not suspect(node) and our_taints(node) == []
 
     # Another Deployment failing there is a second workload: the rule still holds.
-    other = pod_template({"app": "api"}, bad)
+    other = opted_in_template({"app": "api"}, bad)
     api.create("Deployment", namespace, workload_body("Deployment", "api", other, replicas=1))
     api_pod = wait_for(
         "the api pod",
         lambda: [p for p in pods_of(api, namespace) if p["metadata"]["name"].startswith("api-")],
         timeout=30,
     )[0]
-    assert post_failing(client, failing_report(api_pod, bad)).status_code == 200
+    live = failing_on(api, namespace, api_pod, bad)
+    assert post_failing(client, failing_report(live, bad)).status_code == 200
     assert suspect(node_of(api, bad))
+
+
+# -- a report is a claim: only what the API shows counts ------------------------------------------
+
+
+def clean(node: dict[str, Any]) -> bool:
+    """No health record, no label or taint of ours."""
+    labels = node["metadata"].get("labels") or {}
+    return (
+        NODE_HEALTH_ANNOTATION not in (node["metadata"].get("annotations") or {})
+        and SUSPECT_LABEL not in labels
+        and FAILING_WORKLOADS_LABEL not in labels
+        and our_taints(node) == []
+    )
+
+
+def test_forged_failure_reports_naming_made_up_pods_leave_a_healthy_node_alone(
+    cluster: Any, api: Kube, namespace: str, assess: Callable[..., Any]
+) -> None:
+    # What any pod of the cluster can post to the Service: two pod.failing reports, shaped as
+    # detect-failures shapes them, naming made-up pods of two made-up workloads.
+    healthy = cluster.nodes[2]
+    client = assess()
+    for workload in ("web-7d9c8b6f4", "api-5c8f9d7b6"):
+        pod = {
+            "metadata": {
+                "name": f"{workload}-x2x9z",
+                "namespace": namespace,
+                "uid": str(uuid.uuid4()),
+                "ownerReferences": [builders.owner_reference("ReplicaSet", workload)],
+            },
+            "spec": {"nodeName": healthy},
+        }
+        assert post_failing(client, failing_report(pod, healthy)).status_code == 202
+    assert clean(node_of(api, healthy))
+
+
+def test_forged_replies_naming_workloads_without_that_record_leave_a_healthy_node_alone(
+    cluster: Any, api: Kube, namespace: str, assess: Callable[..., Any], moves: Moves
+) -> None:
+    healthy, elsewhere = cluster.nodes[2], cluster.nodes[3]
+    client = assess()
+    now = datetime.now(UTC)
+    # A real ReplicaSet that records a move, of another pod, off another node; and one that
+    # records nothing. Replies naming them, a made-up pod moved off the healthy node: no such
+    # record on either.
+    moves.record(elsewhere, "web-7c9d", "web-7c9d-real")
+    api.create("ReplicaSet", namespace, builders.replicaset("api-5f6b", replicas=0, retries="3"))
+    for workload in ("web-7c9d", "api-5f6b"):
+        forged = rescheduled(
+            namespace, healthy, workload, f"{workload}-made-up", str(uuid.uuid4()), now
+        )
+        assert post(client, forged).status_code == 202
+    # The real move's pod, claimed to have failed on the healthy node: not where it failed.
+    real = moves.uid("web-7c9d-real")
+    assert (
+        post(client, rescheduled(namespace, healthy, "web-7c9d", "web-7c9d-real", real, now))
+    ).status_code == 202
+    assert clean(node_of(api, healthy))
+
+
+def test_a_report_for_a_workload_that_was_stopped_is_not_counted_again(
+    cluster: Any, api: Kube, namespace: str, assess: Callable[..., Any], faults: Callable[..., None]
+) -> None:
+    # A ReplicaSet whose moves update-annotations stopped (it fails the same way everywhere):
+    # the sweep re-sends its crash-looping pod every 5 minutes, which is no new evidence.
+    bad = cluster.nodes[1]
+    faults("crashloop", bad)
+    template = opted_in_template({"app": "web"}, bad)
+    created = api.create(
+        "ReplicaSet", namespace, builders.replicaset("web", retries="3", template=template)
+    )
+    stopped = WorkloadState(
+        moves=2,
+        handled=(str(uuid.uuid4()), str(uuid.uuid4())),
+        updated_at=datetime.now(UTC),
+        holder_uid=created["metadata"]["uid"],
+        failed_on={n: "CrashLoopBackOff" for n in cluster.nodes[2:]},
+        stopped=Stopped("CrashLoopBackOff", tuple(cluster.nodes[2:]), datetime.now(UTC)),
+    )
+    api.merge_patch(
+        "ReplicaSet",
+        namespace,
+        "web",
+        {"metadata": {"annotations": {STATE_ANNOTATION: dump_state(stopped)}}},
+    )
+    pod = wait_for("web's pod", lambda: first_pod(api, namespace, "web-"), timeout=30)
+    live = failing_on(api, namespace, pod, bad)
+    client = assess()
+    assert post_failing(client, failing_report(live, bad)).status_code == 202
+    assert clean(node_of(api, bad))
+    # The same report once the state no longer says so (the next move clears the stop): it
+    # counts, so the stop was what kept it out.
+    running = replace(stopped, stopped=None, updated_at=datetime.now(UTC))
+    api.merge_patch(
+        "ReplicaSet",
+        namespace,
+        "web",
+        {"metadata": {"annotations": {STATE_ANNOTATION: dump_state(running)}}},
+    )
+    assert post_failing(client, failing_report(live, bad)).status_code == 202
+    assert [f["workload"] for f in record(node_of(api, bad))["failures"]] == [
+        f"ReplicaSet {namespace}/web"
+    ]
 
 
 def pods_of(api: Kube, namespace: str) -> list[dict[str, Any]]:
@@ -362,11 +550,11 @@ def owner_of(pod: dict[str, Any]) -> str:
 # -- the real scheduler --------------------------------------------------------------------------
 
 
-def mark(client: Any, node: str) -> None:
+def mark(client: Any, moves: Moves, node: str) -> None:
     now = datetime.now(UTC)
-    post(client, rescheduled(node, "web", f"web-{uuid.uuid4().hex[:5]}", now))
+    post(client, moves.reply(node, "web", f"web-{uuid.uuid4().hex[:5]}", now))
     assert (
-        post(client, rescheduled(node, "api", f"api-{uuid.uuid4().hex[:5]}", now)).status_code
+        post(client, moves.reply(node, "api", f"api-{uuid.uuid4().hex[:5]}", now)).status_code
         == 200
     )
 
@@ -392,10 +580,15 @@ def bound_node(api: Kube, namespace: str, name: str) -> str:
 
 
 def test_new_pods_avoid_a_suspect_node_and_still_use_it_when_nothing_else_fits(
-    cluster: Any, api: Kube, namespace: str, webhook: Webhook, assess: Callable[..., Any]
+    cluster: Any,
+    api: Kube,
+    namespace: str,
+    webhook: Webhook,
+    assess: Callable[..., Any],
+    moves: Moves,
 ) -> None:
     bad = cluster.nodes[1]
-    mark(assess(), bad)
+    mark(assess(), moves, bad)
     # The pod prefers the suspect node as strongly as a preference can (weight 100); the
     # PreferNoSchedule taint outweighs it (TaintToleration's score weighs 3, NodeAffinity's 2
     # in the default profile).
@@ -419,13 +612,13 @@ def failing_workloads(node: dict[str, Any]) -> str | None:
 
 
 def test_a_node_says_how_many_workloads_fail_there_until_their_failures_age_out(
-    cluster: Any, api: Kube, assess: Callable[..., Any]
+    cluster: Any, api: Kube, assess: Callable[..., Any], moves: Moves
 ) -> None:
     client = assess(suspect_window="4s", suspect_workloads="3")
     bad, now = cluster.nodes[1], datetime.now(UTC)
-    assert post(client, rescheduled(bad, "web", "web-1", now)).status_code == 202
+    assert post(client, moves.reply(bad, "web", "web-1", now)).status_code == 202
     assert failing_workloads(node_of(api, bad)) == "1"
-    assert post(client, rescheduled(bad, "api", "api-1", now)).status_code == 202
+    assert post(client, moves.reply(bad, "api", "api-1", now)).status_code == 202
     node = node_of(api, bad)
     # Two workloads, one fewer than the three that make it suspect here: counted, not marked.
     assert failing_workloads(node) == "2"
@@ -454,12 +647,17 @@ def preferring_weight(node: str, weight: int) -> dict[str, Any]:
 
 
 def test_a_replacement_keeps_off_a_node_another_workload_fails_on_before_it_is_suspect(
-    cluster: Any, api: Kube, namespace: str, webhook: Webhook, assess: Callable[..., Any]
+    cluster: Any,
+    api: Kube,
+    namespace: str,
+    webhook: Webhook,
+    assess: Callable[..., Any],
+    moves: Moves,
 ) -> None:
     failing, own = cluster.nodes[1], cluster.nodes[2]
     # One workload failed on `failing`: it says so, and is not suspect (no taint).
     assert (
-        post(assess(), rescheduled(failing, "api", "api-1", datetime.now(UTC))).status_code == 202
+        post(assess(), moves.reply(failing, "api", "api-1", datetime.now(UTC))).status_code == 202
     )
     assert failing_workloads(node_of(api, failing)) == "1"
     assert our_taints(node_of(api, failing)) == []
@@ -763,13 +961,13 @@ def test_a_namespace_can_opt_all_its_pods_in_to_avoiding_pressure(
 
 
 def test_an_unreadable_record_on_one_node_does_not_stop_the_others_expiring(
-    cluster: Any, api: Kube, assess: Callable[..., Any]
+    cluster: Any, api: Kube, assess: Callable[..., Any], moves: Moves
 ) -> None:
     client = assess(suspect_window="3s")
     bad, broken = cluster.nodes[1], cluster.nodes[2]
     now = datetime.now(UTC)
-    post(client, rescheduled(bad, "web", "web-1", now))
-    assert post(client, rescheduled(bad, "api", "api-1", now)).status_code == 200
+    post(client, moves.reply(bad, "web", "web-1", now))
+    assert post(client, moves.reply(bad, "api", "api-1", now)).status_code == 200
     garbage = {"metadata": {"annotations": {NODE_HEALTH_ANNOTATION: "{not json"}}}
     api.merge_patch("Node", None, broken, garbage)
     time.sleep(3.5)
@@ -780,4 +978,4 @@ def test_an_unreadable_record_on_one_node_does_not_stop_the_others_expiring(
     annotations = node_of(api, broken)["metadata"]["annotations"]
     assert annotations[NODE_HEALTH_ANNOTATION] == "{not json"
     # A failure report for the broken node is answered 500: kept in the dead-letter sink.
-    assert post(client, rescheduled(broken, "web", "web-2", now)).status_code == 500
+    assert post(client, moves.reply(broken, "web", "web-2", now)).status_code == 500

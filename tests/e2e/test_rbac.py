@@ -118,6 +118,8 @@ ALLOWED = [
     Can(UPDATE, "create", "events"),
     Can(UPDATE, "get", "events"),
     Can(UPDATE, "patch", "events"),
+    # ... and a verdict resting on the kubelet's Events is read again before it acts.
+    Can(UPDATE, "list", "events"),
     # ... and where the namespace opted in: a bare pod's replacement, a bare pod's state.
     pods(UPDATE, "create", namespace=OPTED_IN),
     pods(UPDATE, "patch", namespace=OPTED_IN),
@@ -149,6 +151,16 @@ ALLOWED = [
     Can(ASSESS, "create", "events", namespace="default"),
     Can(ASSESS, "get", "events", namespace="default"),
     Can(ASSESS, "patch", "events", namespace="default"),
+    # ... and, before a failure report counts, what confirms it: the reported pod (and a
+    # bare pod's replacement), its Warning Events and its controller's pods, and the holder
+    # of its state up the owner chain, read only.
+    pods(ASSESS, "get"),
+    pods(ASSESS, "list"),
+    Can(ASSESS, "list", "events"),
+    apps(ASSESS, "get", "replicasets"),
+    apps(ASSESS, "get", "statefulsets"),
+    batch(ASSESS, "get", "jobs"),
+    batch(ASSESS, "get", "cronjobs"),
     # annotate-usage: the Nodes it annotates and labels (one patch), the pods bound to them
     # (the estimate), and the Metrics API source.
     nodes(ANNOTATE, "get"),
@@ -239,7 +251,6 @@ DENIED = [
     Can(UPDATE, "get", "secrets"),
     Can(UPDATE, "list", "secrets", namespace=""),
     Can(UPDATE, "delete", "events"),
-    Can(UPDATE, "list", "events"),
     Can(UPDATE, "update", "events"),
     Can(UPDATE, "update", "nodes", namespace=""),
     Can(UPDATE, "patch", "nodes", namespace="", subresource="status"),
@@ -269,10 +280,16 @@ DENIED = [
     nodes(ASSESS, "update"),
     nodes(ASSESS, "create"),
     Can(ASSESS, "patch", "nodes", subresource="status", namespace=""),
-    pods(ASSESS, "list", namespace=""),
+    pods(ASSESS, "watch", namespace=""),
     pods(ASSESS, "delete"),
+    pods(ASSESS, "patch"),
     pods(ASSESS, "create", subresource="eviction"),
     Can(ASSESS, "get", "secrets", namespace=""),
+    # ... and what confirms a report is read, never written; no Deployment is read.
+    apps(ASSESS, "patch", "replicasets"),
+    apps(ASSESS, "get", "deployments"),
+    batch(ASSESS, "patch", "jobs"),
+    Can(ASSESS, "watch", "events", namespace=""),
     # The other functions never write a Node.
     *(nodes(who, "patch") for who in (DETECT, WEBHOOK, SWEEP, SOURCE)),
     nodes(WEBHOOK, "get"),

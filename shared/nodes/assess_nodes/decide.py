@@ -12,6 +12,13 @@ run's Job: ``shared.api.workloadid``), counted from the events the pipeline alre
 - ``io.kn-rescheduler.pod.rescheduled`` and ``.exhausted`` (the move that followed, or the
   budget that ran out), when their ``kind`` says the full rules called the pod failing.
 
+A report is a claim, not evidence: any pod of the cluster can post one to the function's
+Service. It counts only once confirmed against the API in the same request (``Claim``, then
+``confirm_failing`` / ``confirm_rescheduled`` / ``confirm_exhausted`` over what the handler
+read: the live pod, its failure now by the full rules, its holder's state), and what is counted
+(workload, reason, a bound on the time) comes from what was read, never from the report
+(docs/node-health.md, "What a report must show before it counts").
+
 Only the full rules' verdict is evidence. A fast-path report (``kind: early``: a pod's first
 failure) and the fast-path move that follows it on a node already suspect are not: counted,
 any one-off crash there would keep the node suspect, and suspicion would feed itself. A move
@@ -38,13 +45,14 @@ update-annotations marks a node it moves a pod off (``shared.api.movedoff``) and
 removes the mark: the review removes one whose window passed, in the patch it writes anyway or
 in a patch of that one label, on an opted-out node too (the label is ours).
 
-Everything here is pure: the Node as read, the event, the clock and the settings in; the
-decision, with its reasons, and the request bodies out.
+Everything here is pure: the Node, the pod and the holder as read, the event, the clock and
+the settings in; the decision, with its reasons, and the request bodies out.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -52,6 +60,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from shared.api import movedoff
+from shared.api.barepods import ORIGIN_ANNOTATION, replacement_name
 from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,
@@ -60,15 +69,20 @@ from shared.api.keys import (
     MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
     NODE_OPT_OUT_LABEL,
+    STATE_ANNOTATION,
     SUSPECT_LABEL,
     SUSPECT_TAINT_EFFECT,
     SUSPECT_VALUE,
     opted_out,
 )
 from shared.api.nodehealth import NodeHealth, Seen, load
+from shared.api.state import StateError, WorkloadState, load_state
 from shared.api.times import format_duration, format_time, parse_time
 from shared.api.workloadid import family, workload_id
 from shared.platform.config import Config
+from shared.workloads.classify import Failure, FailureKind, controller_of, worth_forwarding
+from shared.workloads.owners import Holder
+from shared.workloads.state import foreign_copy
 
 # The pipeline's events that count as evidence against the node a pod failed on.
 BLAME_EVENT_TYPES: Final = frozenset(
@@ -78,6 +92,8 @@ BLAME_EVENT_TYPES: Final = frozenset(
 # "unschedulable because of our exclusions", not an early report or move for the fast path):
 # the ``kind`` of a pod.failing report, and of the reply after its move.
 _NODE_FIXABLE: Final = "node-fixable"
+# A bare pod's replacement is named after the first pod of its line and 5 hex digits.
+_REPLACEMENT: Final = re.compile(r"^(?P<base>.+)-[0-9a-f]{5}$")
 
 
 # A condition's message can be a log excerpt of several lines (node-problem-detector puts the
@@ -140,7 +156,7 @@ class NotEvidence(ValueError):
 
 @dataclass(frozen=True)
 class Blame:
-    """A failure of a workload's pod on a node, as an event reported it."""
+    """A failure of a workload's pod on a node, as the API confirmed it (``Confirmed``)."""
 
     node: str
     workload: str
@@ -152,8 +168,37 @@ class Blame:
         return Seen(self.at, self.workload, self.pod, self.reason)
 
 
-def blame_from_event(event_type: str, data: object, event_time: str | None, now: datetime) -> Blame:
-    """The blame an event carries. ValueError: malformed; NotEvidence: nothing to blame.
+@dataclass(frozen=True)
+class Claim:
+    """What a report says, unverified. Any pod of the cluster can post a CloudEvent to the
+    function's Service, so nothing in it counts until this request has read it back from the
+    API (``confirm_failing``, ``confirm_rescheduled``, ``confirm_exhausted``): the claim only
+    says where to look.
+
+    ``at`` is the event's own time (the CloudEvent ``time``), never later than now, so
+    redeliveries and reordering give the same record; ``holder`` is a reply's ``workload``
+    (kind, name), the object update-annotations says it recorded the move on.
+    """
+
+    event_type: str
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    reason: str
+    at: datetime
+    holder: tuple[str, str] | None = None
+
+    def describe(self) -> str:
+        what = self.event_type.rsplit(".", 1)[-1]
+        return (
+            f"{what} report about pod {shown(self.namespace)}/{shown(self.name)} "
+            f"(uid {shown(self.uid)}) on node {shown(self.node)}"
+        )
+
+
+def claim_from_event(event_type: str, data: object, event_time: str | None, now: datetime) -> Claim:
+    """What an event claims. ValueError: malformed; NotEvidence: nothing to blame.
 
     The time is the event's own (the CloudEvent ``time`` attribute), so redeliveries and
     reordering give the same record; a missing or unreadable one is now, a future one is now.
@@ -179,17 +224,44 @@ def blame_from_event(event_type: str, data: object, event_time: str | None, now:
         )
     if kind != _NODE_FIXABLE:
         raise NotEvidence(f"a {kind} report is no evidence against the node")
-    if event_type == EVENT_POD_FAILING:
-        workload = _workload_of_failing(data, str(namespace))
-    else:
-        workload = _workload_of_outcome(data, str(namespace))
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("event data needs the pod's name")
+    holder: tuple[str, str] | None = None
+    if event_type != EVENT_POD_FAILING:
+        workload = data.get("workload")
+        if not isinstance(workload, dict):
+            raise ValueError("event data needs the workload")
+        holder_kind, holder_name = workload.get("kind"), workload.get("name")
+        if not (
+            isinstance(holder_kind, str)
+            and holder_kind
+            and isinstance(holder_name, str)
+            and holder_name
+        ):
+            raise ValueError("the workload needs a kind and a name")
+        holder = (holder_kind, holder_name)
     at = now
     if event_time:
         try:
             at = min(parse_time(event_time), now)
         except ValueError:
             at = now
-    return Blame(node, workload, str(uid), str(reason), at)
+    return Claim(event_type, str(namespace), name, str(uid), node, str(reason), at, holder)
+
+
+def blame_from_event(event_type: str, data: object, event_time: str | None, now: datetime) -> Blame:
+    """The blame an event *claims*, unverified: the wire contract of the reports (which
+    workload a report names, which reports are evidence at all). assess-nodes never counts
+    it: only a ``Confirmed`` blame, built from what the API showed. ValueError: malformed;
+    NotEvidence: nothing to blame."""
+    claim = claim_from_event(event_type, data, event_time, now)
+    assert isinstance(data, dict)
+    if event_type == EVENT_POD_FAILING:
+        workload = _workload_of_failing(data, claim.namespace)
+    else:
+        workload = _workload_of_outcome(data, claim.namespace)
+    return Blame(claim.node, workload, claim.uid, claim.reason, claim.at)
 
 
 def _workload_of_failing(data: Mapping[str, Any], namespace: str) -> str:
@@ -217,6 +289,246 @@ def _workload_of_outcome(data: Mapping[str, Any], namespace: str) -> str:
     if not (isinstance(kind, str) and kind and isinstance(name, str) and name):
         raise ValueError(f"the {field} needs a kind and a name")
     return workload_id(kind, namespace, name)
+
+
+# -- what a report must show before it counts -----------------------------------------------------
+
+# The objects update-annotations keeps a state on: the holders a reply may name.
+HOLDER_KINDS: Final = frozenset({"ReplicaSet", "StatefulSet", "Job", "Pod"})
+# The longest piece of a report quoted in a log line or a record (a forged report may carry
+# anything).
+SAID_MAX: Final = 128
+
+
+def shown(text: str) -> str:
+    """A piece of a report, bounded and on one line, for messages."""
+    one_line = " ".join(str(text).split())
+    return one_line if len(one_line) <= SAID_MAX else one_line[: SAID_MAX - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """The report holds: ``blame`` is what the API showed (never the report's own words)."""
+
+    blame: Blame
+    why: str
+
+
+@dataclass(frozen=True)
+class Unconfirmed:
+    """The report is not counted: ``why`` says what did not hold. ``warning``: the API
+    contradicts the report (another pod, another node, no such record), which a report the
+    pipeline sent does not do; otherwise the ordinary races (the pod moved or healed since)."""
+
+    why: str
+    warning: bool = False
+
+
+Confirmation = Confirmed | Unconfirmed
+
+
+@dataclass(frozen=True)
+class Record:
+    """A holder's state as read for a confirmation: ``holder`` names the object read,
+    ``workload`` the top-level workload counted (the holder's own controller as its
+    ownerReference names it, a ReplicaSet's Deployment, or the holder itself); ``state`` is
+    None when it cannot be taken as the holder's own (``unreadable`` says why)."""
+
+    holder: str
+    workload: str
+    state: WorkloadState | None
+    unreadable: str = ""
+
+
+def record_of(holder: Holder) -> Record:
+    """The state ``holder`` carries, as a confirmation reads it: a state that cannot be read,
+    or a copy of another object's (``shared.workloads.state.foreign_copy``), records nothing
+    for it."""
+    ref = holder.ref
+    top = holder.controller or ref
+    named = workload_id(ref.kind, ref.namespace, ref.name)
+    workload = workload_id(top.kind, top.namespace or ref.namespace, top.name)
+    try:
+        state = load_state(holder.annotations.get(STATE_ANNOTATION))
+    except StateError as exc:
+        return Record(named, workload, None, f"its state cannot be read: {exc}")
+    copied = foreign_copy(state, ref.kind, ref.uid)
+    if copied is not None:
+        return Record(named, workload, None, f"its state is not its own: {copied}")
+    return Record(named, workload, state)
+
+
+def workload_of_pod(pod: Mapping[str, Any]) -> str:
+    """The workload a live pod's failure is counted for: its controller as its own
+    ownerReference names it (``workload_id``; ``family`` groups a Deployment's ReplicaSets),
+    or the pod itself."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    owner = controller_of(pod)  # type: ignore[arg-type]
+    if owner is not None and owner.get("kind") and owner.get("name"):
+        return workload_id(str(owner["kind"]), namespace, str(owner["name"]))
+    return workload_id("Pod", namespace, str(meta.get("name", "")))
+
+
+def pod_contradicts(claim: Claim, pod: Mapping[str, Any] | None, cfg: Config) -> Unconfirmed | None:
+    """What the live pod (None: there is none) says against the report's pod: another pod of
+    that name, another node, a pod not opted in; None when it is the report's pod."""
+    said = claim.describe()
+    if pod is None:
+        return Unconfirmed(f"{said}: there is no such pod")
+    meta = pod.get("metadata") or {}
+    if meta.get("uid") != claim.uid:
+        return Unconfirmed(
+            f"{said}: the pod of that name is another one (uid {shown(str(meta.get('uid')))})",
+            warning=True,
+        )
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node != claim.node:
+        where = f"on node {shown(str(node))}" if node else "bound to no node"
+        return Unconfirmed(f"{said}: the pod is {where}", warning=True)
+    if not worth_forwarding(pod, cfg):  # type: ignore[arg-type]
+        return Unconfirmed(f"{said}: the pod is not opted in", warning=True)
+    return None
+
+
+def failure_contradicts(
+    claim: Claim, failure: Failure | None, unread: str = ""
+) -> Unconfirmed | None:
+    """Whether the pod's failure now, by the full rules on what was read (``unread``: what
+    could not be read beside the pod), is the node-fixable failure on the report's node."""
+    said = claim.describe()
+    if failure is None:
+        also = f" ({unread})" if unread else ""
+        return Unconfirmed(f"{said}: the pod is not failing now by the full rules{also}")
+    if failure.kind is not FailureKind.NODE_FIXABLE:
+        return Unconfirmed(f"{said}: the pod's failure now is {failure.kind}, not node-fixable")
+    if failure.node != claim.node:
+        return Unconfirmed(
+            f"{said}: the pod fails on node {shown(str(failure.node))} now", warning=True
+        )
+    return None
+
+
+def _exhausted(state: WorkloadState, pod_name: str) -> bool:
+    return state.exhausted_recorded or state.entry(pod_name).exhausted_recorded
+
+
+def _no_later_than_record(claim: Claim, state: WorkloadState) -> datetime | None:
+    """The report's time, never later than our own last write of the state (a replayed
+    reply cannot refresh the node's record beyond it); None when the state does not say."""
+    if state.updated_at is None:
+        return None
+    return min(claim.at, state.updated_at)
+
+
+def confirm_failing(
+    claim: Claim,
+    pod: Mapping[str, Any] | None,
+    failure: Failure | None,
+    record: Record,
+    cfg: Config,
+    *,
+    unread: str = "",
+) -> Confirmation:
+    """A ``pod.failing`` report counts when its pod is there, the same pod (uid) on the same
+    node, opted in, failing now in a way another node could fix, and its workload's state does
+    not say it was stopped or ran out of budget: those failures were counted when the moves
+    and the exhaustion were reported, and the sweep re-sends such a pod every 5 minutes."""
+    found = pod_contradicts(claim, pod, cfg) or failure_contradicts(claim, failure, unread)
+    if found is not None:
+        return found
+    assert pod is not None and failure is not None
+    said = claim.describe()
+    state = record.state
+    if state is None:
+        return Unconfirmed(f"{said}: {record.holder}: {record.unreadable}", warning=True)
+    if state.stopped is not None:
+        return Unconfirmed(
+            f"{said}: {record.holder} was stopped ({shown(state.stopped.reason)} on every "
+            "node): not new evidence, its failures were counted when its moves were reported"
+        )
+    if _exhausted(state, claim.name):
+        return Unconfirmed(
+            f"{said}: {record.holder} ran out of its budget: not new evidence, its failures "
+            "were counted when its moves and its exhaustion were reported"
+        )
+    blame = Blame(claim.node, workload_of_pod(pod), claim.uid, failure.reason, claim.at)
+    return Confirmed(blame, f"{said}: failing now ({failure.reason})")
+
+
+def confirm_exhausted(
+    claim: Claim,
+    pod: Mapping[str, Any] | None,
+    failure: Failure | None,
+    record: Record,
+    cfg: Config,
+    *,
+    unread: str = "",
+) -> Confirmation:
+    """A ``pod.exhausted`` reply counts when its pod is there and failing now as for a
+    ``pod.failing`` report, and its holder's state records the exhausted budget; its time is
+    never later than that state's last write."""
+    found = pod_contradicts(claim, pod, cfg) or failure_contradicts(claim, failure, unread)
+    if found is not None:
+        return found
+    assert failure is not None
+    said = claim.describe()
+    state = record.state
+    if state is None:
+        return Unconfirmed(f"{said}: {record.holder}: {record.unreadable}", warning=True)
+    if not _exhausted(state, claim.name):
+        return Unconfirmed(f"{said}: {record.holder} records no exhausted budget", warning=True)
+    at = _no_later_than_record(claim, state)
+    if at is None:
+        return Unconfirmed(f"{said}: {record.holder}'s state does not say when it was written")
+    blame = Blame(claim.node, record.workload, claim.uid, failure.reason, at)
+    return Confirmed(blame, f"{said}: {record.holder} records its exhausted budget")
+
+
+def confirm_rescheduled(claim: Claim, record: Record) -> Confirmation:
+    """A ``pod.rescheduled`` reply counts when the holder it names records the move: the pod's
+    uid among the pods it moved (``handled``) and the node among the nodes it failed on
+    (``failedOn``) or excluded (the workload's, or the pod's own entry of a StatefulSet). Its
+    time is never later than the state's last write: a replay of an old real reply cannot
+    refresh the node's record."""
+    said = claim.describe()
+    state = record.state
+    if state is None:
+        return Unconfirmed(f"{said}: {record.holder}: {record.unreadable}", warning=True)
+    if claim.uid not in state.handled:
+        return Unconfirmed(f"{said}: {record.holder} records no move of that pod", warning=True)
+    excluded = (*state.excluded_nodes, *state.entry(claim.name).excluded_nodes)
+    if claim.node not in state.failed_on and claim.node not in excluded:
+        return Unconfirmed(f"{said}: {record.holder} records no failure on that node", warning=True)
+    at = _no_later_than_record(claim, state)
+    if at is None:
+        return Unconfirmed(f"{said}: {record.holder}'s state does not say when it was written")
+    reason = state.failed_on.get(claim.node) or shown(claim.reason)
+    blame = Blame(claim.node, record.workload, claim.uid, reason, at)
+    return Confirmed(blame, f"{said}: {record.holder} records the move")
+
+
+def replacement_candidates(claim: Claim) -> tuple[str, ...]:
+    """Where a bare pod's move is recorded: its replacement, whose name update-annotations
+    derives from the first pod of the line and the uid of the pod replaced
+    (``shared.api.barepods``). The reply does not say the first pod's name: the pod's own,
+    and, for a name that looks like a replacement's, the name it was derived from."""
+    names = [replacement_name({"metadata": {"name": claim.name, "uid": claim.uid}})]
+    found = _REPLACEMENT.match(claim.name)
+    if found is not None:
+        origin = found.group("base")
+        names.append(
+            replacement_name(
+                {
+                    "metadata": {
+                        "name": claim.name,
+                        "uid": claim.uid,
+                        "annotations": {ORIGIN_ANNOTATION: origin},
+                    }
+                }
+            )
+        )
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,20 @@ Two instances marking two nodes at once may both see room under the cap; after m
 lists the suspect nodes again and takes its own mark back if it ranks beyond the cap, so the
 cap holds once both are done (and both rank alike: the ranking is deterministic).
 
-Answers follow the pipeline's rules: 202 for nothing to do (not evidence, node gone, nothing
-changed), 400 for a malformed report, 503 (Transient) when the API is unreachable or the
-compare-and-swap keeps losing, 500 for a record we cannot read (a person must look).
+A report is a claim: any pod of the cluster can post a CloudEvent to the function's Service.
+So before a report is added to a record it is confirmed against the API in this request
+(verify, then act; the decisions are ``decide.confirm_*``, pure): the live pod of a
+``pod.failing`` or ``.exhausted`` report (one GET; the pod's Warning Events and its siblings,
+two LISTs, only when its status alone does not show the failure) and its holder's state
+(``shared.workloads.owners.resolve``: one GET, two for a Job under a CronJob); for a
+``pod.rescheduled`` reply, the holder it names (one GET; for a bare pod, its replacement). What
+is counted, the workload, the reason and a bound on the time, comes from what was read, never
+from the report. A report that does not hold is answered 202 and logged saying why.
+
+Answers follow the pipeline's rules: 202 for nothing to do (not evidence, not confirmed, node
+gone, nothing changed), 400 for a malformed report, 503 (Transient) when the API is unreachable
+or the compare-and-swap keeps losing, 500 for a record we cannot read (a person must look). A
+report the API could not confirm for another reason (403: RBAC) is logged and not counted.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ from typing import Any, Final
 from shared.api import movedoff
 from shared.api.keys import (
     EVENT_NODE_SUSPECTED,
+    EVENT_POD_EXHAUSTED,
+    EVENT_POD_RESCHEDULED,
     FAILING_WORKLOADS_LABEL,
     MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
@@ -53,14 +66,21 @@ from shared.nodes.assess_nodes.decide import (
     Assessment,
     Blame,
     CapDecision,
+    Claim,
+    Confirmation,
     NodeFacts,
     NotEvidence,
+    Record,
     Standing,
+    Unconfirmed,
     Verdict,
 )
 from shared.platform import events, kube
 from shared.platform.config import Config
 from shared.platform.recorder import Involved, Recorder
+from shared.workloads.classify import Failure, classify
+from shared.workloads.evidence import failing_now, read_evidence
+from shared.workloads.owners import BARE, holder_of, resolve
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +142,7 @@ class Assessor:
             return None
         now = self.clock()
         try:
-            blame = decide.blame_from_event(
+            claim = decide.claim_from_event(
                 event.type, event.data, event.attributes.get("time"), now
             )
         except NotEvidence as why:
@@ -130,10 +150,99 @@ class Assessor:
             return None
         except ValueError as exc:
             raise events.BadEvent(str(exc)) from exc
-        outcome = self.blame(blame)
+        confirmation = self.confirm(claim, now)
+        if isinstance(confirmation, Unconfirmed):
+            log.log(
+                logging.WARNING if confirmation.warning else logging.INFO,
+                "not counted: %s",
+                confirmation.why,
+                extra={"node": claim.node, "confirmed": False},
+            )
+            return None
+        log.info("confirmed: %s", confirmation.why, extra={"node": claim.node, "confirmed": True})
+        outcome = self.blame(confirmation.blame)
         if outcome is None or not (outcome.marked and outcome.verdict is Verdict.MARK):
             return None
         return self._suspected_reply(outcome)
+
+    # -- confirming a report against the API ----------------------------------------------------
+
+    def confirm(self, claim: Claim, now: datetime) -> Confirmation:
+        """What the API shows of ``claim``, read once per object in this request.
+
+        kube.Transient (5xx, timeouts) is raised: the Broker redelivers. Any other API error
+        (403: RBAC; a name the API server refuses) leaves the report unconfirmed, logged."""
+        try:
+            if claim.event_type == EVENT_POD_RESCHEDULED:
+                return self._confirm_move(claim)
+            return self._confirm_live(claim, now)
+        except kube.Transient:
+            raise
+        except kube.NotFound as exc:
+            return Unconfirmed(f"{claim.describe()}: not found ({decide.shown(str(exc))})")
+        except kube.KubeError as exc:
+            said = f"HTTP {exc.status}: {decide.shown(str(exc))}"
+            return Unconfirmed(f"{claim.describe()}: could not be read ({said})", warning=True)
+
+    def _confirm_live(self, claim: Claim, now: datetime) -> Confirmation:
+        """``pod.failing`` and ``pod.exhausted``: the pod is there, failing now, and its
+        holder's state says what the report needs."""
+        try:
+            pod: dict[str, Any] | None = self.api.get("Pod", claim.namespace, claim.name)
+        except kube.NotFound:
+            pod = None
+        wrong = decide.pod_contradicts(claim, pod, self.cfg)
+        if wrong is not None:
+            return wrong
+        assert pod is not None
+        failure, unread = self._failure(pod, now)
+        wrong = decide.failure_contradicts(claim, failure, unread)
+        if wrong is not None:
+            return wrong
+        resolution = resolve(self.api, claim.namespace, pod)
+        if resolution.holder is None:
+            return Unconfirmed(f"{claim.describe()}: no state of ours: {resolution.why}")
+        record = decide.record_of(resolution.holder)
+        confirm = (
+            decide.confirm_exhausted
+            if claim.event_type == EVENT_POD_EXHAUSTED
+            else decide.confirm_failing
+        )
+        return confirm(claim, pod, failure, record, self.cfg, unread=unread)
+
+    def _failure(self, pod: dict[str, Any], now: datetime) -> tuple[Failure | None, str]:
+        """The pod's failure by the full rules, and what could not be read beside it. Its
+        status first; its Warning Events and its siblings (LISTs) only when the status alone
+        shows nothing. A transient error reading them is raised (503), not taken as "healthy"."""
+        failure = classify(pod, self.cfg, now)  # type: ignore[arg-type]
+        if failure is not None:
+            return failure, ""
+        evidence = read_evidence(self.api, pod, now, siblings=True)  # type: ignore[arg-type]
+        return failing_now(pod, self.cfg, now, evidence), evidence.unread  # type: ignore[arg-type]
+
+    def _confirm_move(self, claim: Claim) -> Confirmation:
+        """``pod.rescheduled``: the pod is gone; the holder the reply names must record the
+        move (a bare pod's state went with it to its replacement)."""
+        assert claim.holder is not None
+        kind, name = claim.holder
+        if kind not in decide.HOLDER_KINDS:
+            return Unconfirmed(
+                f"{claim.describe()}: a {decide.shown(kind)} holds no state of ours", warning=True
+            )
+        record: Record | None = None
+        if kind == BARE:
+            for candidate in decide.replacement_candidates(claim):
+                try:
+                    replacement = self.api.get("Pod", claim.namespace, candidate)
+                except kube.NotFound:
+                    continue
+                record = decide.record_of(holder_of(BARE, replacement))
+                break
+            if record is None:
+                return Unconfirmed(f"{claim.describe()}: the pod has no replacement of ours")
+        else:
+            record = decide.record_of(holder_of(kind, self.api.get(kind, claim.namespace, name)))
+        return decide.confirm_rescheduled(claim, record)
 
     # -- one failure ------------------------------------------------------------------------------
 

@@ -8,27 +8,25 @@ be sent.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
+from shared.api import barepods
 from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
     NODE_NAME_FIELD,
-    PREFIX,
     STATE_ANNOTATION,
 )
 from shared.platform import recorder
 from shared.workloads.owners import Ref
 
-# On a bare pod's replacement: the name of the first pod of the line, so that replacements
-# are named after it and not after each other ("web-1a2b3-4c5d6").
-ORIGIN_ANNOTATION: Final = PREFIX + "origin"
-# Kubernetes object names are DNS subdomains: 253 characters at most.
-_MAX_NAME: Final = 253
+# A bare pod's replacement: its origin annotation and its name live in shared.api.barepods
+# (pure: assess-nodes derives the name too, to find where a move was recorded).
+ORIGIN_ANNOTATION: Final = barepods.ORIGIN_ANNOTATION
+replacement_name = barepods.replacement_name
 
 
 def state_patch(resource_version: str, state_json: str) -> dict[str, Any]:
@@ -69,18 +67,6 @@ def event_body(
 
 
 event_repeat = recorder.event_repeat
-
-
-def replacement_name(snapshot: Mapping[str, Any]) -> str:
-    """A name for the replacement of a bare pod, derived from the pod it replaces.
-
-    Deterministic (a redelivered event finds the replacement it already created: 409
-    AlreadyExists means done) and different for every pod replaced.
-    """
-    meta = snapshot.get("metadata") or {}
-    origin = (meta.get("annotations") or {}).get(ORIGIN_ANNOTATION) or meta.get("name", "pod")
-    digest = hashlib.sha256(str(meta.get("uid", "")).encode()).hexdigest()[:5]
-    return f"{origin[: _MAX_NAME - 6]}-{digest}"
 
 
 # Fields of a live pod's spec a create must not carry:
