@@ -101,10 +101,18 @@ def failing_now(pod: Pod, cfg: Config, now: datetime, evidence: PodEvidence) -> 
     )
 
 
-def kubelet_recorded(events: tuple[PodEvent, ...], reason: str, node: str) -> PodEvent | None:
-    """The kubelet's Warning Event of ``reason`` on ``node`` about the pod: the witness of a
-    failure whose pod is gone (its controller removed it)."""
+def kubelet_recorded(
+    events: tuple[PodEvent, ...], reason: str, node: str, *, namespace: str, name: str
+) -> PodEvent | None:
+    """The kubelet's Warning Event of ``reason`` on ``node`` about the pod ``namespace/name``:
+    the witness of a failure whose pod is gone (its controller removed it). The Event must
+    name the pod itself, not only its uid: a report may borrow another pod's uid and Event."""
     for event in events:
-        if event.reason == reason and event.node == node:
+        if (event.reason, event.node, event.namespace, event.pod) == (
+            reason,
+            node,
+            namespace,
+            name,
+        ):
             return event
     return None

@@ -45,6 +45,9 @@ class PodEvent:
     count: int
     first: datetime | None
     last: datetime | None
+    # The pod the Event is about, as its involvedObject names it.
+    pod: str = ""
+    namespace: str = ""
 
 
 def warning_events(items: Iterable[Mapping[str, Any]]) -> dict[str, tuple[PodEvent, ...]]:
@@ -67,6 +70,8 @@ def warning_events(items: Iterable[Mapping[str, Any]]) -> dict[str, tuple[PodEve
             count=count if isinstance(count, int) and count > 0 else 1,
             first=first,
             last=last,
+            pod=str(involved.get("name") or ""),
+            namespace=str(involved.get("namespace") or ""),
         )
         found.setdefault(str(uid), []).append(event)
     return {uid: tuple(events) for uid, events in found.items()}

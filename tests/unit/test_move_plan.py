@@ -101,13 +101,14 @@ def plan_of(
     siblings: Sequence[Mapping[str, Any]] = (),
     line: Sequence[Mapping[str, Any]] = (),
     node_objects: Mapping[str, Any] | None = None,
+    reported: FailingPod | None = None,
     **inputs: Any,
 ) -> MovePlan:
     """The plan for ``live``, the reads it asks for answered as the handler answers them:
     ``siblings`` are the pods a LIST of the workload (or of a Job's pods) finds, ``line`` those
     a LIST of a bare pod's siblings finds, ``node_objects`` the Nodes GETs find (by default
     each one a Node nothing speaks against)."""
-    given = Inputs(report(live, cfg), live, resolved, cfg, NOW, **inputs)
+    given = Inputs(reported or report(live, cfg), live, resolved, cfg, NOW, **inputs)
     for _ in range(5):
         made = decide.plan_move(given)
         if isinstance(made, MovePlan):
@@ -381,6 +382,19 @@ def test_no_stop_rests_on_a_node_that_speaks_against_itself(against: str, node: 
     made = plan_of(live, resolution(BARE, live, "5"), node_objects={"node-c": node})  # type: ignore[arg-type]
     assert made.decided is not None and made.decided.action is Action.MOVE, made.decided
     assert removals(made.requests)
+
+
+def test_the_move_says_the_node_and_reason_judged_never_the_reports() -> None:
+    """A report naming a pod really failing on node-b, but another node and reason: the move
+    is the pod's real one, and what it says (the reply assess-nodes counts, the Event) is what
+    was judged, or the report would blame the node of the sender's choice."""
+    sent = report(CRASHING)
+    forged = replace(sent, failure=replace(sent.failure, node="node-z", reason="Evicted"))
+    made = plan_of(CRASHING, resolution(REPLICASET, replicaset()), reported=forged)
+    answer = first(made, Answer).reply
+    assert answer is not None and answer.type == EVENT_POD_RESCHEDULED
+    assert (answer.data["node"], answer.data["reason"]) == ("node-b", "CrashLoopBackOff")
+    assert "off node node-b" in first(made, RecordEvent).message
 
 
 def test_rescheduling_off_writes_nothing_and_removes_nothing() -> None:

@@ -109,3 +109,35 @@ def test_only_a_statefulsets_terminal_failure_on_a_node_is_a_removal_claim() -> 
     early = report()
     early = replace(early, failure=replace(early.failure, kind=FailureKind.EARLY))
     assert not claims_removed_by_statefulset(early, CFG)
+
+
+def test_another_pods_event_borrowed_under_its_uid_confirms_nothing() -> None:
+    """A report naming db-0 under the uid of another pod the kubelet really evicted: the
+    Event is about that other pod (its involvedObject names it), not db-0."""
+    borrowed = replace(report(), name="db-0")
+    confirmed, why = removed_confirmed(borrowed, kubelet_said())
+    assert not confirmed and "the report alone records nothing" in why
+
+
+def test_an_eviction_for_the_pods_own_storage_limit_is_no_nodes_doing() -> None:
+    own_limit = "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. "
+    said = tuple(
+        replace(e, message=own_limit) if e.reason == "Evicted" else e for e in kubelet_said()
+    )
+    confirmed, why = removed_confirmed(report(), said)
+    assert not confirmed and "its own limits" in why
+
+
+def test_a_namesake_of_another_controller_confirms_nothing() -> None:
+    namesake: Any = {
+        "metadata": {
+            "name": "evicted-disk-pressure",
+            "namespace": "default",
+            "uid": "new",
+            "ownerReferences": [{**STATEFULSET, "uid": "another-statefulset"}],
+        }
+    }
+    confirmed, why = removed_confirmed(report(), kubelet_said(), namesake)
+    assert not confirmed and "another controller" in why
+    namesake["metadata"]["ownerReferences"] = [dict(STATEFULSET)]
+    assert removed_confirmed(report(), kubelet_said(), namesake)[0]

@@ -54,6 +54,7 @@ from shared.workloads.classify import (
     FailureKind,
     classify,
     controller_of,
+    evicted_for_its_own_limits,
     still_starting,
     unschedulable_due_to_exclusions,
 )
@@ -622,7 +623,10 @@ def current_failure(
     if now_failing is not None:
         return now_failing, ""
     if failing.uid in handled_uids(holder.annotations.get(STATE_ANNOTATION)):
-        return failing.failure, ""
+        # Our own record says we moved it: its removal must finish, on the node it is bound
+        # to as read (not the one the report names).
+        bound = (live.get("spec") or {}).get("nodeName")
+        return replace(failing.failure, node=bound or failing.failure.node), ""
     return None, (
         f"pod {failing.namespace}/{failing.name} is no longer failing by the full rules "
         f"({failing.failure.reason} in the report): nothing to do"
@@ -654,7 +658,9 @@ def claims_removed_by_statefulset(failing: FailingPod, cfg: Config) -> bool:
     )
 
 
-def removed_confirmed(failing: FailingPod, said: Sequence[PodEvent]) -> tuple[bool, str]:
+def removed_confirmed(
+    failing: FailingPod, said: Sequence[PodEvent], namesake: Pod | None = None
+) -> tuple[bool, str]:
     """Whether the kubelet itself said what the report claims of a pod that is gone: a Warning
     Event about that pod (its uid) of the reported reason, from the reported node. The kubelet
     records one for each of its rejections (``rejectPod``: OutOfcpu, NodeAffinity,
@@ -662,12 +668,28 @@ def removed_confirmed(failing: FailingPod, said: Sequence[PodEvent]) -> tuple[bo
     (a graceful node shutdown's ``Terminated``) is not recorded from a report alone."""
     failure = failing.failure
     who = f"pod {failing.namespace}/{failing.name} (uid {failing.uid})"
-    found = kubelet_recorded(tuple(said), failure.reason, failure.node or "")
+    found = kubelet_recorded(
+        tuple(said),
+        failure.reason,
+        failure.node or "",
+        namespace=failing.namespace,
+        name=failing.name,
+    )
     if found is None:
         return False, (
             f"{who} is gone and no Event of the kubelet of node {failure.node} says it failed "
             f"with {failure.reason}: the report alone records nothing"
         )
+    owner = next((o for o in failing.owner_references if o.get("controller")), None) or {}
+    if namesake is not None and (controller_of(namesake) or {}).get("uid") != owner.get("uid"):
+        return False, f"{who}: the pod of that name now belongs to another controller"
+    # The kubelet's own message decides what the eviction was for: the pod's own storage
+    # limits follow it to every node (classify's rule, on the message the Event kept).
+    view = failing.as_failed_pod()
+    view["status"] = {**view.get("status", {}), "reason": failure.reason, "message": found.message}
+    own = evicted_for_its_own_limits(view)
+    if own is not None:
+        return False, f"{who} was evicted for its own limits ({own}): no node is why"
     return True, (
         f"{who} failed with {failure.reason} on node {failure.node}, as its kubelet recorded "
         f"({found.message.strip()[:200]}), and its StatefulSet already replaced it"
@@ -785,6 +807,15 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         failure, why_not = verdict
         if failure is None:
             return _nothing(why_not)
+    # What the move says of the failure (its Event, the reply assess-nodes counts) is what was
+    # judged here, never the report's words: a report may name another node or reason. A move
+    # on a suspect node's evidence stays kind early, which assess-nodes does not count.
+    early = given.early
+    said_kind = (
+        FailureKind.EARLY if early is not None and not early.counts_against_node else failure.kind
+    )
+    failing = replace(failing, failure=replace(failure, kind=said_kind))
+    given = replace(given, failing=failing)
     holder = given.holder or resolution.holder
     bare = resolution.owner_kind == BARE and not given.removed
     owner_kind = OwnerKind(resolution.owner_kind)

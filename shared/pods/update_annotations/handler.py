@@ -241,7 +241,7 @@ class Rescheduler:
             return self._said_if_ours(failing, trace)
         meta = live.get("metadata", {})
         if meta.get("uid") != failing.uid:
-            if self._removed_by_its_statefulset(failing, trace):
+            if self._removed_by_its_statefulset(failing, trace, live):
                 return self._record_removed(failing, live, trace)
             trace.note(f"pod {ns}/{name} was replaced (uid {meta.get('uid')})")
             return self._said_if_ours(failing, trace)
@@ -303,7 +303,9 @@ class Rescheduler:
 
     # -- terminal failures: the controller replaced the pod before we recorded it ---------------
 
-    def _removed_by_its_statefulset(self, failing: FailingPod, trace: Trace) -> bool:
+    def _removed_by_its_statefulset(
+        self, failing: FailingPod, trace: Trace, namesake: Pod | None = None
+    ) -> bool:
         """A StatefulSet pod the kubelet failed (Evicted, OutOf*, ...) is deleted and recreated
         under its name by the StatefulSet controller itself, usually before this delivery: the
         failure is still worth recording. The report is a claim and the pod is gone, so the
@@ -323,7 +325,7 @@ class Rescheduler:
                 exc,
             )
             said = ()
-        confirmed, why = decide.removed_confirmed(failing, said)
+        confirmed, why = decide.removed_confirmed(failing, said, namesake)
         trace.note(why)
         if not confirmed:
             log.warning(why)
