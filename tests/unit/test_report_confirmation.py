@@ -356,6 +356,14 @@ def test_a_replayed_reply_is_never_later_than_our_own_last_write() -> None:
     assert assess(node, found.blame, NOW, CFG).verdict is Verdict.HEALTHY
 
 
+def test_a_reply_for_an_older_move_of_the_workload_is_not_counted_as_of_now() -> None:
+    """The workload was moved again since (off another node): the older move's time is not
+    recorded, and a replay of its reply would count its node as of the later write."""
+    later = moved(live(), handled=(live()["metadata"]["uid"], "uid-of-a-later-move"))
+    found = rescheduled(later)
+    assert isinstance(found, Unconfirmed) and "moved other pods since" in found.why, found
+
+
 def test_a_reply_for_a_statefulset_pod_counts_by_the_pods_own_exclusions() -> None:
     pod = live()
     name = pod["metadata"]["name"]
@@ -496,6 +504,17 @@ def test_a_confirmed_report_is_recorded_and_a_forged_one_leaves_the_node_alone()
         data = failing_report(pod, name=name, uid=f"uid-{name}")
         assert deliver(forged_api, EVENT_POD_FAILING, data) is None
     assert forged_api.patches == [] and node_record(forged_api) == {}
+
+
+def test_a_report_naming_a_running_pod_costs_one_read_of_it_and_no_list() -> None:
+    pod = live()
+    running = copy.deepcopy(pod)
+    running["status"]["containerStatuses"] = [pods.running(name="app", started=NOW)]
+    api = Api(running, replicaset(), nodes.node(NODE))
+    # The report as it was sent while the pod failed; the pod runs now.
+    assert deliver(api, EVENT_POD_FAILING, failing_report(pod)) is None
+    assert api.reads == ["get Pod " + pod["metadata"]["name"]]
+    assert node_record(api) == {}
 
 
 def test_a_transient_error_reading_the_pod_is_answered_503_and_a_refusal_is_not_counted(

@@ -490,13 +490,25 @@ def confirm_rescheduled(claim: Claim, record: Record) -> Confirmation:
     uid among the pods it moved (``handled``) and the node among the nodes it failed on
     (``failedOn``) or excluded (the workload's, or the pod's own entry of a StatefulSet). Its
     time is never later than the state's last write: a replay of an old real reply cannot
-    refresh the node's record."""
+    refresh the node's record.
+
+    Only the workload's latest move (the last uid of ``handled``, which update-annotations
+    appends in order) is dated by that write; an older move's time is not recorded, so its
+    reply, replayed after a later write (a move off another node), would count a repaired
+    node again as of now. It is not counted: the workload is counted on a node once, and its
+    latest move, or the live pod's own report, says it.
+    """
     said = claim.describe()
     state = record.state
     if state is None:
         return Unconfirmed(f"{said}: {record.holder}: {record.unreadable}", warning=True)
     if claim.uid not in state.handled:
         return Unconfirmed(f"{said}: {record.holder} records no move of that pod", warning=True)
+    if state.handled[-1] != claim.uid:
+        return Unconfirmed(
+            f"{said}: {record.holder} moved other pods since, and the time of this move is "
+            "not recorded: not counted as of now"
+        )
     excluded = (*state.excluded_nodes, *state.entry(claim.name).excluded_nodes)
     if claim.node not in state.failed_on and claim.node not in excluded:
         return Unconfirmed(f"{said}: {record.holder} records no failure on that node", warning=True)

@@ -78,7 +78,7 @@ from shared.nodes.assess_nodes.decide import (
 from shared.platform import events, kube
 from shared.platform.config import Config
 from shared.platform.recorder import Involved, Recorder
-from shared.workloads.classify import Failure, classify
+from shared.workloads.classify import Failure, classify, still_starting
 from shared.workloads.evidence import failing_now, read_evidence
 from shared.workloads.owners import BARE, holder_of, resolve
 
@@ -195,7 +195,7 @@ class Assessor:
         if wrong is not None:
             return wrong
         assert pod is not None
-        failure, unread = self._failure(pod, now)
+        failure, unread = self._failure(pod, claim.node, now)
         wrong = decide.failure_contradicts(claim, failure, unread)
         if wrong is not None:
             return wrong
@@ -210,13 +210,17 @@ class Assessor:
         )
         return confirm(claim, pod, failure, record, self.cfg, unread=unread)
 
-    def _failure(self, pod: dict[str, Any], now: datetime) -> tuple[Failure | None, str]:
+    def _failure(self, pod: dict[str, Any], node: str, now: datetime) -> tuple[Failure | None, str]:
         """The pod's failure by the full rules, and what could not be read beside it. Its
         status first; its Warning Events and its siblings (LISTs) only when the status alone
-        shows nothing. A transient error reading them is raised (503), not taken as "healthy"."""
+        shows nothing and the pod is still starting on ``node`` (the only stage that evidence
+        judges: a report naming a running pod costs no LIST). A transient error reading them
+        is raised (503), not taken as "healthy"."""
         failure = classify(pod, self.cfg, now)  # type: ignore[arg-type]
         if failure is not None:
             return failure, ""
+        if not still_starting(pod, node, self.cfg):  # type: ignore[arg-type]
+            return None, ""
         evidence = read_evidence(self.api, pod, now, siblings=True)  # type: ignore[arg-type]
         return failing_now(pod, self.cfg, now, evidence), evidence.unread  # type: ignore[arg-type]
 
