@@ -253,7 +253,7 @@ def fails_everywhere(status: ContainerStatus) -> str | None:
     reason = waiting.get("reason", "")
     if reason in NEVER_MOVE_REASONS:
         return f"{reason} fails on every node"
-    if reason in _IMAGE_PULL_REASONS and not _OTHER_PLATFORM.search(waiting.get("message", "")):
+    if reason in _IMAGE_PULL_REASONS:
         matched = _matches(_IMAGE_EVERYWHERE + _REGISTRY_ANSWERS, waiting.get("message", ""))
         if matched:
             return f"{reason}: the registry answered {matched!r}, which no node can change"
@@ -531,10 +531,8 @@ def still_starting(pod: Pod, node: str, cfg: Config, *, sandbox: bool | None = N
 
 
 _IMAGE_PULL_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})
-# An image whose index has no entry for this node's platform (containerd: "no match for
-# platform in manifest: not found"): a node of another architecture pulls it, so it is the
-# node's, whatever "not found" says (a mixed-arch cluster, a single-arch image).
-_OTHER_PLATFORM: Final = re.compile(r"no match for platform in manifest", re.IGNORECASE)
+# The termination reasons of an application's own exit (not the runtime's, not the kernel's).
+_OWN_EXITS: Final = frozenset({"Error", "Completed", ""})
 # ImagePullBackOff as kubelets before v1.32 write it, without the pull's error (v1.32 appends
 # ": ErrImagePull: <the registry's answer>": recorded in image-pull-refused-imagepullbackoff.json).
 _BARE_PULL_BACK_OFF: Final = re.compile(r'^\s*Back-off pulling image "[^"]*"\s*$')
@@ -762,9 +760,6 @@ def _container_failure(
     else:
         return None
     ran_for = _seconds(_run_length(last)) if last else 0
-    if declared_restart(specs.get((is_init, name)), last):
-        # Restarts the user declared retriable (restartPolicyRules): never a node's failure.
-        return None
 
     def failure(reason: str, message: str, why: str) -> Failure:
         return Failure(
@@ -780,6 +775,15 @@ def _container_failure(
         )
 
     last_reason = last.get("reason", "")
+    if (
+        waiting_reason in ("", CRASH_LOOP_BACK_OFF)
+        and last_reason in _OWN_EXITS
+        and declared_restart(specs.get((is_init, name)), last)
+    ):
+        # Restarts the user declared retriable (restartPolicyRules) after the application's
+        # own exit: never a node's failure. Only those: a container the runtime cannot create
+        # or start, or an OOM kill without a memory limit, is judged as for any container.
+        return None
     if last_reason in cfg.termination_reasons:
         exit_text = f"exit code {last.get('exitCode', '?')}"
         if last_reason == "OOMKilled" and _memory_limited(pod, specs.get((is_init, name))):
@@ -803,10 +807,14 @@ def _container_failure(
         if not last:
             return None
         if last.get("exitCode") == 0 and last_reason in ("", "Completed"):
-            # A container that ends well every time under restartPolicy Always (a one-shot
-            # command in a Deployment): the kubelet backs off restarting it, and every node
-            # would do the same.
-            return None
+            spec = specs.get((is_init, name)) or {}
+            if not (spec.get("livenessProbe") or spec.get("startupProbe")):
+                # A container that ends well every time under restartPolicy Always (a
+                # one-shot command in a Deployment): the kubelet backs off restarting it,
+                # and every node would do the same. With a liveness or startup probe, an exit
+                # 0 may be the kubelet's kill (SIGTERM on a failed probe, many servers exit 0
+                # then), which a starved or broken node causes: judged as any crash loop.
+                return None
         in_a_row, how = _recent_failures(status, last, cfg)
         if in_a_row < cfg.crashloop_restart_threshold:
             return None

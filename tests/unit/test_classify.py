@@ -148,22 +148,6 @@ MOVED = {
         "OutOfcpu",
         None,
     ),
-    "an image without an entry for this node's platform is moved": Moved(
-        pods.pod(
-            phase="Pending",
-            containers=[
-                waiting(
-                    "ErrImagePull",
-                    # containerd's words for a single-arch image on a node of another
-                    # architecture (core/images, the platform matcher finding no manifest).
-                    'failed to pull and unpack image "registry.example.com/shop/web:1.4.2": '
-                    "no match for platform in manifest: not found",
-                )
-            ],
-        ),
-        "ErrImagePull",
-        "app",
-    ),
     "a container the runtime cannot run is moved": Moved(
         pods.pod(
             containers=[
@@ -454,6 +438,27 @@ LEFT_ALONE["a pod failed by a graceful node shutdown (no fault of the node)"] = 
 LEFT_ALONE["a container that exits 0 every time under restartPolicy Always"] = pods.pod(
     containers=[crash_looping(restarts=6, last_reason="Completed", exit_code=0)]
 )
+LEFT_ALONE["an image without an entry for this node's platform"] = pods.pod(
+    phase="Pending",
+    containers=[
+        waiting(
+            "ErrImagePull",
+            # containerd's words for a single-arch image on a node of another architecture.
+            # Another architecture's node would pull it, but moving blindly would count a
+            # healthy node against itself; the pod's own kubernetes.io/arch selector is the fix.
+            'failed to pull and unpack image "registry.example.com/shop/web:1.4.2": '
+            "no match for platform in manifest: not found",
+        )
+    ],
+)
+
+
+def test_an_exit_0_crash_loop_under_a_liveness_probe_is_judged_as_any_crash_loop() -> None:
+    # The kubelet kills a container whose liveness probe fails (a starved or broken node can
+    # cause it), and many servers exit 0 on SIGTERM: the exit says nothing about the app.
+    probed = pods.pod(containers=[crash_looping(restarts=6, last_reason="Completed", exit_code=0)])
+    probed["spec"]["containers"][0]["livenessProbe"] = {"httpGet": {"path": "/", "port": 8080}}  # type: ignore[typeddict-item]
+    assert classify(probed, CFG, NOW) is not None
 
 
 @pytest.mark.parametrize("pod", LEFT_ALONE.values(), ids=LEFT_ALONE.keys())
@@ -1260,6 +1265,23 @@ def test_restarts_a_container_rule_declares_are_the_users_choice(
         pods.pod(containers=[crash_looping(restarts=5, exit_code=exit_code)]), *rules
     )
     assert (classify(p, CFG, NOW) is not None) is moved
+
+
+def test_a_restart_rule_excuses_the_applications_exits_only() -> None:
+    # The previous run exited 42 (declared retriable); now the node's runtime cannot create
+    # the container: that is judged as for any container, and moved after 30 s.
+    stuck = waiting(
+        "CreateContainerError", "failed to reserve container name: context deadline exceeded"
+    )
+    stuck["lastState"] = {
+        "terminated": last_terminated("Error", 42, finished=NOW - timedelta(minutes=3))
+    }
+    p = with_restart_rules(pods.pod(containers=[stuck]), restart_on("In", 42))
+    assert classify(p, CFG, NOW) is not None
+    # An OOM kill without a memory limit is the node running out, whatever the rules say.
+    oom = crash_looping(restarts=1, last_reason="OOMKilled", exit_code=137)
+    p = with_restart_rules(no_memory_limit(pods.pod(containers=[oom])), restart_on("NotIn", 0))
+    assert classify(p, CFG, NOW) is not None
 
 
 def test_a_containers_own_restart_policy_replaces_the_pods() -> None:
