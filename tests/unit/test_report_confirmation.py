@@ -356,14 +356,6 @@ def test_a_replayed_reply_is_never_later_than_our_own_last_write() -> None:
     assert assess(node, found.blame, NOW, CFG).verdict is Verdict.HEALTHY
 
 
-def test_a_reply_for_an_older_move_of_the_workload_is_not_counted_as_of_now() -> None:
-    """The workload was moved again since (off another node): the older move's time is not
-    recorded, and a replay of its reply would count its node as of the later write."""
-    later = moved(live(), handled=(live()["metadata"]["uid"], "uid-of-a-later-move"))
-    found = rescheduled(later)
-    assert isinstance(found, Unconfirmed) and "moved other pods since" in found.why, found
-
-
 def test_a_reply_for_a_statefulset_pod_counts_by_the_pods_own_exclusions() -> None:
     pod = live()
     name = pod["metadata"]["name"]

@@ -489,14 +489,14 @@ def confirm_rescheduled(claim: Claim, record: Record) -> Confirmation:
     """A ``pod.rescheduled`` reply counts when the holder it names records the move: the pod's
     uid among the pods it moved (``handled``) and the node among the nodes it failed on
     (``failedOn``) or excluded (the workload's, or the pod's own entry of a StatefulSet). Its
-    time is never later than the state's last write: a replay of an old real reply cannot
-    refresh the node's record.
+    time is never later than the state's last write: a replay of an old real reply cannot date
+    a failure later than our own record.
 
-    Only the workload's latest move (the last uid of ``handled``, which update-annotations
-    appends in order) is dated by that write; an older move's time is not recorded, so its
-    reply, replayed after a later write (a move off another node), would count a repaired
-    node again as of now. It is not counted: the workload is counted on a node once, and its
-    latest move, or the live pod's own report, says it.
+    What it cannot bound: the state dates its last write, not each move. A replay of an older
+    real reply after a later write (a move off another node) is dated by that write, so a node
+    the workload really failed on within ``reset-after`` can be counted again as of it. A time
+    per node in ``failedOn`` would close that; counting only the latest move would instead lose
+    replies delivered out of order, which must give the same record.
     """
     said = claim.describe()
     state = record.state
@@ -504,11 +504,6 @@ def confirm_rescheduled(claim: Claim, record: Record) -> Confirmation:
         return Unconfirmed(f"{said}: {record.holder}: {record.unreadable}", warning=True)
     if claim.uid not in state.handled:
         return Unconfirmed(f"{said}: {record.holder} records no move of that pod", warning=True)
-    if state.handled[-1] != claim.uid:
-        return Unconfirmed(
-            f"{said}: {record.holder} moved other pods since, and the time of this move is "
-            "not recorded: not counted as of now"
-        )
     excluded = (*state.excluded_nodes, *state.entry(claim.name).excluded_nodes)
     if claim.node not in state.failed_on and claim.node not in excluded:
         return Unconfirmed(f"{said}: {record.holder} records no failure on that node", warning=True)
