@@ -304,33 +304,6 @@ def test_an_exhaustion_already_recorded_writes_nothing_and_says_nothing() -> Non
     assert RecordEvent not in kinds(made)
 
 
-def test_moves_stopped_for_a_workload_failing_everywhere_record_the_stop_and_remove_nothing() -> (
-    None
-):
-    # A bare pod is one lineage: failed the same way on node-a and node-c, kept off them, and
-    # failing the same way again on node-b.
-    bare = pods.pod(
-        name="solo",
-        owner=None,
-        stamp=None,
-        excluded=["node-a", "node-c"],
-        annotations={"scheduling-retries": "5"},
-        containers=[pods.crash_looping(restarts=4)],
-    )
-    state = WorkloadState(
-        moves=2,
-        excluded_nodes=("node-a", "node-c"),
-        holder_uid=bare["metadata"]["uid"],
-        failed_on={"node-a": "CrashLoopBackOff", "node-c": "CrashLoopBackOff"},
-    )
-    live = with_state(bare, state)
-    made = plan_of(live, resolution(BARE, live, "5"))  # type: ignore[arg-type]
-    assert made.decided is not None and made.decided.action is Action.STOPPED
-    assert kinds(made) == [WriteState, decide.Count, RecordEvent, Answer]
-    assert not removals(made.requests)
-    assert not any(isinstance(r, CreateReplacement | DryRunCreate) for r in made.requests)
-
-
 def failed_on_three_nodes() -> Pod:
     """A bare pod (one lineage) that failed the same way on node-a and node-c, was kept off
     them, and fails the same way again on node-b: a stop, unless the nodes say otherwise."""
@@ -349,6 +322,17 @@ def failed_on_three_nodes() -> Pod:
         failed_on={"node-a": "CrashLoopBackOff", "node-c": "CrashLoopBackOff"},
     )
     return with_state(bare, state)  # type: ignore[return-value]
+
+
+def test_moves_stopped_for_a_workload_failing_everywhere_record_the_stop_and_remove_nothing() -> (
+    None
+):
+    live = failed_on_three_nodes()
+    made = plan_of(live, resolution(BARE, live, "5"))  # type: ignore[arg-type]
+    assert made.decided is not None and made.decided.action is Action.STOPPED
+    assert kinds(made) == [WriteState, decide.Count, RecordEvent, Answer]
+    assert not removals(made.requests)
+    assert not any(isinstance(r, CreateReplacement | DryRunCreate) for r in made.requests)
 
 
 def another_workload_failed_on(name: str) -> dict[str, Any]:
