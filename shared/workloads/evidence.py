@@ -46,12 +46,11 @@ SWEEP_VERDICTS: Final = frozenset({STUCK_PENDING, FAILED_CREATE_POD_SANDBOX})
 
 @dataclass(frozen=True)
 class PodEvidence:
-    """What was read beside one pod, and when. ``unread`` says what could not be read (a
-    verdict that needs it is then not reached: the pod waits)."""
+    """What was read beside one pod. ``unread`` says what could not be read (a verdict that
+    needs it is then not reached: the pod waits)."""
 
     events: tuple[PodEvent, ...] = ()
     started: tuple[Started, ...] = ()
-    read_at: datetime | None = None
     unread: str = ""
 
 
@@ -66,7 +65,7 @@ def read_warning_events(api: kube.Kube, namespace: str, uid: str) -> tuple[PodEv
     return warning_events(items).get(uid, ())
 
 
-def read_evidence(api: kube.Kube, pod: Pod, now: datetime, *, siblings: bool) -> PodEvidence:
+def read_evidence(api: kube.Kube, pod: Pod, *, siblings: bool) -> PodEvidence:
     """The pod's Warning Events and, with ``siblings``, its controller's started containers.
     What the API refuses (403: RBAC) is said in ``unread``; kube.Transient (5xx, timeouts) is
     raised, for the delivery to be retried rather than the pod taken for one not failing."""
@@ -77,7 +76,7 @@ def read_evidence(api: kube.Kube, pod: Pod, now: datetime, *, siblings: bool) ->
     except kube.Transient:
         raise
     except kube.KubeError as exc:
-        return PodEvidence(read_at=now, unread=f"its Events could not be listed ({exc})")
+        return PodEvidence(unread=f"its Events could not be listed ({exc})")
     started: list[Started] = []
     selector = sibling_selector(pod) if siblings and controller_of(pod) else None
     if selector is not None:
@@ -88,9 +87,9 @@ def read_evidence(api: kube.Kube, pod: Pod, now: datetime, *, siblings: bool) ->
             raise
         except kube.KubeError as exc:
             return PodEvidence(
-                found, read_at=now, unread=f"the pods of its controller could not be listed ({exc})"
+                found, unread=f"the pods of its controller could not be listed ({exc})"
             )
-    return PodEvidence(found, tuple(started), now)
+    return PodEvidence(found, tuple(started))
 
 
 def failing_now(pod: Pod, cfg: Config, now: datetime, evidence: PodEvidence) -> Failure | None:

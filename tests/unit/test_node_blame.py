@@ -28,7 +28,8 @@ from shared.api.keys import (
 )
 from shared.api.nodehealth import MAX_FAILURES, NodeHealth, Seen, load
 from shared.api.records import RecordError
-from shared.api.workloadid import family
+from shared.api.workloadid import family, workload_id
+from shared.nodes.assess_nodes import decide
 from shared.nodes.assess_nodes.decide import (
     Blame,
     NodeFacts,
@@ -37,11 +38,12 @@ from shared.nodes.assess_nodes.decide import (
     Verdict,
     allowed_suspects,
     assess,
-    blame_from_event,
+    claim_from_event,
     moved_off_removal,
     node_patch,
     over_cap,
     within_cap,
+    workload_of_pod,
 )
 from shared.nodes.assess_nodes.handler import Assessor
 from shared.platform import kube
@@ -110,22 +112,22 @@ def facts(record: NodeHealth | None = None, **kw: Any) -> NodeFacts:
 # -- which reports blame a node ------------------------------------------------------------------
 
 
-def test_a_failing_report_blames_the_node_of_the_pods_controller() -> None:
-    found = blame_from_event(EVENT_POD_FAILING, failing_data(), "2026-11-23T09:59:00Z", NOW)
-    assert (found.node, found.reason) == ("node-1", "CrashLoopBackOff")
-    assert found.workload.startswith("ReplicaSet ")
+def test_a_failing_report_claims_its_node_reason_and_time() -> None:
+    # Only a claim: what is counted comes from the API (tests/unit/test_report_confirmation.py).
+    found = claim_from_event(EVENT_POD_FAILING, failing_data(), "2026-11-23T09:59:00Z", NOW)
+    assert (found.node, found.reason, found.holder) == ("node-1", "CrashLoopBackOff", None)
     assert found.at == NOW - timedelta(minutes=1)
 
 
 @pytest.mark.parametrize("event_type", [EVENT_POD_RESCHEDULED, EVENT_POD_EXHAUSTED])
-def test_a_move_or_an_exhausted_budget_blames_the_node_of_the_workload(event_type: str) -> None:
-    found = blame_from_event(event_type, outcome_data(report="node-fixable"), None, NOW)
-    assert (found.node, found.workload, found.at) == ("node-1", "ReplicaSet shop/web-7c9d", NOW)
+def test_a_move_or_an_exhausted_budget_names_the_holder_to_confirm_it_on(event_type: str) -> None:
+    found = claim_from_event(event_type, outcome_data(report="node-fixable"), None, NOW)
+    assert (found.node, found.holder, found.at) == ("node-1", ("ReplicaSet", "web-7c9d"), NOW)
 
 
 def test_a_report_from_the_future_counts_as_now() -> None:
     data = outcome_data(report="node-fixable")
-    found = blame_from_event(EVENT_POD_RESCHEDULED, data, "2027-01-01T00:00:00Z", NOW)
+    found = claim_from_event(EVENT_POD_RESCHEDULED, data, "2027-01-01T00:00:00Z", NOW)
     assert found.at == NOW
 
 
@@ -156,7 +158,7 @@ def test_reports_that_say_nothing_against_a_node_are_not_evidence(
     )
     data.update(change)
     with pytest.raises(NotEvidence):
-        blame_from_event(event_type, data, None, NOW)
+        claim_from_event(event_type, data, None, NOW)
 
 
 @pytest.mark.parametrize(
@@ -165,13 +167,12 @@ def test_reports_that_say_nothing_against_a_node_are_not_evidence(
         [],
         {"namespace": "shop"},
         {**outcome_data(report="node-fixable"), "workload": "web"},
-        {**outcome_data(report="node-fixable"), "topWorkload": {"kind": "Deployment"}},
         {**outcome_data(report="node-fixable"), "node": 3},
     ],
 )
 def test_a_malformed_report_is_refused(data: Any) -> None:
     with pytest.raises(ValueError) as err:
-        blame_from_event(EVENT_POD_RESCHEDULED, data, None, NOW)
+        claim_from_event(EVENT_POD_RESCHEDULED, data, None, NOW)
     assert not isinstance(err.value, NotEvidence)
 
 
@@ -579,10 +580,10 @@ def test_a_move_is_evidence_only_when_the_full_rules_called_the_pod_failing(
     event_type, data = reply_after_move(pod)
     assert event_type == EVENT_POD_RESCHEDULED
     if evidence:
-        assert blame_from_event(event_type, data, None, NOW).node == "node-b"
+        assert claim_from_event(event_type, data, None, NOW).node == "node-b"
     else:
         with pytest.raises(NotEvidence, match="early"):
-            blame_from_event(event_type, data, None, NOW)
+            claim_from_event(event_type, data, None, NOW)
 
 
 def test_a_move_reported_without_its_kind_is_not_counted_again() -> None:
@@ -591,7 +592,7 @@ def test_a_move_reported_without_its_kind_is_not_counted_again() -> None:
     old = outcome_data()
     assert "kind" not in old
     with pytest.raises(NotEvidence):
-        blame_from_event(EVENT_POD_RESCHEDULED, old, None, NOW)
+        claim_from_event(EVENT_POD_RESCHEDULED, old, None, NOW)
 
 
 # -- distinct workloads are top-level workloads ----------------------------------------------
@@ -637,8 +638,13 @@ def test_the_reply_after_a_move_names_the_holder_and_its_top_level_workload(
     assert data["workload"] == {"kind": holder_kind, "name": holder["metadata"]["name"]}
     assert data["topWorkload"] == {"kind": top[0], "name": top[1]}
     assert data["kind"] == "node-fixable"
-    assert blame_from_event(EVENT_POD_RESCHEDULED, data, None, NOW).workload == (
-        f"{top[0]} shop/{top[1]}"
+    # What assess-nodes counts is the holder's own controller as it reads the holder.
+    assert claim_from_event(EVENT_POD_RESCHEDULED, data, None, NOW).holder == (
+        holder_kind,
+        holder["metadata"]["name"],
+    )
+    assert decide.record_of(holder_of(holder_kind, holder)).workload == workload_id(
+        top[0], "shop", top[1]
     )
 
 
@@ -659,6 +665,21 @@ def moved_of(kind: str, name: str, top: tuple[str, str] | None, pod: str) -> dic
     if top is not None:
         data["topWorkload"] = {"kind": top[0], "name": top[1]}
     return data
+
+
+def counted(event_type: str, data: dict[str, Any], at: str) -> Blame:
+    """The blame assess-nodes records once it confirmed the report: a failing report's
+    workload as the live pod's controller names it (the pod as the report describes it), a
+    reply's as the holder's own controller names it (the reply's topWorkload, as
+    update-annotations read it; the holder itself when it has none)."""
+    claim = claim_from_event(event_type, data, at, NOW)
+    if event_type == EVENT_POD_FAILING:
+        pod = {"metadata": {k: data[k] for k in ("namespace", "name", "ownerReferences")}}
+        workload = workload_of_pod(pod)
+    else:
+        top = data.get("topWorkload") or data["workload"]
+        workload = workload_id(top["kind"], claim.namespace, top["name"])
+    return Blame(claim.node, workload, claim.uid, claim.reason, claim.at)
 
 
 # Reports of pods of one Deployment across a `kubectl rollout restart` (a new ReplicaSet,
@@ -722,7 +743,7 @@ def test_a_workloads_successive_controllers_are_one_distinct_workload(
     record = NodeHealth()
     for minutes_ago, (event_type, data) in enumerate(reversed(reports), start=1):
         at = (NOW - timedelta(minutes=minutes_ago)).isoformat().replace("+00:00", "Z")
-        found = blame_from_event(event_type, data, at, NOW)
+        found = counted(event_type, data, at)
         assert found.node == "node-1"
         done = assess(facts(record), found, NOW, CFG)
         record = done.record

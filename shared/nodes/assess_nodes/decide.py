@@ -250,47 +250,6 @@ def claim_from_event(event_type: str, data: object, event_time: str | None, now:
     return Claim(event_type, str(namespace), name, str(uid), node, str(reason), at, holder)
 
 
-def blame_from_event(event_type: str, data: object, event_time: str | None, now: datetime) -> Blame:
-    """The blame an event *claims*, unverified: the wire contract of the reports (which
-    workload a report names, which reports are evidence at all). assess-nodes never counts
-    it: only a ``Confirmed`` blame, built from what the API showed. ValueError: malformed;
-    NotEvidence: nothing to blame."""
-    claim = claim_from_event(event_type, data, event_time, now)
-    assert isinstance(data, dict)
-    if event_type == EVENT_POD_FAILING:
-        workload = _workload_of_failing(data, claim.namespace)
-    else:
-        workload = _workload_of_outcome(data, claim.namespace)
-    return Blame(claim.node, workload, claim.uid, claim.reason, claim.at)
-
-
-def _workload_of_failing(data: Mapping[str, Any], namespace: str) -> str:
-    owners = data.get("ownerReferences") or []
-    if not isinstance(owners, list):
-        raise ValueError("ownerReferences must be a list")
-    for owner in owners:
-        if isinstance(owner, dict) and owner.get("controller") is True:
-            kind, name = owner.get("kind"), owner.get("name")
-            if isinstance(kind, str) and kind and isinstance(name, str) and name:
-                return workload_id(kind, namespace, name)
-    name = data.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError("event data needs the pod's name")
-    return workload_id("Pod", namespace, name)
-
-
-def _workload_of_outcome(data: Mapping[str, Any], namespace: str) -> str:
-    """The top-level workload a reply names; the holder for a reply from before it did."""
-    field = "topWorkload" if data.get("topWorkload") is not None else "workload"
-    workload = data.get(field)
-    if not isinstance(workload, dict):
-        raise ValueError(f"event data needs the {field}")
-    kind, name = workload.get("kind"), workload.get("name")
-    if not (isinstance(kind, str) and kind and isinstance(name, str) and name):
-        raise ValueError(f"the {field} needs a kind and a name")
-    return workload_id(kind, namespace, name)
-
-
 # -- what a report must show before it counts -----------------------------------------------------
 
 # The objects update-annotations keeps a state on: the holders a reply may name.

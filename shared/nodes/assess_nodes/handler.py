@@ -221,7 +221,7 @@ class Assessor:
             return failure, ""
         if not still_starting(pod, node, self.cfg):  # type: ignore[arg-type]
             return None, ""
-        evidence = read_evidence(self.api, pod, now, siblings=True)  # type: ignore[arg-type]
+        evidence = read_evidence(self.api, pod, siblings=True)  # type: ignore[arg-type]
         return failing_now(pod, self.cfg, now, evidence), evidence.unread  # type: ignore[arg-type]
 
     def _confirm_move(self, claim: Claim) -> Confirmation:

@@ -492,7 +492,7 @@ class Rescheduler:
                 continue
             if isinstance(made, decide.ReadEvidence):
                 trace.note(f"pod {given.failing.namespace}/{given.failing.name}: {made.why}")
-                read = evidence.read_evidence(self.api, given.live, self.clock(), siblings=True)
+                read = evidence.read_evidence(self.api, given.live, siblings=True)
                 if read.unread:
                     log.warning(
                         "%s/%s: %s", given.failing.namespace, given.failing.name, read.unread
