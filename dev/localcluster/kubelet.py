@@ -86,6 +86,8 @@ _REMOVE: Final = -2
 _FAULT: Final = "FAULT"
 # The faults that make a running container exit (the others stop pods from starting).
 _CRASHING_MODES: Final = frozenset({"crashloop", "oom"})
+# The size the Pulled Event gives every image: about a small distroless application's.
+_FAKE_IMAGE_SIZE: Final = 48_213_504
 
 
 BackOffMode = Literal["compressed", "kubelet"]
@@ -551,6 +553,12 @@ class _Shard:
         mode, step = run.mode, run.step
         if step == "creating":
             run.run_started = now
+            if mode == "pullhang":
+                self._record_pulls(pod, hung=True)
+                tracked.done = True
+                return
+            if mode != "imagepull":
+                self._record_pulls(pod, hung=False)
             if mode in (HEALTHY, "evict"):
                 nxt = "running"
             elif mode in ("crashloop", "oom"):
@@ -617,19 +625,45 @@ class _Shard:
         )
         tracked.run = run
 
-    def _record_eviction(self, pod: JSON) -> None:
-        """The Warning Event the eviction manager records on the pod it evicts, as kubelet
-        v1.36 writes it through its legacy recorder (tests/fixtures/real-kubelet/
-        evicted-disk-pressure.json): the pod with its uid, reason Evicted, the node as
-        ``source.host``. Best effort, as the kubelet's own Events are."""
+    def _record_pulls(self, pod: JSON, *, hung: bool) -> None:
+        """The kubelet's Events for the pod's image pulls, as v1.36 writes them (recorded:
+        tests/fixtures/real-kubelet/crashloop.json, image-pull-hangs.json): ``Pulling`` for a
+        pull that hangs; ``Pulled`` "Successfully pulled ... Image size" for the first pull of
+        an image on its node, which takes ``Timing.start``. A later start on that node finds
+        the image there; the kubelet then writes "already present on machine", which nothing
+        reads, so it is not written here (one write less per pod start)."""
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
+        took = f"{round(self.k.timing.start * 1000)}ms"
+        for key, path in (("initContainers", "initContainers"), ("containers", "containers")):
+            for container in spec.get(key) or []:
+                image = str(container.get("image") or "")
+                field_path = f"spec.{path}{{{container.get('name', '')}}}"
+                if hung:
+                    self._record(pod, "Normal", "Pulling", f'Pulling image "{image}"', field_path)
+                    return  # the kubelet pulls one container's image at a time
+                if self.k.first_pull(node, image):
+                    message = (
+                        f'Successfully pulled image "{image}" in {took} ({took} including '
+                        f"waiting). Image size: {_FAKE_IMAGE_SIZE} bytes."
+                    )
+                    self._record(pod, "Normal", "Pulled", message, field_path)
+
+    def _record(
+        self, pod: JSON, kind: str, reason: str, message: str, field_path: str | None
+    ) -> None:
+        """One Event about ``pod`` through the kubelet's legacy recorder: the pod and its uid,
+        the container as fieldPath (none for the pod itself), the node as ``source.host``.
+        Best effort, as the kubelet's own Events are."""
         meta = pod.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        key = f"{meta.get('uid')}/{field_path}/{reason}"
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{name}.{zlib.crc32(str(meta.get('uid')).encode()):08x}"},
+            "metadata": {"name": f"{name}.{zlib.crc32(key.encode()):08x}"},
             "involvedObject": {
                 "kind": "Pod",
                 "namespace": namespace,
@@ -637,21 +671,28 @@ class _Shard:
                 "uid": meta.get("uid"),
                 "apiVersion": "v1",
                 "resourceVersion": meta.get("resourceVersion"),
+                **({"fieldPath": field_path} if field_path else {}),
             },
-            "reason": "Evicted",
-            "message": eviction_message(pod),
+            "reason": reason,
+            "message": message,
             "source": {"component": "kubelet", "host": node},
             "firstTimestamp": at,
             "lastTimestamp": at,
             "count": 1,
-            "type": "Warning",
+            "type": kind,
             "reportingComponent": "kubelet",
             "reportingInstance": node,
         }
         try:
             self.k.rest.post(f"/api/v1/namespaces/{namespace}/events", body)
         except ApiError as exc:
-            self.k.log.warning("could not record the eviction of %s/%s: %s", namespace, name, exc)
+            self.k.log.warning("could not record %s for %s/%s: %s", reason, namespace, name, exc)
+
+    def _record_eviction(self, pod: JSON) -> None:
+        """The Warning Event the eviction manager records on the pod it evicts, as kubelet
+        v1.36 writes it (tests/fixtures/real-kubelet/evicted-disk-pressure.json): reason
+        Evicted, about the pod, not one of its containers."""
+        self._record(pod, "Warning", "Evicted", eviction_message(pod), None)
 
 
 class _NodeFaults:
@@ -731,6 +772,9 @@ class FakeKubelet:
         self.synced = threading.Event()
         self.seq = itertools.count()
         self.ipam = _IPAM()
+        # (node, image) pulled on that node: every shard's pods share the node's images.
+        self._images: set[tuple[str, str]] = set()
+        self._images_lock = threading.Lock()
         self._shards = [_Shard(self, i) for i in range(max(self.shards, 1))]
         self._watcher = threading.Thread(target=self._watch_loop, name="fake-kubelet-watch")
         self._watcher.daemon = True
@@ -738,6 +782,14 @@ class FakeKubelet:
         self._node_watcher = threading.Thread(
             target=self._watch_nodes, name="fake-kubelet-nodes", daemon=True
         )
+
+    def first_pull(self, node: str, image: str) -> bool:
+        """Whether ``node`` pulls ``image`` now: its first start of it; later ones find it."""
+        with self._images_lock:
+            if (node, image) in self._images:
+                return False
+            self._images.add((node, image))
+            return True
 
     def new_run(self, pod: JSON, mode: str, host_ip: str, pod_ip: str) -> PodRun:
         meta = pod["metadata"]

@@ -32,7 +32,9 @@ from typing import Any, Final, Literal
 JSON = dict[str, Any]
 
 # The node fault modes (values of the SIM_FAULT_LABEL node label); "none" marks a healthy bind.
-FAULT_MODES: Final = ("crashloop", "oom", "imagepull", "evict", "createcontainer")
+# "pullhang": a pull that never answers (a registry mirror that accepts connections and never
+# replies): the sandbox up, every container ContainerCreating for ever, one Pulling Event.
+FAULT_MODES: Final = ("crashloop", "oom", "imagepull", "evict", "createcontainer", "pullhang")
 HEALTHY: Final = "none"
 
 Step = Literal[

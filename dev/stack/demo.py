@@ -792,6 +792,7 @@ _FAULT_TEXT: Final = {
     "memory-pressure": "the kubelet sees its memory full: MemoryPressure, evictions",
     "evict": "evicts its pods under memory pressure",
     "createcontainer": "its runtime cannot create containers: CreateContainerError",
+    "pullhang": "its image mirror never answers: the pull hangs, ContainerCreating",
 }
 
 

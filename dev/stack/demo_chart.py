@@ -30,6 +30,7 @@ FAULT_COLORS: Final = {
     "imagepull": "#ff8c00",
     "evict": "#8c564b",
     "createcontainer": "#e377c2",
+    "pullhang": "#7f7f7f",
 }
 GOOD: Final = "#2ca02c"
 GOOD_STARTING: Final = "#a6dba0"
