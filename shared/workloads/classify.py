@@ -39,6 +39,7 @@ from shared.platform.config import (
 )
 from shared.workloads.podevents import (
     FAILED_CREATE_POD_SANDBOX,
+    ImagePull,
     PodEvent,
     missing_volume_source,
     sandbox_doubtful,
@@ -342,10 +343,11 @@ def unschedulable_due_to_exclusions(pod: Pod, cfg: Config) -> Failure | None:
 @judges_pod
 @dataclass(frozen=True)
 class Started:
-    """A container of a controller's pod that the runtime started on a node: what a pod's
-    siblings say about an image, for a pod still pulling it elsewhere."""
+    """A container of a controller's pod that the runtime started on a node: which pod of
+    which controller ran which image where (its download, if any, is the pod's Pulled Event)."""
 
     controller: str
+    pod: str
     container: str
     image: str
     node: str
@@ -360,6 +362,7 @@ def started_containers(pod: Pod) -> list[Started]:
     node = pod.get("spec", {}).get("nodeName")
     if ref is None or not ref.get("uid") or not node:
         return []
+    uid = str(pod.get("metadata", {}).get("uid", ""))
     specs = _container_specs(pod)
     found = []
     for is_init, status in _container_statuses(pod):
@@ -369,28 +372,74 @@ def started_containers(pod: Pod) -> list[Started]:
         image = (specs.get((is_init, status.get("name", ""))) or {}).get("image")
         if at is None or at <= _NEVER_STARTED or not image:
             continue
-        found.append(Started(str(ref["uid"]), status.get("name", ""), str(image), node, at))
+        found.append(Started(str(ref["uid"]), uid, status.get("name", ""), str(image), node, at))
     return found
 
 
-def _started_beside(
-    pod: Pod, node: str, since: datetime, started: Sequence[Started]
-) -> Started | None:
-    """A sibling's container, of the same controller, name and image as one this pod is still
-    waiting to create, that started on another node after this pod's sandbox came up."""
+# How much longer than a sibling's download elsewhere a pull may run before it counts as hung:
+# nodes differ in bandwidth and disk, and a node pulls one image at a time by default
+# (serializeImagePulls), so its own queue adds to the wait.
+PULL_SLOWER_THAN_SIBLING: Final = 3
+
+
+def _short(took: timedelta) -> str:
+    """A download's time as the kubelet prints it: milliseconds under a second."""
+    if took < timedelta(seconds=1):
+        return f"{took // timedelta(milliseconds=1)}ms"
+    return format_duration(took)
+
+
+def _same_image(spec: str, pulled: str) -> bool:
+    """Whether the kubelet's Pulled message names the spec's image: since v1.30 it prints the
+    reference with the default tag applied (applyDefaultImageTag: "busybox" -> "busybox:latest"),
+    before that the spec's text as written."""
+    if spec == pulled:
+        return True
+    last = spec.rsplit("/", 1)[-1]
+    return "@" not in spec and ":" not in last and pulled == f"{spec}:latest"
+
+
+@dataclass(frozen=True)
+class PulledBeside:
+    """A sibling's download of the image a pod is still waiting for, on another node."""
+
+    started: Started
+    pull: ImagePull
+
+
+def _pulled_beside(
+    pod: Pod,
+    node: str,
+    since: datetime,
+    started: Sequence[Started],
+    pulls: Mapping[str, Sequence[ImagePull]],
+) -> PulledBeside | None:
+    """The slowest download, by a pod of the same controller on another node, of an image this
+    pod is still waiting to create, asked for after this pod's sandbox came up: the registry
+    served that image meanwhile, in that time. A sibling whose node had the image already is no
+    evidence (the kubelet wrote "already present on machine", or under policy Always "pulled"
+    gigabytes in milliseconds: ImagePull.downloaded), nor is a sibling's latest restart: its
+    pull is when it happened, whatever ran since."""
     ref = controller_of(pod)
     if ref is None or not ref.get("uid"):
         return None
     specs = _container_specs(pod)
+    found: list[PulledBeside] = []
     for is_init, status in _container_statuses(pod):
         name = status.get("name", "")
         image = (specs.get((is_init, name)) or {}).get("image")
         for s in started:
-            if (s.controller, s.container, s.image) == (ref["uid"], name, image) and (
-                s.node != node and s.at >= since
-            ):
-                return s
-    return None
+            if (s.controller, s.container, s.image) != (ref["uid"], name, image) or s.node == node:
+                continue
+            for pull in pulls.get(s.pod, ()):
+                if (
+                    (pull.container, pull.node) == (s.container, s.node)
+                    and _same_image(s.image, pull.image)
+                    and pull.began >= since
+                    and pull.downloaded
+                ):
+                    found.append(PulledBeside(s, pull))
+    return max(found, key=lambda b: b.pull.took, default=None)
 
 
 def stuck_pending(
@@ -399,6 +448,7 @@ def stuck_pending(
     now: datetime,
     events: Sequence[PodEvent] = (),
     started_elsewhere: Sequence[Started] = (),
+    pulls: Mapping[str, Sequence[ImagePull]] | None = None,
 ) -> Failure | None:
     """A pod bound to a node whose kubelet has not started it for too long.
 
@@ -424,13 +474,17 @@ def stuck_pending(
     `waiting_failure_after` since the first failure, is the node's failure, long before
     `pending_stuck_after`.
 
-    ``started_elsewhere``, the started containers of the other pods (started_containers), are
-    the evidence for a pull: a pod whose sandbox is up and whose image another pod of the same
-    controller started on another node since (pulled there, or already there) is stuck after
-    `pending_stuck_after`, not `pull_stuck_after`. A node-local registry mirror that accepts
-    connections and never answers leaves a pull with no error and no timeout (containerd 1.6;
-    recorded: tests/fixtures/real-kubelet/image-pull-hangs.json), while the same image starts
-    in seconds on other nodes.
+    ``started_elsewhere``, the started containers of the other pods (started_containers), and
+    ``pulls``, the kubelets' downloads by pod uid (podevents.image_pulls), are the evidence for
+    a pull: a pod whose sandbox is up and whose image another pod of the same controller
+    downloaded on another node since, in time d, is stuck after the longer of
+    `pending_stuck_after` and PULL_SLOWER_THAN_SIBLING x d, not `pull_stuck_after`. A node-local
+    registry mirror that accepts connections and never answers leaves a pull with no error and
+    no timeout (containerd 1.6; recorded: tests/fixtures/real-kubelet/image-pull-hangs.json),
+    while the same image downloads in seconds on other nodes. A sibling that found the image
+    (or its layers) already on its node proves nothing about how long a download takes (a
+    20 GB image is still downloading after 10 minutes on a healthy node): the pull keeps its
+    hour.
     """
     if skip_reason(pod, cfg) is not None:
         return None
@@ -475,12 +529,20 @@ def stuck_pending(
         since = parse_kube_time(sandbox.get("lastTransitionTime"))
         threshold = override or cfg.pull_stuck_after
         stage = "its sandbox is up but its containers are still being created (image pull?)"
-        sibling = None if since is None else _started_beside(pod, node, since, started_elsewhere)
-        if sibling is not None and override is None:
-            threshold = min(threshold, cfg.pending_stuck_after)
+        beside = (
+            None
+            if since is None
+            else _pulled_beside(pod, node, since, started_elsewhere, pulls or {})
+        )
+        if beside is not None and override is None:
+            threshold = min(
+                threshold,
+                max(cfg.pending_stuck_after, PULL_SLOWER_THAN_SIBLING * beside.pull.took),
+            )
             stage += (
-                f", while another pod of its controller started {sibling.container} "
-                f"({sibling.image}) on node {sibling.node} at {sibling.at:%H:%M:%S}"
+                f", while another pod of its controller downloaded {beside.pull.image} on node "
+                f"{beside.pull.node} in {_short(beside.pull.took)} (asked for at "
+                f"{beside.pull.began:%H:%M:%S})"
             )
     else:
         since = parse_kube_time(status.get("startTime"))

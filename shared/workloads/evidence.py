@@ -11,8 +11,9 @@ sweep judged it on, read in this request:
   it failed: the kubelet records its rejections (``rejectPod`` in pkg/kubelet/kubelet.go:
   ``OutOfcpu``, ``NodeAffinity``, ``UnexpectedAdmissionError`` ...) and its evictions
   (``Evicted``, pkg/kubelet/eviction) as Events on the pod, with the node as ``source.host``;
-- the started containers of the pod's siblings (``classify.started_containers``), the evidence
-  that shortens a pull's threshold.
+- the started containers of the pod's siblings (``classify.started_containers``) and the
+  kubelets' downloads of their images (their ``Pulled`` Events), the evidence that shortens a
+  pull's threshold.
 
 Reading is here, deciding is pure: ``failing_now`` is ``classify`` and ``stuck_pending`` over
 what was read, with the full thresholds, the same code the sweep runs.
@@ -20,7 +21,8 @@ what was read, with the full thresholds, the same code the sweep runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
@@ -36,7 +38,14 @@ from shared.workloads.classify import (
     started_containers,
     stuck_pending,
 )
-from shared.workloads.podevents import FAILED_CREATE_POD_SANDBOX, PodEvent, warning_events
+from shared.workloads.podevents import (
+    FAILED_CREATE_POD_SANDBOX,
+    PULLED,
+    ImagePull,
+    PodEvent,
+    image_pulls,
+    warning_events,
+)
 from shared.workloads.siblings import sibling_selector
 
 # The sweep's own verdicts: a pod's status shows only ``ContainerCreating`` for them, and the
@@ -51,6 +60,8 @@ class PodEvidence:
 
     events: tuple[PodEvent, ...] = ()
     started: tuple[Started, ...] = ()
+    # The siblings' downloads, by pod uid.
+    pulls: Mapping[str, tuple[ImagePull, ...]] = field(default_factory=dict)
     unread: str = ""
 
 
@@ -79,24 +90,42 @@ def read_evidence(api: kube.Kube, pod: Pod, *, siblings: bool) -> PodEvidence:
         return PodEvidence(unread=f"its Events could not be listed ({exc})")
     started: list[Started] = []
     selector = sibling_selector(pod) if siblings and controller_of(pod) else None
-    if selector is not None:
-        try:
-            for other in api.list_all("Pod", namespace, label_selector=selector):
-                started.extend(started_containers(other))  # type: ignore[arg-type]
-        except kube.Transient:
-            raise
-        except kube.KubeError as exc:
-            return PodEvidence(
-                found, unread=f"the pods of its controller could not be listed ({exc})"
-            )
-    return PodEvidence(found, tuple(started))
+    if selector is None:
+        return PodEvidence(found)
+    try:
+        for other in api.list_all("Pod", namespace, label_selector=selector):
+            started.extend(started_containers(other))  # type: ignore[arg-type]
+    except kube.Transient:
+        raise
+    except kube.KubeError as exc:
+        return PodEvidence(found, unread=f"the pods of its controller could not be listed ({exc})")
+    if not started:
+        return PodEvidence(found)
+    try:
+        pulls = read_image_pulls(api, namespace)
+    except kube.Transient:
+        raise
+    except kube.KubeError as exc:
+        return PodEvidence(
+            found, tuple(started), unread=f"its siblings' image pulls could not be read ({exc})"
+        )
+    return PodEvidence(found, tuple(started), pulls)
+
+
+def read_image_pulls(api: kube.Kube, namespace: str | None) -> dict[str, tuple[ImagePull, ...]]:
+    """The kubelets' downloads for pods in ``namespace`` (all with None), by pod uid: their
+    Pulled Events, one LIST filtered by the API server. KubeError as it comes."""
+    items = api.list_all(
+        "Event", namespace, field_selector=f"involvedObject.kind=Pod,reason={PULLED}"
+    )
+    return image_pulls(items)
 
 
 def failing_now(pod: Pod, cfg: Config, now: datetime, evidence: PodEvidence) -> Failure | None:
     """The pod's failure by the full rules, judged on the pod as read and the evidence read
     beside it: the verdicts of the detector and of the sweep, never the report's."""
     return classify(pod, cfg, now) or stuck_pending(
-        pod, cfg, now, evidence.events, evidence.started
+        pod, cfg, now, evidence.events, evidence.started, evidence.pulls
     )
 
 

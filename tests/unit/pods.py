@@ -526,3 +526,48 @@ def sandbox_ready_since(p: Pod, since: datetime) -> Pod:
         },
     )
     return changed
+
+
+def kubelet_event(
+    p: Pod,
+    reason: str,
+    message: str,
+    *,
+    at: datetime,
+    container: str | None = "app",
+    kind: str = "Normal",
+    count: int = 1,
+) -> dict[str, Any]:
+    """An Event about ``p`` as kubelet v1.36 writes it through its legacy recorder (recorded:
+    tests/fixtures/real-kubelet/crashloop.json): the pod and its uid as involvedObject, the
+    container as its fieldPath, the node as source.host and reportingInstance, repeats folded
+    into count."""
+    meta = p["metadata"]
+    node = str(p.get("spec", {}).get("nodeName") or "")
+    involved: dict[str, Any] = {
+        "kind": "Pod",
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "apiVersion": "v1",
+        "resourceVersion": meta.get("resourceVersion", "1"),
+    }
+    if container is not None:
+        involved["fieldPath"] = f"spec.containers{{{container}}}"
+    return {
+        "metadata": {
+            "name": f"{meta.get('name')}.{_hex(reason + message, 16)}",
+            "namespace": meta.get("namespace"),
+        },
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message,
+        "source": {"component": "kubelet", "host": node},
+        "firstTimestamp": ts(at),
+        "lastTimestamp": ts(at),
+        "count": count,
+        "type": kind,
+        "eventTime": None,
+        "reportingComponent": "kubelet",
+        "reportingInstance": node,
+    }

@@ -47,7 +47,8 @@ from shared.workloads.classify import (
     unschedulable_due_to_exclusions,
     worth_forwarding,
 )
-from shared.workloads.podevents import PodEvent, warning_events
+from shared.workloads.evidence import read_image_pulls
+from shared.workloads.podevents import ImagePull, PodEvent, warning_events
 from shared.workloads.podshape import MalformedPod, judged
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,12 @@ def find_failures(
     cfg: Config,
     now: datetime,
     events: Mapping[str, Sequence[PodEvent]] | None = None,
+    pulls: Callable[[], Mapping[str, Sequence[ImagePull]]] = dict,
 ) -> list[FailingPod]:
     """Pure: the failing, opted-in pods among ``pods``; ``events`` are the kubelet's Warning
-    Events about pods, by pod uid (podevents.warning_events)."""
+    Events about pods, by pod uid (podevents.warning_events); ``pulls`` reads the kubelets'
+    image downloads by pod uid (podevents.image_pulls), called only when a pod still pulling
+    has a sibling that started elsewhere."""
     events = events or {}
     found = []
     # One pass over the pages (memory stays flat): what every pod's containers started where,
@@ -100,11 +104,16 @@ def find_failures(
             # Never from a real API server; a list that carried one is not worth a crash.
             log.warning("skipping an object that is not a pod: %s", exc)
             continue
+    downloads: Mapping[str, Sequence[ImagePull]] | None = None
     for pod in starting:  # each already read once above without a fault
         ref = controller_of(pod) or {}
         siblings = started.get(str(ref.get("uid", "")), [])
+        if not siblings:
+            continue
+        if downloads is None:
+            downloads = pulls()
         uid = pod.get("metadata", {}).get("uid", "")
-        failure = stuck_pending(pod, cfg, now, events.get(uid, ()), siblings) if siblings else None
+        failure = stuck_pending(pod, cfg, now, events.get(uid, ()), siblings, downloads)
         if failure is not None:
             found.append(FailingPod.from_pod(pod, failure))
     return found
@@ -149,7 +158,9 @@ class Sweeper:
                 if not self.cfg.is_excluded_namespace(pod.get("metadata", {}).get("namespace")):
                     yield pod
 
-        failing = find_failures(counted(), self.cfg, self.clock(), self._warning_events())
+        failing = find_failures(
+            counted(), self.cfg, self.clock(), self._warning_events(), self._image_pulls
+        )
         sent = errors = 0
         for item in failing:
             if self._send(item):
@@ -174,6 +185,16 @@ class Sweeper:
             )
         except kube.KubeError as exc:
             log.warning("could not list pod events; judging by pod status alone: %s", exc)
+            return {}
+
+    def _image_pulls(self) -> dict[str, tuple[ImagePull, ...]]:
+        """The kubelets' image downloads, by pod uid: the evidence that a pull still running
+        beside a sibling's quick one is hung. Without them (the list failed) such a pull keeps
+        its full threshold."""
+        try:
+            return read_image_pulls(self.api, None)
+        except kube.KubeError as exc:
+            log.warning("could not list image pulls; pulls keep their full threshold: %s", exc)
             return {}
 
     def _send(self, item: FailingPod) -> bool:
