@@ -135,8 +135,13 @@ class Timing:
 # The functions' settings that go with this compressed clock. A real kubelet backs off 10s, 20s,
 # 40s ... between attempts, and detect-failures waits for about three of them (30s) before it
 # calls a failed image pull or container start a node failure; the fake kubelet retries in 2s,
-# so the local stack, the tests and the demo wait 1s. Everything else keeps its default.
-LOCAL_FUNCTION_SETTINGS: Final = {"KN_RESCHEDULER_WAITING_FAILURE_AFTER": "1s"}
+# so the local stack, the tests and the demo wait 1s. Crash loops are credited no faster than
+# the default back-off's pace (10 s, then doubling); the fake kubelet restarts every 3 s, so
+# the pace is 1 s here. Everything else keeps its default.
+LOCAL_FUNCTION_SETTINGS: Final = {
+    "KN_RESCHEDULER_WAITING_FAILURE_AFTER": "1s",
+    "KN_RESCHEDULER_CRASHLOOP_PACE": "1s",
+}
 
 
 @dataclass

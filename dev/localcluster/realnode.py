@@ -103,7 +103,10 @@ CLUSTER_DOMAIN: Final = "cluster.local"
 # The functions' settings for a cluster of real nodes: the defaults, made for a real kubelet's
 # back-off, where the kwok stack compresses them to follow its fake kubelet
 # (kubelet.LOCAL_FUNCTION_SETTINGS).
-REAL_KUBELET_FUNCTION_SETTINGS: Final = {"KN_RESCHEDULER_WAITING_FAILURE_AFTER": "30s"}
+REAL_KUBELET_FUNCTION_SETTINGS: Final = {
+    "KN_RESCHEDULER_WAITING_FAILURE_AFTER": "30s",
+    "KN_RESCHEDULER_CRASHLOOP_PACE": "10s",
+}
 # Where the nodes keep their state: not the cluster's work directory, whose path may be long,
 # because containerd and the kubelet make unix sockets in theirs (a socket's path has at most
 # 107 bytes; both refuse a longer one). One directory per cluster, named by its network.

@@ -151,6 +151,12 @@ class Config:
     # say nothing about today. The kubelet forgets its back-off on the same horizon (twice the
     # 5-minute maximum).
     crashloop_recent_run: timedelta = timedelta(minutes=10)
+    # The pace a series of crashes is credited at: no faster than a kubelet with the default
+    # crash-loop back-off (10 s doubling) restarts a container. A node may back off less
+    # (KubeletCrashLoopBackOffMax, from 1 s, on by default since v1.35), and 3 crashes in 3
+    # seconds there are not yet 3 in a row by the meaning the thresholds have everywhere else.
+    # Only a compressed clock (the local cluster's fake kubelet) has reason to change it.
+    crashloop_pace: timedelta = timedelta(seconds=10)
     # The waiting reasons above (a failed pull, a container the runtime cannot create or run)
     # count only once the kubelet has kept failing for this long: about three attempts with
     # its back-off of 10s, 20s, 40s. One failed attempt is too little evidence against a node.
@@ -587,6 +593,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "excluded_namespaces": _as_str_set,
     "namespace": _as_name,
     "crashloop_recent_run": _as_duration,
+    "crashloop_pace": _as_duration,
     "waiting_failure_after": _as_duration,
     "reset_after": _as_duration,
     "pending_stuck_after": _as_duration,

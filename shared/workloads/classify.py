@@ -637,10 +637,38 @@ _OWN_LIMIT_EVICTIONS: Final = tuple(
 )
 # "back-off 40s restarting failed container=app pod=..." (kuberuntime's doBackOff).
 _BACK_OFF = re.compile(r"^back-off (\S+) restarting failed container", re.IGNORECASE)
-# The kubelet's default crash-loop back-off: 10s doubling to a 5-minute cap. A back-off of
-# 10s * 2^(k-1) below the cap means k failures in a row; at the cap, 6 or more.
-_DEFAULT_BACK_OFFS: Final = {timedelta(seconds=10 * 2**k): k + 1 for k in range(5)}
-_BACK_OFF_CAP: Final = timedelta(minutes=5)
+# The kubelet's crash-loop back-off (pkg/kubelet/kubelet.go, newCrashLoopBackOff, v1.36): 10 s
+# doubling to a 5-minute cap by default. Since v1.35 (KubeletCrashLoopBackOffMax, beta, on by
+# default) a node's crashLoopBackOff.maxContainerRestartPeriod caps it anywhere from 1 s to
+# 300 s, and lowers the initial back-off to the cap when that is smaller;
+# ReduceDefaultCrashLoopBackOffDecay (alpha) starts it at 1 s and caps it at 60 s. So
+# "back-off 40s" is the third failure in a row on a default node, and the seventh or later on
+# one with the reduced decay and a 40 s cap: a node's back-off bounds its series from below only.
+_DEFAULT_INITIAL_BACK_OFF: Final = timedelta(seconds=10)
+
+
+def failures_behind(back_off: timedelta) -> int:
+    """The fewest failures in a row a kubelet writing "back-off <back_off>" has seen, whatever
+    its back-off settings: the largest initial back-off (10 s) doubling to it. 1 up to 10 s,
+    2 for 20 s, 3 for 40 s (or a 30 s cap), 6 at the 5-minute cap."""
+    count, step = 1, _DEFAULT_INITIAL_BACK_OFF
+    while step < back_off:
+        step *= 2
+        count += 1
+    return count
+
+
+def failures_paced(elapsed: timedelta, pace: timedelta) -> int:
+    """The most failures in a row a kubelet with the default back-off can have restarted in
+    ``elapsed`` from the first: at once, then ``pace``, 2 x ``pace`` ... later (restartCount k
+    comes pace x (2^(k-1) - 1) after the first failure: 0, 10 s, 30 s, 70 s by default). What
+    a restart count is worth on a node that backs off faster."""
+    count, total, step = 1, timedelta(0), pace
+    while step > timedelta(0) and total + step <= elapsed:
+        total += step
+        step *= 2
+        count += 1
+    return count
 
 
 def _matches(patterns: tuple[re.Pattern[str], ...], message: str) -> str | None:
@@ -767,14 +795,21 @@ def _memory_limited(pod: Pod, spec: Mapping[str, Any] | None) -> bool:
 
 
 def _recent_failures(
-    status: ContainerStatus, last: Mapping[str, Any], cfg: Config
+    pod: Pod, status: ContainerStatus, last: Mapping[str, Any], cfg: Config, now: datetime
 ) -> tuple[int, str]:
-    """How many times in a row this container failed recently, and how we know.
+    """How many times in a row this container failed recently, as a kubelet with the default
+    back-off would count them, and how we know.
 
     `restartCount` is the pod's lifetime count: five restarts weeks ago say nothing about a
     crash today. A last run longer than `crashloop_recent_run` starts a new series (1), as
-    the kubelet's back-off does; otherwise the back-off in the kubelet's message bounds the
-    series when it is one of the default steps (10s, 20s, 40s, 80s, 160s: 1 to 5 in a row).
+    the default kubelet's back-off does. Otherwise:
+    - the back-off in the kubelet's message proves at least ``failures_behind`` it (10s, 20s,
+      40s, 1m20s, 2m40s: 1 to 5 in a row; the 5-minute cap: 6; a node's own cap or the
+      reduced decay: fewer than it may have seen, never more);
+    - a pod younger than `crashloop_recent_run` has had no run long enough to start a new
+      series, so its restarts are all in a row, credited no faster than the default back-off
+      allows since it started (``failures_paced``): 3 crashes in 3 s on a node that backs
+      off 1 s are not yet the 3 in a row a default node takes 30 s to show.
     """
     restarts = status.get("restartCount", 0)
     ran = _run_length(last)
@@ -782,18 +817,28 @@ def _recent_failures(
         return 1, f"its last run lasted {format_duration(ran)}, so this failure starts a series"
     message = status.get("state", {}).get("waiting", {}).get("message", "")
     found = _BACK_OFF.match(message or "")
+    behind: int | None = None
     if found:
         try:
-            back_off = parse_duration(found.group(1))
+            behind = failures_behind(parse_duration(found.group(1)))
         except ValueError:
-            back_off = None
-        if back_off is not None and back_off < _BACK_OFF_CAP and back_off in _DEFAULT_BACK_OFFS:
-            in_a_row = _DEFAULT_BACK_OFFS[back_off]
-            if in_a_row < restarts:
-                return in_a_row, (
-                    f"{restarts} restarts in its lifetime, {in_a_row} in a row "
-                    f"(kubelet back-off {found.group(1)})"
-                )
+            behind = None
+    started = parse_kube_time(pod.get("status", {}).get("startTime"))
+    if started is not None and now - started < cfg.crashloop_recent_run:
+        paced = min(restarts, failures_paced(now - started, cfg.crashloop_pace))
+        in_a_row = max(paced, min(restarts, behind or 0))
+        if in_a_row < restarts:
+            return in_a_row, (
+                f"{restarts} restarts in {format_duration(now - started)} since the pod "
+                f"started, {in_a_row} in a row at the default kubelet's pace"
+            )
+        return restarts, f"{restarts} restarts"
+    if behind is not None and behind < restarts:
+        assert found is not None
+        return behind, (
+            f"{restarts} restarts in its lifetime, at least {behind} in a row "
+            f"(kubelet back-off {found.group(1)})"
+        )
     return restarts, f"{restarts} restarts"
 
 
@@ -877,7 +922,7 @@ def _container_failure(
                 # 0 may be the kubelet's kill (SIGTERM on a failed probe, many servers exit 0
                 # then), which a starved or broken node causes: judged as any crash loop.
                 return None
-        in_a_row, how = _recent_failures(status, last, cfg)
+        in_a_row, how = _recent_failures(pod, status, last, cfg, now)
         if in_a_row < cfg.crashloop_restart_threshold:
             return None
         cause = waiting_reason or last_reason
@@ -932,6 +977,7 @@ def _between_restarts(
     pod's whole life. So it is counted in a row only while the pod is younger than
     ``crashloop_recent_run`` (no run of its could have been long enough to start a new
     series); an older pod waits for the kubelet's CrashLoopBackOff and its back-off message.
+    Credited no faster than a kubelet with the default back-off restarts (``failures_paced``).
     Counted only where the kubelet will restart the container (restartPolicy Always, or
     OnFailure after a failure); counted as CrashLoopBackOff, which the kubelet writes next.
     """
@@ -945,6 +991,10 @@ def _between_restarts(
         return None
     started = parse_kube_time(pod.get("status", {}).get("startTime"))
     if started is None or now - started >= cfg.crashloop_recent_run:
+        return None
+    if failures_paced(now - started, cfg.crashloop_pace) < cfg.crashloop_restart_threshold:
+        # Restarts faster than the default back-off allows (a node that backs off 1 s): not
+        # yet the series the threshold means on every other node.
         return None
     age = format_duration(now - started)
     reason = last.get("reason", "") or "unknown"

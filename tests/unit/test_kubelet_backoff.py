@@ -134,9 +134,9 @@ def test_the_default_clock_stays_compressed_and_real_is_the_kubelets() -> None:
 # -- what the pod says at each step ---------------------------------------------------------
 
 
-def in_back_off(restarts: int, back_off: float) -> Pod:
-    """A Deployment's pod as the fake kubelet writes it after its ``restarts``-th restart
-    crashed, with the container's back-off entry ``back_off``."""
+def in_back_off(restarts: int, back_off: float, age: float = 5 * MINUTE) -> Pod:
+    """A Deployment's pod started ``age`` seconds ago, as the fake kubelet writes it after its
+    ``restarts``-th restart crashed, with the container's back-off entry ``back_off``."""
     pod = cast(JSON, copy.deepcopy(pods.pod(node="node-1", containers=[pods.running()])))
     meta = pod["metadata"]
     run = PodRun(
@@ -147,7 +147,7 @@ def in_back_off(restarts: int, back_off: float) -> Pod:
         mode="crashloop",
         host_ip="10.0.0.11",
         pod_ip="10.244.1.2",
-        start_time=NOW_S - 5 * MINUTE,
+        start_time=NOW_S - age,
         step="backoff",
         restarts=restarts,
         back_off=back_off,
@@ -176,19 +176,26 @@ def test_the_waiting_message_names_the_back_off_as_the_kubelet_prints_it() -> No
 
 
 @pytest.mark.parametrize(
-    ("restarts", "back_off", "moved", "why"),
+    ("restarts", "back_off", "age", "moved", "why"),
     [
-        (2, 20.0, False, None),
-        (3, 40.0, True, "CrashLoopBackOff after 3 restarts (threshold 3)"),
-        # Its back-off was reset by a 10-minute run: 7 restarts, but only 1 in a row.
-        (7, 10.0, False, None),
-        (9, 40.0, True, "9 restarts in its lifetime, 3 in a row (kubelet back-off 40s)"),
+        (2, 20.0, 5 * MINUTE, False, None),
+        (3, 40.0, 5 * MINUTE, True, "CrashLoopBackOff after 3 restarts (threshold 3)"),
+        # A pod of 3 hours whose back-off a 10-minute run reset: 7 restarts, 1 in a row.
+        (7, 10.0, 180 * MINUTE, False, None),
+        (
+            9,
+            40.0,
+            180 * MINUTE,
+            True,
+            "9 restarts in its lifetime, at least 3 in a row (kubelet back-off 40s)",
+        ),
     ],
 )
 def test_detect_failures_counts_the_restarts_in_a_row_from_the_message(
-    restarts: int, back_off: float, moved: bool, why: str | None
+    restarts: int, back_off: float, age: float, moved: bool, why: str | None
 ) -> None:
-    failure = classify(in_back_off(restarts, back_off), Config(), NOW + timedelta(seconds=1))
+    pod = in_back_off(restarts, back_off, age)
+    failure = classify(pod, Config(), NOW + timedelta(seconds=1))
     assert (failure is not None) == moved
     if failure is not None:
         assert why is not None and why in failure.why

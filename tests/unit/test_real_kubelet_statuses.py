@@ -400,6 +400,7 @@ def test_the_back_off_bounds_the_series_in_restarts_as_restart_count_counts_them
     # of crashloop_restart_threshold; three restarts are four failed runs.
     pod = pod_of(scenario)
     pod["status"]["containerStatuses"][0]["restartCount"] = 100
+    pod["status"]["startTime"] = "2026-11-20T00:00:00Z"
     failure = classify(pod, CFG, recorded_at(scenario))
     assert failure is not None
     assert f"{restarts} in a row" in failure.why
