@@ -147,10 +147,19 @@ def test_a_pull_hung_beside_a_siblings_download_elsewhere_is_moved_without_its_h
         (stuck["metadata"]["name"], "StuckPending", hung)
     ]
     assert other in reports[0]["why"] and "downloaded" in reports[0]["why"]
-    # update-annotations reads the Pulled Events itself and moves the pod.
-    Rescheduler(api, CFG).handle(
+    # update-annotations reads the Pulled Events itself and moves the pod, and its reply says
+    # what the move rested on and what it read.
+    reply = Rescheduler(api, CFG).handle(
         events.Event("sweep-1", "/sweep", EVENT_POD_FAILING, {}, reports[0])
     )
+    assert reply is not None
+    evidence = reply.data["evidence"]
+    assert evidence["rule"] == "thresholds" and "downloaded" in evidence["why"]
+    assert [r["what"] for r in evidence["read"]][:3] == [
+        f"pod {namespace}/{stuck['metadata']['name']}",
+        "its owners and their policy",
+        "its Warning Events, its controller's pods and their image pulls",
+    ]
     gone = api.list_all("Pod", namespace)
     assert stuck["metadata"]["uid"] not in {p["metadata"]["uid"] for p in gone}
 

@@ -443,6 +443,35 @@ def test_an_early_report_on_a_suspect_node_moves_the_pod_at_its_first_failure() 
     assert not isinstance(decide.plan_move(unproven), ListSiblings)
 
 
+def test_a_moves_reply_says_the_rule_the_judged_failure_and_what_was_read_when() -> None:
+    # What a person (and the soak's invariants) reads to see why a pod was moved: never the
+    # report's claims, the failure as judged on the pod read, and every read with its time.
+    read = (decide.Read("pod shop/web-7d9c8b6f4-x2x9z", NOW - timedelta(seconds=1)),)
+    made = plan_of(CRASHING, resolution(REPLICASET, replicaset()), reads=read)
+    reply = first(made, Answer).reply
+    evidence = reply.data["evidence"]
+    assert evidence["rule"] == "thresholds"
+    assert "CrashLoopBackOff" in evidence["why"] and "early" not in evidence
+    assert evidence["judgedAt"] == "2026-03-14T09:26:53Z"
+    assert evidence["read"][0] == {
+        "what": "pod shop/web-7d9c8b6f4-x2x9z",
+        "at": "2026-03-14T09:26:52Z",
+    }
+    # The Event says the judged failure too.
+    assert f"judged: {evidence['why']}" in first(made, RecordEvent).message
+
+
+def test_an_early_moves_reply_names_the_evidence_beside_the_pod() -> None:
+    early = decide.early_on_node(early_report(), CFG, node(suspect=True))
+    assert early is not None and early.acted_on
+    live = pods.pod(containers=[pods.crash_looping(restarts=1)])
+    made = plan_of(live, resolution(REPLICASET, replicaset()), reported=early_report(), early=early)
+    evidence = first(made, Answer).reply.data["evidence"]
+    assert evidence["rule"] == "suspect-node"
+    assert evidence["early"] == early.why
+    assert "before the thresholds: " + early.why in first(made, RecordEvent).message
+
+
 def test_an_early_report_with_the_fast_path_off_is_not_acted_on() -> None:
     off = Config(suspect_fast_path=False, corroborated_fast_path=False)
     early = decide.early_on_node(early_report(), off, node(suspect=True))

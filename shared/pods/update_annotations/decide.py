@@ -42,7 +42,7 @@ from shared.api.keys import (
 )
 from shared.api.kubetypes import Pod
 from shared.api.state import StateError, dump_state, load_state
-from shared.api.times import format_duration
+from shared.api.times import format_duration, format_time
 from shared.platform import events
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
@@ -107,6 +107,14 @@ class Siblings:
 
 
 @dataclass(frozen=True)
+class Read:
+    """One thing this delivery read from the API, and when: what its decision rests on."""
+
+    what: str
+    at: datetime
+
+
+@dataclass(frozen=True)
 class Inputs:
     """What a plan is made of: the report, what was read, the settings and the clock."""
 
@@ -143,6 +151,11 @@ class Inputs:
     evidence: PodEvidence | None = None
     # The nodes a stop would rest on that speak against themselves, and why; None until read.
     implicated: Mapping[str, str] | None = None
+    # Everything read for this decision, in order: said in the move's reply.
+    reads: tuple[Read, ...] = ()
+
+    def having_read(self, what: str, at: datetime) -> Inputs:
+        return replace(self, reads=(*self.reads, Read(what, at)))
 
 
 # -- what a plan asks to be read first ----------------------------------------------------------
@@ -402,8 +415,11 @@ def reply_for(
     resolution: Resolution,
     *,
     message: str | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> events.Reply | None:
-    """The follow-up event: rescheduled or exhausted; nothing for any other action."""
+    """The follow-up event: rescheduled or exhausted; nothing for any other action.
+    ``evidence`` (``evidence_of``) says what the decision rested on, when this delivery made
+    it."""
     if action in (Action.MOVE, Action.CLEAR_AND_MOVE):
         kind = EVENT_POD_RESCHEDULED
     elif action is Action.EXHAUSTED:
@@ -439,8 +455,29 @@ def reply_for(
             "excludedNodes": list(decided.excluded_nodes),
             "exclusionsCleared": decided.exclusions_cleared or action is Action.CLEAR_AND_MOVE,
             "message": decided.message if message is None else message,
+            **({"evidence": dict(evidence)} if evidence is not None else {}),
         },
     )
+
+
+def evidence_of(given: Inputs, failure: Failure) -> dict[str, Any]:
+    """What a decision rested on, for its reply: the rule that moved the pod (the full
+    thresholds, or the evidence beside it that allowed a move before them, or for a pod its
+    StatefulSet already replaced the kubelet's own Event), the failure as judged on what was
+    read, and everything read, when. Never the report's claims."""
+    if given.removed:
+        rule = "kubelet-event"
+    elif given.early is not None and given.early.evidence is not None:
+        rule = str(given.early.evidence)
+    else:
+        rule = "thresholds"
+    return {
+        "rule": rule,
+        "why": failure.why,
+        **({"early": given.early.why} if given.early is not None else {}),
+        "judgedAt": format_time(given.now),
+        "read": [{"what": r.what, "at": format_time(r.at)} for r in given.reads],
+    }
 
 
 # -- judgements on what was read ----------------------------------------------------------------
@@ -883,11 +920,14 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         )
     if siblings is not None and siblings.note and siblings.attempt == given.attempt:
         notes.append(siblings.note)
-    if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE) and given.early is not None:
-        # Said on the workload's Event and in the reply: why it did not wait for the thresholds.
-        decided = replace(
-            decided, message=f"{decided.message}; before the thresholds: {given.early.why}"
-        )
+    if decided.action in (Action.MOVE, Action.CLEAR_AND_MOVE):
+        # Said on the workload's Event and in the reply: the failure as judged on what was
+        # read, and why it did not wait for the thresholds (said last: the demo reads it).
+        decided = replace(decided, message=f"{decided.message}; judged: {failure.why}")
+        if given.early is not None:
+            decided = replace(
+                decided, message=f"{decided.message}; before the thresholds: {given.early.why}"
+            )
     said = f"plan: {decided.action} ({decided.reason}): {decided.message}"
     if decided.new_state is None:
         notes.append(said)
@@ -1022,7 +1062,16 @@ def _after_record(
     assert holder is not None
     if not decided.delete_pod:
         return (
-            Answer(reply_for(failing, decided.action, decided, resolution), "nothing to remove"),
+            Answer(
+                reply_for(
+                    failing,
+                    decided.action,
+                    decided,
+                    resolution,
+                    evidence=evidence_of(given, failure),
+                ),
+                "nothing to remove",
+            ),
         )
     name, uid = failing.name, failing.uid
     if given.removed:
@@ -1072,7 +1121,14 @@ def _after_record(
             gate=True,
         ),
         Answer(
-            reply_for(failing, said.action, decided, resolution, message=said.message),
+            reply_for(
+                failing,
+                said.action,
+                decided,
+                resolution,
+                message=said.message,
+                evidence=evidence_of(given, failure),
+            ),
             "the move, said by this delivery",
         ),
     )
@@ -1125,7 +1181,14 @@ def _after_record(
         )
     requests.append(
         Answer(
-            reply_for(failing, said.action, decided, resolution, message=said.message),
+            reply_for(
+                failing,
+                said.action,
+                decided,
+                resolution,
+                message=said.message,
+                evidence=evidence_of(given, failure),
+            ),
             "the move",
         )
     )
@@ -1166,7 +1229,14 @@ def _recorded_removed(given: Inputs, decided: Plan, holder: Ref) -> tuple[Reques
         *requests,
         RecordEvent(holder, said.event_reason, message, "the move", key=failing.uid, repeat=False),
         Answer(
-            reply_for(failing, said.action, decided, given.resolution, message=message),
+            reply_for(
+                failing,
+                said.action,
+                decided,
+                given.resolution,
+                message=message,
+                evidence=evidence_of(given, failing.failure),
+            ),
             "the move",
         ),
     )

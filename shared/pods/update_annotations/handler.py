@@ -228,21 +228,24 @@ class Rescheduler:
             return None
         early: decide.Early | None = None
         node: Mapping[str, Any] | None = None
+        # What this delivery read, in order, and when: said in the move's reply.
+        reads: list[decide.Read] = []
         if failing.failure.kind is FailureKind.EARLY:
-            early, node = self._early_on_node(failing, trace)
+            early, node = self._early_on_node(failing, trace, reads)
             if early is not None and not early.acted_on:
                 return None
         try:
             live: Pod = self.api.get("Pod", ns, name)  # type: ignore[assignment]
         except kube.NotFound:
-            if self._removed_by_its_statefulset(failing, trace):
-                return self._record_removed(failing, None, trace)
+            if self._removed_by_its_statefulset(failing, trace, reads):
+                return self._record_removed(failing, None, trace, reads)
             trace.note(f"pod {ns}/{name} is gone")
             return self._said_if_ours(failing, trace)
+        reads.append(decide.Read(f"pod {ns}/{name}", self.clock()))
         meta = live.get("metadata", {})
         if meta.get("uid") != failing.uid:
-            if self._removed_by_its_statefulset(failing, trace, live):
-                return self._record_removed(failing, live, trace)
+            if self._removed_by_its_statefulset(failing, trace, reads, live):
+                return self._record_removed(failing, live, trace, reads)
             trace.note(f"pod {ns}/{name} was replaced (uid {meta.get('uid')})")
             return self._said_if_ours(failing, trace)
         if meta.get("deletionTimestamp"):
@@ -250,7 +253,7 @@ class Rescheduler:
             return self._said_if_ours(failing, trace)
 
         if failing.failure.kind is FailureKind.EARLY and early is None:
-            early = self._corroborate(failing, live, node, trace)
+            early = self._corroborate(failing, live, node, trace, reads)
             if not early.acted_on:
                 return None
         if early is not None and early.counts_against_node:
@@ -262,10 +265,19 @@ class Rescheduler:
         # A Deployment's pod: the Deployment's policy applies, and a copy of our state on it
         # (kubectl rollout undo) is removed before the ReplicaSet's state is written.
         settled = rollouts.check_deployment(self.api, resolution)
+        reads.append(decide.Read("its owners and their policy", self.clock()))
         for note in settled.notes:
             trace.note(f"pod {ns}/{name}: {note}")
         return self._carry_out(
-            decide.Inputs(failing, live, settled.resolution, self.cfg, self.clock(), early=early),
+            decide.Inputs(
+                failing,
+                live,
+                settled.resolution,
+                self.cfg,
+                self.clock(),
+                early=early,
+                reads=tuple(reads),
+            ),
             trace,
         )
 
@@ -304,7 +316,11 @@ class Rescheduler:
     # -- terminal failures: the controller replaced the pod before we recorded it ---------------
 
     def _removed_by_its_statefulset(
-        self, failing: FailingPod, trace: Trace, namesake: Pod | None = None
+        self,
+        failing: FailingPod,
+        trace: Trace,
+        reads: list[decide.Read],
+        namesake: Pod | None = None,
     ) -> bool:
         """A StatefulSet pod the kubelet failed (Evicted, OutOf*, ...) is deleted and recreated
         under its name by the StatefulSet controller itself, usually before this delivery: the
@@ -325,6 +341,7 @@ class Rescheduler:
                 exc,
             )
             said = ()
+        reads.append(decide.Read(f"the Warning Events about uid {failing.uid}", self.clock()))
         confirmed, why = decide.removed_confirmed(failing, said, namesake)
         trace.note(why)
         if not confirmed:
@@ -332,7 +349,7 @@ class Rescheduler:
         return confirmed
 
     def _record_removed(
-        self, failing: FailingPod, namesake: Pod | None, trace: Trace
+        self, failing: FailingPod, namesake: Pod | None, trace: Trace, reads: list[decide.Read]
     ) -> events.Reply | None:
         """Record the move of a failed StatefulSet pod its controller already removed, then
         redirect its namesake if that was admitted without the exclusion."""
@@ -352,6 +369,7 @@ class Rescheduler:
             failure=failing.failure,
             removed=True,
             namesake=namesake,
+            reads=(*reads, decide.Read("its owners and their policy", self.clock())),
         )
         return self._carry_out(given, trace)
 
@@ -401,7 +419,7 @@ class Rescheduler:
             )
 
     def _early_on_node(
-        self, failing: FailingPod, trace: Trace
+        self, failing: FailingPod, trace: Trace, reads: list[decide.Read]
     ) -> tuple[decide.Early | None, Mapping[str, Any] | None]:
         """An early report (a failure below the thresholds): first the Node (one GET). A
         suspect node moves the pod; None: look beside the pod next (`_corroborate`), with the
@@ -420,13 +438,19 @@ class Rescheduler:
                 unread = decide.Early(False, f"early report: node {node} could not be read")
                 trace.note(unread.why)
                 return unread, None
+            reads.append(decide.Read(f"node {node}", self.clock()))
         early = decide.early_on_node(failing, self.cfg, found)
         if early is not None:
             trace.note(early.why)
         return early, found
 
     def _corroborate(
-        self, failing: FailingPod, live: Pod, node: Mapping[str, Any] | None, trace: Trace
+        self,
+        failing: FailingPod,
+        live: Pod,
+        node: Mapping[str, Any] | None,
+        trace: Trace,
+        reads: list[decide.Read],
     ) -> decide.Early:
         """Read what the corroborated rules ask for (the node's pods, then the ReplicaSet's),
         until they answer. Best effort: a LIST that fails is no evidence, and the pod waits for
@@ -445,10 +469,12 @@ class Rescheduler:
                     on_node = list(
                         self.api.list_all("Pod", None, field_selector=f"spec.nodeName={step.node}")
                     )
+                    reads.append(decide.Read(f"the pods on node {step.node}", self.clock()))
                 else:
                     twins = list(
                         self.api.list_all("Pod", step.namespace, label_selector=step.selector)
                     )
+                    reads.append(decide.Read("the pods of its ReplicaSet", self.clock()))
             except kube.KubeError as exc:
                 log.warning(
                     "could not list pods for %s/%s's early report (%s): waiting for the thresholds",
@@ -474,11 +500,15 @@ class Rescheduler:
             if isinstance(made, decide.ListSiblings):
                 siblings = self._siblings(given, made, trace)
                 given = replace(given, siblings=siblings, job_pods=siblings.pods)
+                if siblings.pods is not None:
+                    given = given.having_read("the other pods of its workload", self.clock())
                 continue
             if isinstance(made, decide.ListJobPods):
                 # KubeErrors propagate: without the count, no counted move.
                 pods = self.api.list_all("Pod", made.namespace, label_selector=made.selector)
-                given = replace(given, job_pods=tuple(pods))
+                given = replace(given, job_pods=tuple(pods)).having_read(
+                    "the pods of its Job", self.clock()
+                )
                 continue
             if isinstance(made, decide.ListLine):
                 given = replace(given, line_goes_on=self._line_goes_on(given.live, made, trace))
@@ -488,7 +518,9 @@ class Rescheduler:
                 implicated = fastpath.implicated_nodes(given.live, nodes, self.cfg, self.clock())
                 for node, why in implicated.items():
                     trace.note(f"node {node} does not count towards a stop: {why}")
-                given = replace(given, implicated=implicated)
+                given = replace(given, implicated=implicated).having_read(
+                    f"nodes {', '.join(made.nodes)}", self.clock()
+                )
                 continue
             if isinstance(made, decide.ReadEvidence):
                 trace.note(f"pod {given.failing.namespace}/{given.failing.name}: {made.why}")
@@ -498,6 +530,11 @@ class Rescheduler:
                         "%s/%s: %s", given.failing.namespace, given.failing.name, read.unread
                     )
                 given = replace(given, evidence=read)
+                if not read.unread:
+                    given = given.having_read(
+                        "its Warning Events, its controller's pods and their image pulls",
+                        self.clock(),
+                    )
                 continue
             if made.decided is not None:
                 trace.plan = made.decided
@@ -522,6 +559,7 @@ class Rescheduler:
             given = replace(
                 given,
                 holder=self._reread(holder),
+                reads=(*given.reads, decide.Read("its holder again", self.clock())),
                 failure=made.failure,
                 attempt=given.attempt + 1,
                 # The dry runs passed: a re-plan removes the same pod the same way.
