@@ -277,14 +277,24 @@ def run_pod(c: Cluster, name: str, node: str, **container: Any) -> None:
     c.rest.post(PODS, body)
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+def eventually(
+    check: Callable[[], Any],
+    what: str,
+    timeout: float = 60.0,
+    seen: Callable[[], Any] | None = None,
+) -> Any:
+    """Poll ``check`` until it answers something truthy; the failure says what it last
+    answered and, with ``seen``, what else there was to see (a node's conditions and taints)."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            extra = f"; saw {seen()!r:.2000}" if seen is not None else ""
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what} (last: {result!r}){extra}"
+            )
         time.sleep(0.5)
 
 
@@ -326,6 +336,26 @@ def condition(c: Cluster, node: str, kind: str) -> str:
 def taints(c: Cluster, node: str) -> set[str]:
     spec = c.rest.get(f"/api/v1/nodes/{node}")["spec"]
     return {t["key"] for t in spec.get("taints") or []}
+
+
+def node_seen(c: Cluster, node: str) -> dict[str, Any]:
+    """A node's conditions and taints, for a wait's failure message."""
+    found = c.rest.get(f"/api/v1/nodes/{node}")
+    return {
+        "conditions": {x["type"]: x["status"] for x in found["status"].get("conditions", [])},
+        "taints": found["spec"].get("taints") or [],
+    }
+
+
+def tainted(c: Cluster, node: str, key: str) -> None:
+    """Wait for the node lifecycle controller's taint: it writes it on its own watch, a moment
+    after the kubelet's condition, so reading it right after the condition races."""
+    eventually(
+        lambda: key in taints(c, node),
+        f"the {key} taint on {node}",
+        timeout=30,
+        seen=lambda: node_seen(c, node),
+    )
 
 
 # -- a healthy real node -------------------------------------------------------------------------
@@ -429,8 +459,12 @@ def test_disk_pressure_taints_the_node_and_evicts_its_pods(real: Cluster, broken
     run_pod(real, "victim", BROKEN)
     eventually(lambda: running(real, "victim"), "the pod to run")
     broken("disk-pressure")
-    eventually(lambda: condition(real, BROKEN, "DiskPressure") == "True", "DiskPressure")
-    assert "node.kubernetes.io/disk-pressure" in taints(real, BROKEN)
+    eventually(
+        lambda: condition(real, BROKEN, "DiskPressure") == "True",
+        "DiskPressure",
+        seen=lambda: node_seen(real, BROKEN),
+    )
+    tainted(real, BROKEN, "node.kubernetes.io/disk-pressure")
     evicted = eventually(
         lambda: pod(real, "victim")["status"].get("reason") == "Evicted", "the eviction"
     )
@@ -443,8 +477,12 @@ def test_disk_pressure_taints_the_node_and_evicts_its_pods(real: Cluster, broken
 @pytest.mark.real_nodes_full
 def test_memory_pressure_is_reported_by_the_kubelet(real: Cluster, broken: Any) -> None:
     broken("memory-pressure")
-    eventually(lambda: condition(real, BROKEN, "MemoryPressure") == "True", "MemoryPressure")
-    assert "node.kubernetes.io/memory-pressure" in taints(real, BROKEN)
+    eventually(
+        lambda: condition(real, BROKEN, "MemoryPressure") == "True",
+        "MemoryPressure",
+        seen=lambda: node_seen(real, BROKEN),
+    )
+    tainted(real, BROKEN, "node.kubernetes.io/memory-pressure")
 
 
 def test_a_stopped_runtime_turns_the_node_not_ready_while_its_pod_looks_fine(
