@@ -839,6 +839,14 @@ def _recent_failures(
             f"{restarts} restarts in its lifetime, at least {behind} in a row "
             f"(kubelet back-off {found.group(1)})"
         )
+    if behind is None and restarts > 1:
+        # An older pod and no back-off to bound the series (an OOM kill written as
+        # state.terminated before the kubelet says CrashLoopBackOff): its lifetime count says
+        # nothing about today. Counted as the first; the kubelet's back-off message follows.
+        return 1, (
+            f"{restarts} restarts in its lifetime and no kubelet back-off yet to say how many "
+            "in a row: counted as the first"
+        )
     return restarts, f"{restarts} restarts"
 
 

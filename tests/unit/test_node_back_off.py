@@ -141,3 +141,21 @@ def test_between_two_restarts_a_young_pod_is_credited_at_the_default_pace() -> N
     assert classify(between(4 * SECOND), CFG, NOW) is None
     failure = classify(between(31 * SECOND), CFG, NOW)
     assert failure is not None and failure.reason == "CrashLoopBackOff"
+
+
+def test_an_oom_kill_at_its_own_limit_in_an_old_pod_is_the_first_of_a_series() -> None:
+    # state.terminated OOMKilled, before the kubelet writes CrashLoopBackOff and its back-off
+    # (recorded: tests/fixtures/real-kubelet/oom-killed.json): the pod's 7 restarts are from
+    # days ago, and nothing says how many of them are in a row.
+    old = pods.pod(
+        containers=[terminated("OOMKilled", 137, restarts=7, finished=NOW - SECOND)],
+        started=NOW - timedelta(days=3),
+    )
+    assert classify(old, CFG, NOW) is None
+    # The same kill in a pod a minute old: its restarts are all in a row.
+    young = pods.pod(
+        containers=[terminated("OOMKilled", 137, restarts=7, finished=NOW - SECOND)],
+        started=NOW - timedelta(minutes=3),
+    )
+    failure = classify(young, CFG, NOW)
+    assert failure is not None and "5 in a row" in failure.why
