@@ -699,11 +699,16 @@ class Scripted(kube.Kube):
     end-to-end tests (tests/e2e/test_moves.py, test_rescheduling_safety.py) cover the rest."""
 
     def __init__(
-        self, objects: Mapping[str, Mapping[str, Any]], refusals: Mapping[str, kube.KubeError]
+        self,
+        objects: Mapping[str, Mapping[str, Any]],
+        refusals: Mapping[str, kube.KubeError],
+        listed: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
         self.objects = objects
         self.refusals = refusals
+        self.listed = listed or {}
         self.calls: list[str] = []
+        self.patches: list[dict[str, Any]] = []
 
     def _call(self, call: str) -> None:
         self.calls.append(call)
@@ -726,12 +731,13 @@ class Scripted(kube.Kube):
         field_selector: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         self._call(f"list {kind}")
-        return iter(())
+        return iter([copy.deepcopy(dict(o)) for o in self.listed.get(kind, ())])
 
     def merge_patch(
         self, kind: str, namespace: str | None, name: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         self._call("patch")
+        self.patches.append(copy.deepcopy(body))
         return {}
 
     def create(self, kind: str, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
@@ -837,3 +843,29 @@ def test_a_pod_someone_else_removed_plans_nothing() -> None:
 def test_a_gone_bare_pods_move_is_looked_for_on_its_replacement() -> None:
     live = bare_pod()
     assert decide.replacement_name_of(report(live)) == replacement_name(live)
+
+
+def test_a_removed_statefulset_pods_run_length_is_never_taken_from_the_report() -> None:
+    # The kubelet's Evicted Event confirms the node and the reason; nothing read says how long
+    # the pod ran. A report claiming days would reset the pod's exclusions (the evicting node
+    # among them) and still charge the move.
+    failed = pods.evicted(
+        name="db-1",
+        owner=(STATEFUL, "db"),
+        labels={"app": "db", "statefulset.kubernetes.io/pod-name": "db-1"},
+    )
+    said = pods.kubelet_event(
+        failed,
+        "Evicted",
+        "The node had condition: [DiskPressure]. ",
+        at=NOW - timedelta(seconds=5),
+        container=None,
+        kind="Warning",
+    )
+    api = Scripted({"StatefulSet": statefulset()}, {}, listed={"Event": [said]})
+    data = report(failed).to_data() | {"ranForSeconds": 10_000_000}
+    event = Event("3", "/a-pod-of-the-cluster", "failing", {}, data)
+    Rescheduler(api, CFG, clock=lambda: NOW).handle(event)
+    [patch] = api.patches
+    state = load_state(patch["metadata"]["annotations"][STATE_ANNOTATION])
+    assert state.per_pod["db-1"].excluded_nodes == ("node-b",)

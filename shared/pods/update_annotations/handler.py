@@ -366,7 +366,10 @@ class Rescheduler:
             resolution,
             self.cfg,
             self.clock(),
-            failure=failing.failure,
+            # The kubelet's Event confirmed the node and the reason; nothing read says how long
+            # the pod ran, so the report's figure is not taken (a forged one would reset the
+            # workload's exclusions): unknown, as for any pod whose run cannot be read.
+            failure=replace(failing.failure, ran_for_seconds=None),
             removed=True,
             namesake=namesake,
             reads=(*reads, decide.Read("its owners and their policy", self.clock())),
