@@ -137,6 +137,21 @@ class FailingPod:
             raise ValueError("excludedNodes must be a list of node names")
         if pod is not None and not isinstance(pod, dict):
             raise ValueError("pod must be an object")
+        if pod is not None:
+            # A bare pod's snapshot: what its replacement is made from. Shaped as the API
+            # server writes a pod, or refused, never half read.
+            meta = pod.get("metadata", {})
+            if not isinstance(meta, dict):
+                raise ValueError("pod.metadata must be an object")
+            for key in ("labels", "annotations"):
+                found = meta.get(key)
+                if found is not None and not (
+                    isinstance(found, dict)
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in found.items())
+                ):
+                    raise ValueError(f"pod.metadata.{key} must map strings to strings")
+            if not isinstance(pod.get("spec", {}), dict):
+                raise ValueError("pod.spec must be an object")
         return cls(
             namespace=data["namespace"],
             name=data["name"],

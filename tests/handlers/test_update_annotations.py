@@ -43,3 +43,22 @@ def test_an_unreachable_api_server_gets_503_so_knative_redelivers(
     response = client.post("/", headers=headers, data=body)
     assert response.status_code == 503
     assert "127.0.0.1" in response.get_json()["error"]
+
+
+def test_a_bare_pods_snapshot_not_shaped_as_a_pod_gets_400_before_anything_is_read(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    # Any pod can post one; a snapshot whose metadata is not an object (or whose labels are not
+    # strings) used to end in a 500 and the dead-letter sink once the named pod was gone.
+    client = function_client("update-annotations", KUBECONFIG=str(unreachable_kubeconfig))
+    for pod in (
+        {"metadata": "ab"},
+        {"metadata": [1, 2]},
+        {"metadata": {"annotations": "x"}},
+        {"metadata": {"labels": ["a"]}},
+        {"metadata": {}, "spec": "x"},
+    ):
+        headers, body = cloudevent(EVENT_POD_FAILING, {**failing_data(), "pod": pod})
+        response = client.post("/", headers=headers, data=body)
+        assert response.status_code == 400, pod
+        assert "pod." in response.get_json()["error"]
