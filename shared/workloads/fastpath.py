@@ -102,7 +102,16 @@ def killed_at_its_own_limit(pod: Pod, found: Failure) -> bool:
 def corroborated_failure(pod: Pod, cfg: Config, now: datetime) -> Failure | None:
     """The pod's failure by the corroborated thresholds, or None (not failing often or long
     enough, or failing in a way no node can fix)."""
-    found = classify(pod, corroborated_config(cfg), now)
+    return fast_failure(pod, corroborated_config(cfg), cfg, now)
+
+
+def fast_failure(pod: Pod, rules: Config, cfg: Config, now: datetime) -> Failure | None:
+    """The pod's failure by a fast path's looser ``rules`` (``early_config`` on a suspect
+    node, ``corroborated_config`` with evidence beside it), or None: not failing by them, not
+    a failure another node could fix, or an OOM kill at its own limit, which counts only at the
+    full threshold (detect-failures never reports one early; a report that claims so is judged
+    here the same)."""
+    found = classify(pod, rules, now)
     if found is None or found.kind is not FailureKind.NODE_FIXABLE or not found.node:
         return None
     if _only_at_first_sight(pod, found, cfg, now):

@@ -472,6 +472,25 @@ def test_an_early_moves_reply_names_the_evidence_beside_the_pod() -> None:
     assert "before the thresholds: " + early.why in first(made, RecordEvent).message
 
 
+def test_an_early_report_of_an_oom_kill_at_its_own_limit_moves_nothing_even_on_a_suspect_node() -> (
+    None
+):
+    # detect-failures never reports one early (the application's own limit follows it to every
+    # node); a report that claims so, forged or not, is judged the same.
+    early = decide.early_on_node(early_report(), CFG, node(suspect=True))
+    assert early is not None and early.acted_on
+    oom = pods.pod(
+        containers=[pods.crash_looping(restarts=1, last_reason="OOMKilled", exit_code=137)]
+    )
+    # The report of its first crash, as if it were any crash; the pod read is OOM-killed.
+    claimed = early_report()
+    assert claimed.uid == oom["metadata"]["uid"]
+    given = Inputs(claimed, oom, resolution(REPLICASET, replicaset()), CFG, NOW, early=early)
+    made = decide.plan_move(given)
+    assert isinstance(made, MovePlan) and made.decided is None
+    assert not any(isinstance(r, WriteState) for r in made.requests)
+
+
 def test_an_early_report_with_the_fast_path_off_is_not_acted_on() -> None:
     off = Config(suspect_fast_path=False, corroborated_fast_path=False)
     early = decide.early_on_node(early_report(), off, node(suspect=True))

@@ -64,6 +64,7 @@ from shared.workloads.fastpath import (
     corroborated_config,
     corroborated_failure,
     early_config,
+    fast_failure,
     is_suspect,
     other_workloads_failing,
     ready_elsewhere,
@@ -654,7 +655,7 @@ def current_failure(
         if found is not None and found.node == failing.failure.node:
             now_failing = found
     if now_failing is None and early is not None and early.acted_on:
-        found = classify(live, early.rules(cfg), now)
+        found = fast_failure(live, early.rules(cfg), cfg, now)
         if found is not None and found.node == failing.failure.node:
             now_failing = replace(found, why=f"{found.why}; {early.why}")
     if now_failing is not None:
