@@ -26,6 +26,8 @@ from shared.api.keys import (
     NODE_HEALTH_ANNOTATION,
     POLICY_STAMP_ANNOTATION,
     STATE_ANNOTATION,
+    SUSPECT_LABEL,
+    SUSPECT_VALUE,
 )
 from shared.api.state import PodEntry, Stopped, WorkloadState, dump_state
 from shared.nodes.assess_nodes import decide
@@ -354,6 +356,33 @@ def test_a_replayed_reply_is_never_later_than_our_own_last_write() -> None:
     node = NodeFacts.from_node(nodes.node(NODE))
     assert assess(node, found.blame, NOW, CFG).record.failures == ()
     assert assess(node, found.blame, NOW, CFG).verdict is Verdict.HEALTHY
+
+
+def test_a_move_off_a_suspect_node_is_not_counted_whatever_the_reply_says_its_kind_is() -> None:
+    # Our record of a move does not say whether the suspect fast path made it, and the reply's
+    # kind is the sender's word: a fast-path reply re-posted as node-fixable would keep the node
+    # suspect on one-off crashes.
+    pod = live()
+    state = moved(pod)
+    rs = replicaset_with(state)
+    data = reply(pod, ("ReplicaSet", RS), top=("Deployment", "crashloop-deployment"))
+    assert data["kind"] == "node-fixable"
+    suspect = nodes.node(NODE, labels={SUSPECT_LABEL: SUSPECT_VALUE})
+    api = Api(rs, suspect)
+    assert deliver(api, EVENT_POD_RESCHEDULED, data) is None
+    assert api.patches == [] and node_record(api) == {}
+    # The same reply about a node that is not suspect counts.
+    healthy = Api(replicaset_with(state), nodes.node(NODE))
+    assert deliver(healthy, EVENT_POD_RESCHEDULED, data) is None
+    assert [f["workload"] for f in node_record(healthy)["failures"]] == [
+        "Deployment default/crashloop-deployment"
+    ]
+
+
+def replicaset_with(state: WorkloadState) -> dict[str, Any]:
+    rs = replicaset()
+    rs["metadata"].setdefault("annotations", {})[STATE_ANNOTATION] = dump_state(state)
+    return rs
 
 
 def test_a_reply_for_a_statefulset_pod_counts_by_the_pods_own_exclusions() -> None:

@@ -23,7 +23,11 @@ Only the full rules' verdict is evidence. A fast-path report (``kind: early``: a
 failure) and the fast-path move that follows it on a node already suspect are not: counted,
 any one-off crash there would keep the node suspect, and suspicion would feed itself. A move
 reported without its ``kind`` (an older update-annotations) is not counted either: it may have
-been a fast-path one, and a threshold move's own ``pod.failing`` report counted already.
+been a fast-path one, and a threshold move's own ``pod.failing`` report counted already. Nor is
+any move off a node that is suspect when the reply comes: our record of a move (the state on its
+holder) does not say which path made it, and the reply's ``kind`` is the sender's word, so a
+re-posted fast-path reply saying ``node-fixable`` would keep the node suspect. A suspect node
+stays so on live failures confirmed against their pods only.
 
 A node can also say itself that it is broken. node-problem-detector (and the kubelet) report
 node problems as Node conditions: ``KernelDeadlock``, ``ReadonlyFilesystem``,
@@ -442,6 +446,19 @@ def confirm_exhausted(
         return Unconfirmed(f"{said}: {record.holder}'s state does not say when it was written")
     blame = Blame(claim.node, record.workload, claim.uid, failure.reason, at)
     return Confirmed(blame, f"{said}: {record.holder} records its exhausted budget")
+
+
+def move_off_suspect(claim: Claim, node: Mapping[str, Any] | None) -> Unconfirmed | None:
+    """A ``pod.rescheduled`` reply about a node that is suspect now is not counted: the move
+    may have been the suspect fast path's, which no record of ours tells from a threshold
+    move. None: the node is not suspect (or gone: nothing will be recorded on it anyway)."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    if labels.get(SUSPECT_LABEL) != SUSPECT_VALUE:
+        return None
+    return Unconfirmed(
+        f"{claim.describe()}: node {claim.node} is suspect, and a move off it may be the fast "
+        "path's (the reply's kind is the sender's word): only live failures count there"
+    )
 
 
 def confirm_rescheduled(claim: Claim, record: Record) -> Confirmation:

@@ -228,6 +228,13 @@ class Assessor:
         """``pod.rescheduled``: the pod is gone; the holder the reply names must record the
         move (a bare pod's state went with it to its replacement)."""
         assert claim.holder is not None
+        try:
+            node: Mapping[str, Any] | None = self.api.get("Node", None, claim.node)
+        except kube.NotFound:
+            node = None
+        suspect = decide.move_off_suspect(claim, node)
+        if suspect is not None:
+            return suspect
         kind, name = claim.holder
         if kind not in decide.HOLDER_KINDS:
             return Unconfirmed(
