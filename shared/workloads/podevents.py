@@ -99,6 +99,10 @@ def missing_volume_source(events: Iterable[PodEvent], since: datetime) -> str | 
 _POD_OWN_SANDBOX: Final = (
     re.compile(r"cannot find a network-attachment-definition"),
     re.compile(r'network-attachment-definitions?\.k8s\.cni\.cncf\.io "[^"]+" not found'),
+    # The pod's network annotation names an attachment of another namespace while Multus
+    # isolates namespaces (GetPodNetwork), or is not valid JSON (parsePodNetworkAnnotation).
+    re.compile(r"namespace isolation violation"),
+    re.compile(r"parsePodNetworkAnnotation"),
 )
 # Sandbox failures that may follow the pod or its node, no telling which from the message: a
 # RuntimeClass handler the runtime does not know (containerd: 'failed to get sandbox runtime:
@@ -110,6 +114,13 @@ _DOUBTFUL_SANDBOX: Final = (
     re.compile(r'no runtime for "[^"]*" is configured'),
     re.compile(r"no IP addresses available", re.IGNORECASE),
     re.compile(r"failed to (allocate|assign) (for range|an IP)", re.IGNORECASE),
+    # Cilium's IPAM ('unable to allocate IP via local cilium agent: [POST /ipam][502]
+    # postIpamFailure "all CIDR ranges are exhausted"', or "range is full", or in CRD mode
+    # "no IPs currently available on the node"): a node's pool, or every node's at once.
+    re.compile(r"unable to allocate IP via local cilium agent", re.IGNORECASE),
+    re.compile(r"all CIDR ranges are exhausted", re.IGNORECASE),
+    re.compile(r"range is full", re.IGNORECASE),
+    re.compile(r"no IPs currently available", re.IGNORECASE),
 )
 
 

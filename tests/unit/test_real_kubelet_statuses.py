@@ -429,6 +429,24 @@ NO_IP_LEFT = (
     "IP addresses available in range set: 10.244.2.1-10.244.2.254"
 )
 
+# Cilium's IPAM with every pool exhausted (the CNI plugin's error as its agent's API answers it;
+# the wording of pkg/ipam's cidrPool.allocateNext, as kube_events show it in the field).
+CILIUM_POOLS_EXHAUSTED = (
+    "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for "
+    'sandbox "08df2d2a": plugin type="cilium-cni" failed (add): unable to allocate IP via local '
+    'cilium agent: [POST /ipam][502] postIpamFailure "all CIDR ranges are exhausted"'
+)
+# Multus isolating namespaces: the pod's annotation names another namespace's attachment
+# (GetPodNetwork's error).
+MULTUS_OTHER_NAMESPACE = (
+    "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for "
+    'sandbox "08df2d2a": plugin type="multus" name="multus-cni-network" failed (add): Multus: '
+    "[default/sandbox-cni-broken/429cdb2d-e464-4301-97d1-fdcf1dad2224]: error loading k8s "
+    "delegates k8s args: TryLoadPodDelegates: error in getting k8s network for pod: "
+    "GetPodNetwork: namespace isolation violation: podnamespace: default / target namespace: "
+    "other"
+)
+
 
 def sandbox_failing_with(message: str, now: datetime) -> list[PodEvent]:
     events = warning_events(load("sandbox-cni-broken")["events"])
@@ -441,13 +459,20 @@ def sandbox_failing_with(message: str, now: datetime) -> list[PodEvent]:
     ]
 
 
-def test_a_network_attachment_the_namespace_lacks_is_never_the_nodes_failure() -> None:
+@pytest.mark.parametrize(
+    "message", [MULTUS_NAD_MISSING, MULTUS_OTHER_NAMESPACE], ids=["missing", "other-namespace"]
+)
+def test_a_network_attachment_the_pod_cannot_have_is_never_the_nodes_failure(message: str) -> None:
     pod = pod_of("sandbox-cni-broken")
     later = recorded_at("sandbox-cni-broken") + timedelta(days=1)
-    assert stuck_pending(pod, CFG, later, sandbox_failing_with(MULTUS_NAD_MISSING, later)) is None
+    assert stuck_pending(pod, CFG, later, sandbox_failing_with(message, later)) is None
 
 
-@pytest.mark.parametrize("message", [RUNTIME_HANDLER_MISSING, NO_IP_LEFT], ids=["runtime", "ip"])
+@pytest.mark.parametrize(
+    "message",
+    [RUNTIME_HANDLER_MISSING, NO_IP_LEFT, CILIUM_POOLS_EXHAUSTED],
+    ids=["runtime", "ip", "cilium-pools"],
+)
 def test_a_sandbox_failure_that_may_follow_the_pod_waits_for_the_full_threshold(
     message: str,
 ) -> None:
