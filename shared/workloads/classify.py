@@ -377,9 +377,12 @@ def started_containers(pod: Pod) -> list[Started]:
 
 
 # How much longer than a sibling's download elsewhere a pull may run before it counts as hung:
-# nodes differ in bandwidth and disk, and a node pulls one image at a time by default
-# (serializeImagePulls), so its own queue adds to the wait.
+# nodes differ in bandwidth and disk.
 PULL_SLOWER_THAN_SIBLING: Final = 3
+# The slowest a healthy node downloads: an image of N bytes gets at least N / this before its
+# pull counts as hung, whatever a sibling's pull took (a sibling that had most layers already
+# "pulls" a big image in seconds).
+PULL_RATE_FLOOR: Final = 10 * 1024 * 1024  # bytes per second
 
 
 def _short(took: timedelta) -> str:
@@ -407,6 +410,38 @@ class PulledBeside:
     pull: ImagePull
 
 
+def _pulled_now(pod: Pod) -> tuple[bool, str] | None:
+    """The container whose image the kubelet pulls first, and whether it is an init container:
+    the first init container in the spec, else the first container. The kubelet starts them in
+    that order, each after its own pull (kuberuntime SyncPod), and every container shows
+    ContainerCreating (or PodInitializing) while the first one's image comes; the statuses are
+    sorted by name, not by that order. None when the spec names none."""
+    spec = pod.get("spec", {})
+    for is_init, key in ((True, "initContainers"), (False, "containers")):
+        for container in spec.get(key) or []:  # type: ignore[attr-defined]
+            if isinstance(container, dict):
+                return is_init, str(container.get("name", ""))
+    return None
+
+
+def pulling_since(pod: Pod) -> datetime | None:
+    """When a pod bound to a node began waiting for its images: its sandbox came up and every
+    container is still being created. None for any other pod."""
+    status = pod.get("status", {})
+    if status.get("phase", "Pending") != "Pending" or not pod.get("spec", {}).get("nodeName"):
+        return None
+    statuses = list(_container_statuses(pod))
+    if not statuses:
+        return None
+    for _, container in statuses:
+        if container.get("state", {}).get("waiting", {}).get("reason") not in _STARTING_REASONS:
+            return None
+    sandbox = _condition(pod, "PodReadyToStartContainers")
+    if sandbox is None or sandbox.get("status") != "True":
+        return None
+    return parse_kube_time(sandbox.get("lastTransitionTime"))
+
+
 def _pulled_beside(
     pod: Pod,
     node: str,
@@ -414,31 +449,32 @@ def _pulled_beside(
     started: Sequence[Started],
     pulls: Mapping[str, Sequence[ImagePull]],
 ) -> PulledBeside | None:
-    """The slowest download, by a pod of the same controller on another node, of an image this
-    pod is still waiting to create, asked for after this pod's sandbox came up: the registry
-    served that image meanwhile, in that time. A sibling whose node had the image already is no
-    evidence (the kubelet wrote "already present on machine", or under policy Always "pulled"
-    gigabytes in milliseconds: ImagePull.downloaded), nor is a sibling's latest restart: its
-    pull is when it happened, whatever ran since."""
+    """The slowest download, by a pod of the same controller on another node, of the image the
+    kubelet is pulling for this pod now (its first container's: ``_pulled_now``), asked for
+    after this pod's sandbox came up: the registry served that image meanwhile, in that time.
+    Another container's image is no evidence (a sidecar's 50 MB beside the app's 20 GB), nor is
+    a sibling whose node had the image already (the kubelet wrote "already present on
+    machine", or under policy Always "pulled" gigabytes in milliseconds: ImagePull.downloaded),
+    nor a sibling's latest restart: its pull is when it happened, whatever ran since."""
     ref = controller_of(pod)
-    if ref is None or not ref.get("uid"):
+    now_pulled = _pulled_now(pod)
+    if ref is None or not ref.get("uid") or now_pulled is None:
         return None
     specs = _container_specs(pod)
+    name = now_pulled[1]
+    image = (specs.get(now_pulled) or {}).get("image")
     found: list[PulledBeside] = []
-    for is_init, status in _container_statuses(pod):
-        name = status.get("name", "")
-        image = (specs.get((is_init, name)) or {}).get("image")
-        for s in started:
-            if (s.controller, s.container, s.image) != (ref["uid"], name, image) or s.node == node:
-                continue
-            for pull in pulls.get(s.pod, ()):
-                if (
-                    (pull.container, pull.node) == (s.container, s.node)
-                    and _same_image(s.image, pull.image)
-                    and pull.began >= since
-                    and pull.downloaded
-                ):
-                    found.append(PulledBeside(s, pull))
+    for s in started:
+        if (s.controller, s.container, s.image) != (ref["uid"], name, image) or s.node == node:
+            continue
+        for pull in pulls.get(s.pod, ()):
+            if (
+                (pull.container, pull.node) == (s.container, s.node)
+                and _same_image(s.image, pull.image)
+                and pull.began >= since
+                and pull.downloaded
+            ):
+                found.append(PulledBeside(s, pull))
     return max(found, key=lambda b: b.pull.took, default=None)
 
 
@@ -449,6 +485,7 @@ def stuck_pending(
     events: Sequence[PodEvent] = (),
     started_elsewhere: Sequence[Started] = (),
     pulls: Mapping[str, Sequence[ImagePull]] | None = None,
+    pulling_on_node: Sequence[datetime] = (),
 ) -> Failure | None:
     """A pod bound to a node whose kubelet has not started it for too long.
 
@@ -476,9 +513,12 @@ def stuck_pending(
 
     ``started_elsewhere``, the started containers of the other pods (started_containers), and
     ``pulls``, the kubelets' downloads by pod uid (podevents.image_pulls), are the evidence for
-    a pull: a pod whose sandbox is up and whose image another pod of the same controller
-    downloaded on another node since, in time d, is stuck after the longer of
-    `pending_stuck_after` and PULL_SLOWER_THAN_SIBLING x d, not `pull_stuck_after`. A node-local
+    a pull: a pod whose sandbox is up and whose first container's image another pod of the
+    same controller downloaded on another node since, in time d, is stuck after the longest of
+    `pending_stuck_after`, PULL_SLOWER_THAN_SIBLING x d and the image's size at
+    PULL_RATE_FLOOR, not `pull_stuck_after`; unless a pod on its node began waiting for its
+    images earlier (``pulling_on_node``): a node pulls one image at a time by default, and this
+    pull may be queued behind that one. A node-local
     registry mirror that accepts connections and never answers leaves a pull with no error and
     no timeout (containerd 1.6; recorded: tests/fixtures/real-kubelet/image-pull-hangs.json),
     while the same image downloads in seconds on other nodes. A sibling that found the image
@@ -532,12 +572,16 @@ def stuck_pending(
         beside = (
             None
             if since is None
+            # A node pulls one image at a time by default (serializeImagePulls): a pod of its
+            # that began waiting earlier may hold this pull in the queue behind its own.
+            or any(other < since for other in pulling_on_node)
             else _pulled_beside(pod, node, since, started_elsewhere, pulls or {})
         )
         if beside is not None and override is None:
+            size = timedelta(seconds=(beside.pull.size or 0) / PULL_RATE_FLOOR)
             threshold = min(
                 threshold,
-                max(cfg.pending_stuck_after, PULL_SLOWER_THAN_SIBLING * beside.pull.took),
+                max(cfg.pending_stuck_after, PULL_SLOWER_THAN_SIBLING * beside.pull.took, size),
             )
             stage += (
                 f", while another pod of its controller downloaded {beside.pull.image} on node "

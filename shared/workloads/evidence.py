@@ -13,7 +13,8 @@ sweep judged it on, read in this request:
   (``Evicted``, pkg/kubelet/eviction) as Events on the pod, with the node as ``source.host``;
 - the started containers of the pod's siblings (``classify.started_containers``) and the
   kubelets' downloads of their images (their ``Pulled`` Events), the evidence that shortens a
-  pull's threshold.
+  pull's threshold, and the pods on its node still waiting for theirs (a pull queued behind
+  theirs is not judged early).
 
 Reading is here, deciding is pure: ``failing_now`` is ``classify`` and ``stuck_pending`` over
 what was read, with the full thresholds, the same code the sweep runs.
@@ -35,6 +36,7 @@ from shared.workloads.classify import (
     Started,
     classify,
     controller_of,
+    pulling_since,
     started_containers,
     stuck_pending,
 )
@@ -62,6 +64,9 @@ class PodEvidence:
     started: tuple[Started, ...] = ()
     # The siblings' downloads, by pod uid.
     pulls: Mapping[str, tuple[ImagePull, ...]] = field(default_factory=dict)
+    # When the other pods on the pod's node that still wait for their images began to: a pull
+    # queued behind theirs is not judged early.
+    pulling_on_node: tuple[datetime, ...] = ()
     unread: str = ""
 
 
@@ -103,13 +108,31 @@ def read_evidence(api: kube.Kube, pod: Pod, *, siblings: bool) -> PodEvidence:
         return PodEvidence(found)
     try:
         pulls = read_image_pulls(api, namespace)
+        queued = pulling_on_node(api, pod)
     except kube.Transient:
         raise
     except kube.KubeError as exc:
         return PodEvidence(
-            found, tuple(started), unread=f"its siblings' image pulls could not be read ({exc})"
+            found,
+            tuple(started),
+            unread=f"its siblings' image pulls or its node's pods could not be read ({exc})",
         )
-    return PodEvidence(found, tuple(started), pulls)
+    return PodEvidence(found, tuple(started), pulls, queued)
+
+
+def pulling_on_node(api: kube.Kube, pod: Pod) -> tuple[datetime, ...]:
+    """When the other pods bound to ``pod``'s node that still wait for their images began to
+    (one LIST by field selector, every namespace). KubeError as it comes."""
+    node = pod.get("spec", {}).get("nodeName")
+    uid = pod.get("metadata", {}).get("uid")
+    if not node:
+        return ()
+    found = []
+    for other in api.list_all("Pod", None, field_selector=f"spec.nodeName={node}"):
+        since = pulling_since(other)  # type: ignore[arg-type]
+        if since is not None and other.get("metadata", {}).get("uid") != uid:
+            found.append(since)
+    return tuple(found)
 
 
 def read_image_pulls(api: kube.Kube, namespace: str | None) -> dict[str, tuple[ImagePull, ...]]:
@@ -125,7 +148,13 @@ def failing_now(pod: Pod, cfg: Config, now: datetime, evidence: PodEvidence) -> 
     """The pod's failure by the full rules, judged on the pod as read and the evidence read
     beside it: the verdicts of the detector and of the sweep, never the report's."""
     return classify(pod, cfg, now) or stuck_pending(
-        pod, cfg, now, evidence.events, evidence.started, evidence.pulls
+        pod,
+        cfg,
+        now,
+        evidence.events,
+        evidence.started,
+        evidence.pulls,
+        evidence.pulling_on_node,
     )
 
 

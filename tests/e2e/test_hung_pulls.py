@@ -124,7 +124,10 @@ def hung_beside_a_sibling(api: Kube, namespace: str, hung: str, other: str, imag
             for p in web_pods(api, namespace)
         ),
     )
-    time.sleep(max(0.0, since.timestamp() + STUCK_AFTER.total_seconds() + 1 - time.time()))
+    # Past the threshold a download beside it allows: the longest of pending_stuck_after (3 s
+    # here), three times the sibling's pull (0.5 s) and the image's size at 10 MiB/s (the fake
+    # kubelet's 48 MB: 4.6 s).
+    time.sleep(max(0.0, since.timestamp() + 6 - time.time()))
     return stuck
 
 

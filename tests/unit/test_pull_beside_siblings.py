@@ -226,3 +226,85 @@ def test_the_sweep_reads_the_downloads_only_for_a_pull_with_a_sibling_started_el
 
     assert find_failures([sibling(), pods.pod("web-7d9c8b6f4-ok002")], CFG, NOW, pulls=never) == []
     assert find_failures([pulling()], CFG, NOW, pulls=never) == []
+
+
+def two_containers(p: Pod, first: str, image: str, *, init: bool = False) -> Pod:
+    """``p`` with a container ``first`` (image ``image``) before its own: a sidecar or an
+    init container, the kubelet's first pull."""
+    key = "initContainers" if init else "containers"
+    spec = p["spec"]
+    spec[key] = [{"name": first, "image": image}, *(spec.get(key) or [])]
+    return p
+
+
+def test_a_download_of_another_containers_image_says_nothing_about_the_pull_under_way() -> None:
+    # The kubelet pulls the first container's image first (a 20 GB model); every container
+    # shows ContainerCreating meanwhile. The sibling downloaded only the app's small image.
+    model = "registry.example.com/shop/model:7"
+    stuck = two_containers(pulling(), "model", model)
+    ok = two_containers(sibling(), "model", model)
+    events = [downloaded(ok, "2.1s", ago=timedelta(minutes=10))]
+    assert judged(stuck, ok, events=events) is None
+    # An init container's image is pulled before any app container's.
+    first = two_containers(pulling(), "fetch", model, init=True)
+    assert judged(first, ok, events=events) is None
+
+
+def test_a_pull_queued_behind_another_pods_on_its_node_is_not_judged_early() -> None:
+    ok = sibling()
+    events = [downloaded(ok, ago=timedelta(minutes=10))]
+    started = started_containers(ok)
+    ahead = [SANDBOX_UP - timedelta(minutes=2)]
+    assert (
+        stuck_pending(
+            pulling(),
+            CFG,
+            NOW,
+            started_elsewhere=started,
+            pulls=image_pulls(events),
+            pulling_on_node=ahead,
+        )
+        is None
+    )
+    # A pod that began waiting after this one is behind it, not ahead.
+    behind = [SANDBOX_UP + timedelta(minutes=1)]
+    assert (
+        stuck_pending(
+            pulling(),
+            CFG,
+            NOW,
+            started_elsewhere=started,
+            pulls=image_pulls(events),
+            pulling_on_node=behind,
+        )
+        is not None
+    )
+
+
+def test_a_big_images_pull_keeps_the_time_its_size_needs_at_ten_mebibytes_a_second() -> None:
+    # A sibling that had most layers "pulls" 20 GiB in 25 s (under the 1 GiB/s cache-hit rate):
+    # it proves the registry answers, not that 20 GiB come in 10 minutes.
+    ok = sibling()
+    big = {
+        **downloaded(ok, "25s", ago=timedelta(minutes=10)),
+        "message": f'Successfully pulled image "{IMAGE}" in 25s (25s including waiting). '
+        "Image size: 21474836480 bytes.",
+    }
+    assert judged(pulling(), ok, events=[big]) is None
+    failure = judged(pulling(), ok, events=[big], at=SANDBOX_UP + timedelta(minutes=35))
+    assert failure is not None and "threshold 34m8s" in failure.why
+
+
+def test_the_sweep_holds_back_a_pull_queued_behind_another_pods_on_its_node() -> None:
+    ok = sibling()
+    events = [downloaded(ok, ago=timedelta(minutes=10))]
+    earlier = pods.sandbox_ready_since(
+        pods.pending_on_node(
+            timedelta(minutes=13),
+            name="batch-6b8d9c7f5-big01",
+            owner=("ReplicaSet", "batch-6b8d9c7f5"),
+        ),
+        SANDBOX_UP - timedelta(minutes=2),
+    )
+    found = find_failures([pulling(), ok, earlier], CFG, NOW, pulls=lambda: image_pulls(events))
+    assert "web-7d9c8b6f4-pull1" not in [f.name for f in found]

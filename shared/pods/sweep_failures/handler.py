@@ -42,6 +42,7 @@ from shared.workloads.classify import (
     Started,
     classify,
     controller_of,
+    pulling_since,
     started_containers,
     stuck_pending,
     unschedulable_due_to_exclusions,
@@ -81,11 +82,19 @@ def find_failures(
     # and the few pods still starting, judged again at the end against their siblings.
     started: dict[str, list[Started]] = {}
     starting: list[Pod] = []
+    # node -> (pod uid, when it began waiting for its images), every pod's: a pull queued
+    # behind another's on its node is not judged early.
+    waiting: dict[str, list[tuple[str, datetime]]] = {}
     for pod in pods:
         try:
             with judged(pod):
                 for s in started_containers(pod):
                     started.setdefault(s.controller, []).append(s)
+                since = pulling_since(pod)
+                if since is not None:
+                    waiting.setdefault(str(pod["spec"]["nodeName"]), []).append(
+                        (str(pod.get("metadata", {}).get("uid", "")), since)
+                    )
                 # As in detect-failures: our own exclusions are always cleared, whatever the
                 # policy.
                 failure = unschedulable_due_to_exclusions(pod, cfg)
@@ -113,7 +122,8 @@ def find_failures(
         if downloads is None:
             downloads = pulls()
         uid = pod.get("metadata", {}).get("uid", "")
-        failure = stuck_pending(pod, cfg, now, events.get(uid, ()), siblings, downloads)
+        ahead = [t for other, t in waiting.get(str(pod["spec"]["nodeName"]), []) if other != uid]
+        failure = stuck_pending(pod, cfg, now, events.get(uid, ()), siblings, downloads, ahead)
         if failure is not None:
             found.append(FailingPod.from_pod(pod, failure))
     return found
