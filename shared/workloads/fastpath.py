@@ -38,7 +38,7 @@ PreferNoSchedule taint under the cap, and expires with its window.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -186,7 +186,16 @@ def other_workloads_failing(
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
         return ()
-    own = family_of(pod)
+    return workloads_failing_on(str(node), family_of(pod), on_node, cfg, now)
+
+
+def workloads_failing_on(
+    node: str, own: str, on_node: Iterable[Mapping[str, Any]], cfg: Config, now: datetime
+) -> tuple[str, ...]:
+    """The workloads other than ``own`` (a ``family_of``) with a pod failing on ``node`` now,
+    for a reason another node could fix, as ``other_workloads_failing`` counts them; sorted.
+    Opted in or not: a node that crash-loops everyone's pods is the node's doing whoever asked
+    us to watch."""
     evidence = sibling_evidence(cfg)
     found: set[str] = set()
     for candidate in on_node:
@@ -245,21 +254,29 @@ def ready_elsewhere(
 
 
 def implicated_nodes(
-    pod: Pod, nodes: Mapping[str, Mapping[str, Any] | None], cfg: Config, now: datetime
+    pod: Pod,
+    nodes: Mapping[str, Mapping[str, Any] | None],
+    cfg: Config,
+    now: datetime,
+    on_nodes: Mapping[str, Sequence[Mapping[str, Any]] | None] | None = None,
 ) -> dict[str, str]:
     """Of the nodes ``pod``'s workload failed on (``nodes``: each as read, None when it could
     not be read), those that speak against themselves rather than against the application,
-    with why: suspect, or another workload failed there within ``suspect_window`` (the node's
-    record, `recorded_on_node`). A node not read is in doubt, and counted here too: a stop
-    rests only on nodes known to run other workloads fine."""
+    with why: suspect, another workload failed there within ``suspect_window`` (the node's
+    record, `recorded_on_node`), or a pod of another workload fails there now, opted in or not
+    (``on_nodes``: the pods listed on each node, None when they could not be listed). A node
+    not read is in doubt, and counted here too: a stop rests only on nodes known to run other
+    workloads fine."""
     found: dict[str, str] = {}
+    own = family_of(pod)
     for name, node in nodes.items():
-        if node is None:
+        listed = () if on_nodes is None else on_nodes.get(name)
+        if node is None or listed is None:
             found[name] = "could not be read"
         elif is_suspect(node):
             found[name] = "suspect"
-        else:
-            others = recorded_on_node(pod, node, cfg, now)
-            if others:
-                found[name] = f"{len(others)} other workload(s) failed there ({others[0]} ...)"
+        elif others := recorded_on_node(pod, node, cfg, now):
+            found[name] = f"{len(others)} other workload(s) failed there ({others[0]} ...)"
+        elif failing := workloads_failing_on(name, own, listed, cfg, now):
+            found[name] = f"{len(failing)} other workload(s) fail there now ({failing[0]} ...)"
     return found

@@ -101,13 +101,15 @@ def plan_of(
     siblings: Sequence[Mapping[str, Any]] = (),
     line: Sequence[Mapping[str, Any]] = (),
     node_objects: Mapping[str, Any] | None = None,
+    node_pods: Mapping[str, Sequence[Mapping[str, Any]] | None] | None = None,
     reported: FailingPod | None = None,
     **inputs: Any,
 ) -> MovePlan:
     """The plan for ``live``, the reads it asks for answered as the handler answers them:
     ``siblings`` are the pods a LIST of the workload (or of a Job's pods) finds, ``line`` those
     a LIST of a bare pod's siblings finds, ``node_objects`` the Nodes GETs find (by default
-    each one a Node nothing speaks against)."""
+    each one a Node nothing speaks against), ``node_pods`` the pods LISTs by node find (by
+    default none)."""
     given = Inputs(reported or report(live, cfg), live, resolved, cfg, NOW, **inputs)
     for _ in range(5):
         made = decide.plan_move(given)
@@ -120,7 +122,8 @@ def plan_of(
             given = replace(given, job_pods=tuple(siblings))
         elif isinstance(made, decide.ReadNodes):
             read = {name: (node_objects or {}).get(name, nodes.node(name)) for name in made.nodes}
-            given = replace(given, implicated=implicated_nodes(live, read, cfg, NOW))
+            listed = {name: (node_pods or {}).get(name, []) for name in made.nodes}
+            given = replace(given, implicated=implicated_nodes(live, read, cfg, NOW, listed))
         elif isinstance(made, decide.ReadEvidence):
             given = replace(given, evidence=PodEvidence())
         else:
@@ -347,6 +350,27 @@ def another_workload_failed_on(name: str) -> dict[str, Any]:
         )
     )
     return nodes.node(name, annotations={NODE_HEALTH_ANNOTATION: record.to_json()})
+
+
+def test_no_stop_rests_on_a_node_failing_another_workloads_pods_now_opted_in_or_not() -> None:
+    # A Deployment that never opted in crash-loops on the node too: the node's record (which
+    # names opted-in workloads only) says nothing, the pods on it do.
+    live = failed_on_three_nodes()
+    neighbour = pods.pod(
+        "batch-6b8d9c7f5-qq1zz",
+        node="node-c",
+        owner=("ReplicaSet", "batch-6b8d9c7f5"),
+        stamp=None,
+        containers=[pods.crash_looping(restarts=4)],
+    )
+    made = plan_of(live, resolution(BARE, live, "5"), node_pods={"node-c": [neighbour]})
+    assert made.decided is not None and made.decided.action is Action.MOVE, made.decided
+    # Not listed: in doubt, no stop either.
+    made = plan_of(live, resolution(BARE, live, "5"), node_pods={"node-c": None})
+    assert made.decided is not None and made.decided.action is Action.MOVE, made.decided
+    # Nothing else fails there: the stop stands.
+    made = plan_of(live, resolution(BARE, live, "5"), node_pods={"node-c": []})
+    assert made.decided is not None and made.decided.action is Action.STOPPED, made.decided
 
 
 @pytest.mark.parametrize(

@@ -204,8 +204,9 @@ class ReadEvidence:
 
 @dataclass(frozen=True)
 class ReadNodes:
-    """GET the nodes a stop would rest on, then plan again with the ones that are evidence
-    against themselves (``shared.workloads.fastpath.implicated_nodes``)."""
+    """GET the nodes a stop would rest on and LIST the pods on each, then plan again with the
+    ones that are evidence against themselves (``shared.workloads.fastpath.implicated_nodes``):
+    suspect, failing other workloads lately, or failing another workload's pods now."""
 
     nodes: tuple[str, ...]
     why: str
@@ -897,7 +898,8 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         and decided.new_state.stopped is not None
     ):
         # A stop says the application is broken: it must rest on nodes where other workloads
-        # run fine. Read them (a few GETs, only when a stop is planned), then plan again.
+        # run fine. Read them and their pods (a few requests, only when a stop is planned),
+        # then plan again.
         return ReadNodes(
             decided.new_state.stopped.nodes,
             "a stop rests only on nodes where other workloads run fine",

@@ -518,11 +518,14 @@ class Rescheduler:
                 continue
             if isinstance(made, decide.ReadNodes):
                 nodes = {node: self._node_or_none(node) for node in made.nodes}
-                implicated = fastpath.implicated_nodes(given.live, nodes, self.cfg, self.clock())
+                on_nodes = {node: self._pods_on_or_none(node) for node in made.nodes}
+                implicated = fastpath.implicated_nodes(
+                    given.live, nodes, self.cfg, self.clock(), on_nodes
+                )
                 for node, why in implicated.items():
                     trace.note(f"node {node} does not count towards a stop: {why}")
                 given = replace(given, implicated=implicated).having_read(
-                    f"nodes {', '.join(made.nodes)}", self.clock()
+                    f"nodes {', '.join(made.nodes)} and their pods", self.clock()
                 )
                 continue
             if isinstance(made, decide.ReadEvidence):
@@ -642,6 +645,15 @@ class Rescheduler:
             else:
                 return request.reply
         return None
+
+    def _pods_on_or_none(self, node: str) -> list[Any] | None:
+        """The pods bound to ``node`` (every namespace, by field selector); None when they
+        cannot be listed (then the node is in doubt, and no stop rests on it)."""
+        try:
+            return list(self.api.list_all("Pod", None, field_selector=f"spec.nodeName={node}"))
+        except kube.KubeError as exc:
+            log.warning("cannot list the pods on node %s: %s", node, exc)
+            return None
 
     def _node_or_none(self, name: str) -> Mapping[str, Any] | None:
         """The Node as read; None when it is gone or cannot be read (then in doubt)."""
