@@ -584,7 +584,7 @@ def stuck_pending(
                 max(cfg.pending_stuck_after, PULL_SLOWER_THAN_SIBLING * beside.pull.took, size),
             )
             stage += (
-                f", while another pod of its controller downloaded {beside.pull.image} on node "
+                f", while another pod of its controller pulled {beside.pull.image} on node "
                 f"{beside.pull.node} in {_short(beside.pull.took)} (asked for at "
                 f"{beside.pull.began:%H:%M:%S})"
             )

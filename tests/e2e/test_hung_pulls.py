@@ -149,7 +149,7 @@ def test_a_pull_hung_beside_a_siblings_download_elsewhere_is_moved_without_its_h
     assert [(r["name"], r["reason"], r["node"]) for r in reports] == [
         (stuck["metadata"]["name"], "StuckPending", hung)
     ]
-    assert other in reports[0]["why"] and "downloaded" in reports[0]["why"]
+    assert other in reports[0]["why"] and "pulled" in reports[0]["why"]
     # update-annotations reads the Pulled Events itself and moves the pod, and its reply says
     # what the move rested on and what it read.
     reply = Rescheduler(api, CFG).handle(
@@ -157,7 +157,7 @@ def test_a_pull_hung_beside_a_siblings_download_elsewhere_is_moved_without_its_h
     )
     assert reply is not None
     evidence = reply.data["evidence"]
-    assert evidence["rule"] == "thresholds" and "downloaded" in evidence["why"]
+    assert evidence["rule"] == "thresholds" and "pulled" in evidence["why"]
     assert [r["what"] for r in evidence["read"]][:3] == [
         f"pod {namespace}/{stuck['metadata']['name']}",
         "its owners and their policy",
