@@ -226,6 +226,7 @@ def post(url: str, event_type: str, data: JSON) -> int:
 
 
 def report(pod: JSON, reason: str, node: str, **extra: Any) -> JSON:
+    """A pod.failing report about ``pod``, as anyone who can read its name and uid writes it."""
     meta = pod["metadata"]
     return {
         "namespace": meta["namespace"],

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dev.tools.lookalikes import report as forged
 from shared.api.keys import EVENT_POD_FAILING, MOVED_OFF_LABEL, POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.platform.kube import Kube
 from tests import builders
@@ -24,22 +25,6 @@ from tests.e2e.conftest import pod_template, wait_for
 from tests.handlers.conftest import ClientFactory, cloudevent
 
 pytestmark = pytest.mark.e2e
-
-
-def forged(pod: dict[str, Any], reason: str, node: str, **extra: Any) -> dict[str, Any]:
-    """A pod.failing report about ``pod``, as anyone who can read its name and uid writes it."""
-    meta = pod["metadata"]
-    return {
-        "namespace": meta["namespace"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "node": node,
-        "ownerReferences": meta.get("ownerReferences") or [],
-        "kind": "node-fixable",
-        "reason": reason,
-        "message": f"{reason} (forged)",
-        **extra,
-    }
 
 
 def post(client: Any, data: dict[str, Any]) -> int:
@@ -117,8 +102,8 @@ def test_forged_reports_of_a_removed_statefulset_pod_spend_no_budget_and_exclude
         }
     ]
     for node in cluster.nodes[1:4]:
-        report = forged(pod, "Evicted", node, uid=str(uuid.uuid4()), ownerReferences=owner)
-        assert post(client, report) == 202
+        claim = forged(pod, "Evicted", node, uid=str(uuid.uuid4()), ownerReferences=owner)
+        assert post(client, claim) == 202
 
     after = api.get("StatefulSet", namespace, "db")
     assert STATE_ANNOTATION not in (after["metadata"].get("annotations") or {})
