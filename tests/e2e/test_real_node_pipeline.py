@@ -400,14 +400,20 @@ def mirror_hangs_on_broken(cluster: Cluster) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("mirror_hangs_on_broken")
-def test_a_pull_that_never_ends_is_moved_once_a_sibling_started_the_image_elsewhere(
+def test_a_pull_that_never_ends_is_moved_once_a_sibling_pulled_the_image_elsewhere(
     cluster: Cluster, namespace: str, api: Kube, stack: Stack
 ) -> None:
     # Two replicas, spread one per node: one pulls from the hanging mirror forever, the other
-    # pulls the same image on the healthy node in milliseconds.
+    # pulls the same image on the healthy node in milliseconds. The evidence is the healthy
+    # kubelet's Pulled Event for a pull asked for after the hung pod's sandbox came up; the
+    # healthy node has the image from earlier tests, so the pods pull it whatever is cached
+    # (imagePullPolicy Always, as for a moving tag), and the healthy replica is replaced once
+    # the hung one waits, for its pull to come after.
     body = workload("Deployment", "hung", {"app": "hung"}, replicas=2)
     spec = body["spec"]["template"]["spec"]
     spec.pop("affinity", None)
+    for container in spec["containers"]:
+        container["imagePullPolicy"] = "Always"
     spec["topologySpreadConstraints"] = [
         {
             "maxSkew": 1,
@@ -418,6 +424,28 @@ def test_a_pull_that_never_ends_is_moved_once_a_sibling_started_the_image_elsewh
     ]
     t0 = time.monotonic()
     api.create("Deployment", namespace, body)
+
+    def waiting_and_running() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        live = {p["spec"].get("nodeName"): p for p in pods(api, namespace)}
+        hung, healthy = live.get(BROKEN), live.get(HEALTHY)
+        if hung is None or healthy is None or not ready(healthy):
+            return None
+        up = [
+            c
+            for c in hung["status"].get("conditions") or []
+            if c["type"] == "PodReadyToStartContainers" and c["status"] == "True"
+        ]
+        return (hung, healthy) if up else None
+
+    _, first = wait_for(
+        f"a replica pulling on {BROKEN} and one Ready on {HEALTHY}",
+        waiting_and_running,
+        timeout=SETTLE,
+        every=0.5,
+    )
+    # Kubernetes writes times to the second: the replacement's pull starts a second later.
+    time.sleep(1.1)
+    api.delete("Pod", namespace, first["metadata"]["name"], uid=first["metadata"]["uid"])
 
     def both_on_healthy() -> list[dict[str, Any]] | None:
         live = [p for p in pods(api, namespace) if not p["metadata"].get("deletionTimestamp")]
