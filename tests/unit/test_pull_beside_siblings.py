@@ -62,9 +62,20 @@ def already_present(p: Pod, *, ago: timedelta) -> Any:
     return kubelet_event(p, "Pulled", message, at=NOW - ago)
 
 
-def judged(stuck: Pod, *others: Pod, events: list[Any], at: Any = NOW) -> Failure | None:
+def judged(
+    stuck: Pod, *others: Pod, events: list[Any], at: Any = NOW, queue: Any = ()
+) -> Failure | None:
+    """``stuck`` judged beside ``others`` and the kubelets' Events; ``queue``: when the other
+    pods on its node began waiting for their images."""
     started = [s for other in others for s in started_containers(other)]
-    return stuck_pending(stuck, CFG, at, started_elsewhere=started, pulls=image_pulls(events))
+    return stuck_pending(
+        stuck,
+        CFG,
+        at,
+        started_elsewhere=started,
+        pulls=image_pulls(events),
+        pulling_on_node=queue,
+    )
 
 
 def test_a_pull_whose_image_a_sibling_downloaded_elsewhere_since_is_stuck_after_ten_minutes() -> (
@@ -253,32 +264,10 @@ def test_a_download_of_another_containers_image_says_nothing_about_the_pull_unde
 def test_a_pull_queued_behind_another_pods_on_its_node_is_not_judged_early() -> None:
     ok = sibling()
     events = [downloaded(ok, ago=timedelta(minutes=10))]
-    started = started_containers(ok)
-    ahead = [SANDBOX_UP - timedelta(minutes=2)]
-    assert (
-        stuck_pending(
-            pulling(),
-            CFG,
-            NOW,
-            started_elsewhere=started,
-            pulls=image_pulls(events),
-            pulling_on_node=ahead,
-        )
-        is None
-    )
+    assert judged(pulling(), ok, events=events, queue=[SANDBOX_UP - timedelta(minutes=2)]) is None
     # A pod that began waiting after this one is behind it, not ahead.
     behind = [SANDBOX_UP + timedelta(minutes=1)]
-    assert (
-        stuck_pending(
-            pulling(),
-            CFG,
-            NOW,
-            started_elsewhere=started,
-            pulls=image_pulls(events),
-            pulling_on_node=behind,
-        )
-        is not None
-    )
+    assert judged(pulling(), ok, events=events, queue=behind) is not None
 
 
 def test_a_big_images_pull_keeps_the_time_its_size_needs_at_ten_mebibytes_a_second() -> None:
