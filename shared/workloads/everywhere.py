@@ -73,10 +73,11 @@ from shared.workloads.classify import (
     FailureKind,
     classify,
     controller_of,
+    excluded_nodes_of,
     longest_run,
     same_failure,
 )
-from shared.workloads.siblings import sibling_evidence
+from shared.workloads.siblings import failing_siblings, sibling_evidence
 
 # The least time a twin that never restarted must have been Ready to prove its template runs
 # (`proof_for`): a container that fails at start does so within seconds.
@@ -298,3 +299,76 @@ def judge(
         "no pod of it is healthy anywhere",
         seen,
     )
+
+
+# How long a pod of the workload must have been Ready, never restarted, to prove its template
+# runs when the failing pod is gone (a move's reply) and its own runs cannot be read: longer
+# than an image that crashes a while after it starts runs.
+REPLY_PROOF: Final = timedelta(seconds=60)
+
+
+def follows_its_workload(
+    pod: Pod, siblings: Iterable[Mapping[str, Any]], cfg: Config, now: datetime
+) -> str | None:
+    """Why ``pod``'s failure on its node may follow its workload rather than the node, or
+    None: evidence against the node.
+
+    A failure may follow the workload when the workload failed elsewhere too (the pod was kept
+    off other nodes where it failed before: the webhook's excluded-nodes stamp; or another pod
+    of its controller fails on another node now) and no pod of it is proven healthy on another
+    node (``health_of`` with ``proof_for`` the failing pod). An application broken everywhere
+    looks so; counted against the nodes it meets, two of them make a healthy node suspect and
+    corroborate each other's early moves there. A node that fails every workload is still named
+    by the workloads that meet it first, and by those whose other pods run fine elsewhere."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    pods = list(siblings)
+    kept_off = excluded_nodes_of(pod)
+    elsewhere = failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)
+    if not kept_off and not elsewhere:
+        return None
+    if _proven_elsewhere(pod, pods, node, cfg, now, proof_for(pod, cfg)):
+        return None
+    if kept_off:
+        return f"its workload failed on {', '.join(kept_off[:3])} before and runs nowhere else"
+    return (
+        f"{elsewhere[0].name} of its controller fails on {elsewhere[0].node} now and none runs "
+        "elsewhere"
+    )
+
+
+def moves_follow_the_workload(
+    failed_on: Iterable[str],
+    node: str,
+    holder_pods: Iterable[Mapping[str, Any]],
+    cfg: Config,
+    now: datetime,
+) -> str | None:
+    """For a move's reply (the pod gone): why the move off ``node`` may follow its workload,
+    or None. The workload's state records failures on other nodes too (``failed_on``), and no
+    pod of the holder (``holder_pods``) is proven healthy on another node (``REPLY_PROOF``)."""
+    others = [n for n in failed_on if n != node]
+    if not others:
+        return None
+    if _proven_elsewhere(None, list(holder_pods), node, cfg, now, REPLY_PROOF):
+        return None
+    return f"its workload failed on {', '.join(others[:3])} too and runs nowhere else"
+
+
+def _proven_elsewhere(
+    pod: Pod | None,
+    candidates: list[Mapping[str, Any]],
+    node: str | None,
+    cfg: Config,
+    now: datetime,
+    proof: timedelta,
+) -> bool:
+    own = ((pod or {}).get("metadata") or {}).get("uid")
+    for candidate in candidates:
+        meta = candidate.get("metadata") or {}
+        where = (candidate.get("spec") or {}).get("nodeName")
+        if not where or where == node or meta.get("uid") == own or meta.get("deletionTimestamp"):
+            continue
+        other: Pod = candidate  # type: ignore[assignment]
+        if health_of(other, cfg, now, proof)[0] is Health.HEALTHY:
+            return True
+    return False

@@ -49,7 +49,13 @@ from shared.api.kubetypes import Pod
 from shared.api.records import RecordError
 from shared.api.workloadid import family, workload_id
 from shared.platform.config import Config
-from shared.workloads.classify import Failure, FailureKind, classify, controller_of
+from shared.workloads.classify import (
+    Failure,
+    FailureKind,
+    classify,
+    controller_of,
+    excluded_nodes_of,
+)
 from shared.workloads.everywhere import Health, health_of, proof_for
 from shared.workloads.siblings import sibling_evidence
 
@@ -208,6 +214,10 @@ def workloads_failing_on(
         if workload == own or workload in found:
             continue
         neighbour: Pod = candidate  # type: ignore[assignment]
+        if excluded_nodes_of(neighbour):
+            # Kept off other nodes where its workload failed before: its failure here may
+            # follow it (an application broken everywhere), not the node.
+            continue
         failure = classify(neighbour, evidence, now)
         if failure is None or failure.kind is not FailureKind.NODE_FIXABLE:
             continue

@@ -419,6 +419,23 @@ def confirm_failing(
     return Confirmed(blame, f"{said}: failing now ({failure.reason})")
 
 
+def follows_workload(claim: Claim, why: str) -> Unconfirmed:
+    """A failure that may follow its workload rather than its node
+    (``everywhere.follows_its_workload``, ``moves_follow_the_workload``) is no evidence against
+    the node: an application broken everywhere would make every node it meets suspect."""
+    return Unconfirmed(f"{claim.describe()}: {why}: no evidence against node {claim.node}")
+
+
+def selector_of(holder: Mapping[str, Any]) -> str | None:
+    """The label selector of a holder's pods, from its ``spec.selector.matchLabels`` (None
+    when it selects otherwise: its pods are then not read, and nothing proves them healthy)."""
+    selector = (holder.get("spec") or {}).get("selector") or {}
+    labels = selector.get("matchLabels") or {}
+    if not labels or selector.get("matchExpressions"):
+        return None
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
 def confirm_exhausted(
     claim: Claim,
     pod: Mapping[str, Any] | None,

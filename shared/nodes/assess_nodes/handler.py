@@ -68,6 +68,7 @@ from shared.nodes.assess_nodes.decide import (
     CapDecision,
     Claim,
     Confirmation,
+    Confirmed,
     NodeFacts,
     NotEvidence,
     Record,
@@ -78,9 +79,11 @@ from shared.nodes.assess_nodes.decide import (
 from shared.platform import events, kube
 from shared.platform.config import Config
 from shared.platform.recorder import Involved, Recorder
-from shared.workloads.classify import Failure, classify, still_starting
+from shared.workloads.classify import Failure, classify, controller_of, still_starting
+from shared.workloads.everywhere import follows_its_workload, moves_follow_the_workload
 from shared.workloads.evidence import failing_now, read_evidence
 from shared.workloads.owners import BARE, holder_of, resolve
+from shared.workloads.siblings import sibling_selector
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +211,17 @@ class Assessor:
             if claim.event_type == EVENT_POD_EXHAUSTED
             else decide.confirm_failing
         )
-        return confirm(claim, pod, failure, record, self.cfg, unread=unread)
+        confirmed = confirm(claim, pod, failure, record, self.cfg, unread=unread)
+        if not isinstance(confirmed, Confirmed) or claim.event_type == EVENT_POD_EXHAUSTED:
+            return confirmed
+        selector = sibling_selector(pod) if controller_of(pod) else None  # type: ignore[arg-type]
+        siblings = (
+            list(self.api.list_all("Pod", claim.namespace, label_selector=selector))
+            if selector
+            else []
+        )
+        why = follows_its_workload(pod, siblings, self.cfg, now)  # type: ignore[arg-type]
+        return confirmed if why is None else decide.follows_workload(claim, why)
 
     def _failure(self, pod: dict[str, Any], node: str, now: datetime) -> tuple[Failure | None, str]:
         """The pod's failure by the full rules, and what could not be read beside it. Its
@@ -252,8 +265,22 @@ class Assessor:
             if record is None:
                 return Unconfirmed(f"{claim.describe()}: the pod has no replacement of ours")
         else:
-            record = decide.record_of(holder_of(kind, self.api.get(kind, claim.namespace, name)))
-        return decide.confirm_rescheduled(claim, record)
+            obj = self.api.get(kind, claim.namespace, name)
+            record = decide.record_of(holder_of(kind, obj))
+        confirmed = decide.confirm_rescheduled(claim, record)
+        state = record.state
+        if not isinstance(confirmed, Confirmed) or state is None or kind == BARE:
+            return confirmed
+        if not [n for n in state.failed_on if n != claim.node]:
+            return confirmed
+        selector = decide.selector_of(obj)
+        pods = (
+            list(self.api.list_all("Pod", claim.namespace, label_selector=selector))
+            if selector
+            else []
+        )
+        why = moves_follow_the_workload(state.failed_on, claim.node, pods, self.cfg, self.clock())
+        return confirmed if why is None else decide.follows_workload(claim, why)
 
     # -- one failure ------------------------------------------------------------------------------
 
