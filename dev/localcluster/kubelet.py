@@ -9,8 +9,12 @@ each new pod:
    ``sim.kn-rescheduler.io/fault`` label, or ``none``. A label set before the pod was bound is
    always seen, one changed afterwards never is, however late this controller gets to the pod.
    A pod carrying the same label itself (from its template) takes that fate on every node: an
-   application broken wherever it runs, which no move can fix. The decision is stamped on the
-   pod as the annotation of the same key;
+   application broken wherever it runs, which no move can fix. The pod's own annotations add
+   what no node fault gives (``podstatus.SIM_RUNS_FOR_ANNOTATION`` and the keys beside it): a
+   container that runs a while before each crash, an exit code its ``restartPolicyRules``
+   restart in place, a slow first pull of its image, a pod left terminal long ago; and a pod
+   naming a Multus network attachment never gets its sandbox (the local cluster has none). The
+   decision is stamped on the pod as the annotation of the same key;
 2. writes the statuses a kubelet would write for that fate, step by step (``pods/status``
    strategic merge patches with a uid precondition, like the kubelet's status manager), and for
    crash loops keeps raising ``restartCount``: every ``restart_interval`` seconds on the
@@ -61,17 +65,29 @@ from dev.localcluster.podstatus import (
     HEALTHY,
     JSON,
     KUBELET_BACK_OFF,
+    SANDBOX_FATE,
+    TERMINAL_FATE,
     TERMINAL_PHASES,
     BackOffPolicy,
     PodRun,
     Step,
     back_off_after,
+    crash_exit_code,
     eviction_message,
+    exit_code_of,
+    go_duration_ms,
     is_job_pod,
+    left_terminal,
+    multus_networks,
+    multus_sandbox_message,
     on_exit,
     pod_status,
+    pull_takes,
     restart_delay,
-    restart_policy,
+    restarts_after_exit,
+    runs_for,
+    terminal_age,
+    terminal_kind,
     terminated_status,
 )
 from dev.localcluster.rest import STRATEGIC_MERGE_PATCH, ApiError, Rest
@@ -110,6 +126,9 @@ class Timing:
     back_off_policy: BackOffPolicy = KUBELET_BACK_OFF
     # ErrImagePull -> ImagePullBackOff.
     pull_backoff: float = 2.0
+    # A sandbox that cannot be created (a Multus attachment that does not exist): the kubelet
+    # tries again, and records FailedCreatePodSandBox again, this often.
+    sandbox_retry: float = 10.0
     # Running -> Evicted.
     evict_after: float = 2.0
     # Healthy pods of a Job complete after running this long.
@@ -387,7 +406,8 @@ class _Shard:
             ):
                 continue
             hit = replace(run, conditions=dict(run.conditions), mode=mode, run_finished=now)
-            hit.step = "failed" if restart_policy(tracked.pod) == "Never" else "crashed"
+            restarts = restarts_after_exit(tracked.pod, crash_exit_code(hit))
+            hit.step = "crashed" if restarts else "failed"
             try:
                 self._write(tracked, hit)
             except ApiError as e:
@@ -473,6 +493,13 @@ class _Shard:
                 "node %s: unknown fault mode %r, treated as healthy", node_name, mode
             )
             mode = HEALTHY
+        # Pod-level fates that win over any fault: a pod left terminal long ago, and a pod
+        # whose sandbox its own network attachment keeps from being created.
+        terminal = terminal_kind(pod)
+        if terminal is not None:
+            mode = TERMINAL_FATE
+        elif multus_networks(pod):
+            mode = SANDBOX_FATE
         host_ip = next(
             (
                 a["address"]
@@ -488,16 +515,57 @@ class _Shard:
         )
         if pod["spec"].get("hostNetwork"):
             tracked.pod_ip = host_ip
-        elif not tracked.pod_ip:
+        elif not tracked.pod_ip and mode != SANDBOX_FATE and terminal != "OutOfcpu":
+            # (No sandbox, no address: a pod rejected at admission, or whose network fails.)
             cidr = node.get("spec", {}).get("podCIDR") or self.k.fallback_cidr(node_name)
             tracked.pod_ip = self.k.ipam.allocate(node_name, cidr)
         run = self.k.new_run(tracked.pod, mode, host_ip, tracked.pod_ip)
         for c in tracked.pod.get("status", {}).get("conditions", []) or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "True":
                 run.conditions["PodScheduled"] = ("True", c.get("lastTransitionTime", ""))
+        if terminal is not None:
+            self._write_terminal(tracked, run, terminal)
+            return
+        if mode == SANDBOX_FATE:
+            run.step = "sandbox_error"
+            self._write(tracked, run)
+            self.k.log.info("pod %s/%s on %s: its sandbox fails (Multus)", ns, name, node_name)
+            self._sandbox_failed(uid, tracked, run)
+            return
         self._write(tracked, run)
         self.k.log.info("pod %s/%s on %s: %s", ns, name, node_name, mode)
         self._schedule(uid, tracked, self.k.timing.start)
+
+    def _write_terminal(self, tracked: _Tracked, run: PodRun, kind: str) -> None:
+        """Writes the pod terminal at once, as the kubelet left it ``terminal-age`` ago (a pod
+        evicted, stopped by a node shutdown or rejected at admission long before): its last
+        status, never run here."""
+        pod = tracked.pod
+        ended = time.time() - terminal_age(pod)
+        status = left_terminal(pod, run, kind, ended)
+        tracked.pod = self.k.rest.patch(
+            f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status",
+            {"metadata": {"uid": run.uid}, "status": status},
+            STRATEGIC_MERGE_PATCH,
+        )
+        tracked.run = run
+        tracked.done = True
+        self.k.log.info("pod %s/%s on %s: left %s", run.namespace, run.name, run.node, kind)
+
+    def _sandbox_failed(self, uid: str, tracked: _Tracked, run: PodRun) -> None:
+        """One more failed attempt at the pod's sandbox: the kubelet's Warning Event (its count
+        raised, as the event recorder does for a repeat), then another attempt later."""
+        run.sandbox_attempts += 1
+        self._record(
+            tracked.pod,
+            "Warning",
+            "FailedCreatePodSandBox",
+            multus_sandbox_message(tracked.pod, run.sandbox_attempts),
+            None,
+            count=run.sandbox_attempts,
+        )
+        tracked.run = run
+        self._schedule(uid, tracked, self.k.timing.sandbox_retry)
 
     def _node_at(self, name: str, rv: str) -> JSON:
         """The node as it was at revision ``rv`` (for what the pod reads of it: its fault label;
@@ -556,25 +624,49 @@ class _Shard:
         delay = 0.0
         pod = tracked.pod
         mode, step = run.mode, run.step
+        crashing = mode in _CRASHING_MODES
+        if step == "sandbox_error":
+            self._sandbox_failed(uid, tracked, run)
+            return
         if step == "creating":
             run.run_started = now
             if mode == "pullhang":
                 self._record_pulls(pod, hung=True)
                 tracked.done = True
                 return
+            took = t.start
+            if mode != "imagepull" and pull_takes(pod) > 0:
+                if run.pull_started <= 0 and self._pulls_first(pod):
+                    # The node has not got the image: the sandbox is up, the kubelet pulls
+                    # (one Pulling Event), the containers wait in ContainerCreating.
+                    run.pull_started = now
+                    self._record_pulls(pod, hung=True)
+                    tracked.run = run
+                    self._schedule(uid, tracked, pull_takes(pod))
+                    return
+                if run.pull_started > 0:
+                    took = now - run.pull_started
             if mode != "imagepull":
-                self._record_pulls(pod, hung=False)
-            if mode in (HEALTHY, "evict"):
+                self._record_pulls(pod, hung=False, took=took)
+            if mode in (HEALTHY, "evict") or (crashing and run.runs_for > 0):
                 nxt = "running"
-            elif mode in ("crashloop", "oom"):
+            elif crashing:
                 run.run_finished = now
-                nxt = "failed" if restart_policy(pod) == "Never" else "crashed"
+                nxt = "crashed" if restarts_after_exit(pod, crash_exit_code(run)) else "failed"
             elif mode == "imagepull":
                 nxt = "pull_error"
             else:
                 nxt = "create_error"
         elif step == "running":
-            if mode == "evict":
+            if crashing and run.runs_for > 0:
+                # An application that runs a while, then exits: restarted at once after its
+                # first exit, in back-off after the later ones (or not at all, by its policy).
+                run.run_finished = now
+                if not restarts_after_exit(pod, crash_exit_code(run)):
+                    nxt = "failed"
+                else:
+                    nxt = "crashed" if run.back_off <= 0 else "backoff"
+            elif mode == "evict":
                 run.run_finished = now
                 nxt = "evicted"
             elif is_job_pod(pod):
@@ -582,13 +674,19 @@ class _Shard:
                 nxt = "completed"
         elif step in ("crashed", "backoff"):
             # The kubelet restarts the container (at once after its first exit, after the
-            # back-off later), setting its back-off entry; on this node it exits at once again.
+            # back-off later), setting its back-off entry; on this node it exits at once again,
+            # or runs its while first.
             run.back_off = on_exit(
                 run.back_off, run.run_finished - run.run_started, t.back_off_policy
             ).after
             run.restarts += 1
-            run.run_started = run.run_finished = now
-            nxt = "backoff"
+            if run.runs_for > 0:
+                run.prev_started, run.prev_finished = run.run_started, run.run_finished
+                run.run_started = now
+                nxt = "running"
+            else:
+                run.run_started = run.run_finished = now
+                nxt = "backoff"
         elif step == "pull_error":
             nxt = "pull_backoff"
         if nxt is None:
@@ -599,7 +697,9 @@ class _Shard:
         if nxt == "evicted":
             self._record_eviction(tracked.pod)
         if nxt == "running":
-            if mode == "evict":
+            if crashing and run.runs_for > 0:
+                delay = run.runs_for
+            elif mode == "evict":
                 delay = t.evict_after
             elif is_job_pod(pod):
                 delay = t.job_runtime
@@ -617,6 +717,16 @@ class _Shard:
             return
         self._schedule(uid, tracked, delay)
 
+    def _pulls_first(self, pod: JSON) -> bool:
+        """Whether the pod's node lacks one of its images: its start pulls it first."""
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
+        return any(
+            not self.k.has_image(node, str(c.get("image") or ""))
+            for key in ("initContainers", "containers")
+            for c in spec.get(key) or []
+        )
+
     def _write(self, tracked: _Tracked, run: PodRun) -> None:
         """Patches the status of ``run``'s step; ``run`` becomes the pod's state if that works."""
         body = {
@@ -630,16 +740,17 @@ class _Shard:
         )
         tracked.run = run
 
-    def _record_pulls(self, pod: JSON, *, hung: bool) -> None:
+    def _record_pulls(self, pod: JSON, *, hung: bool, took: float | None = None) -> None:
         """The kubelet's Events for the pod's image pulls, as v1.36 writes them (recorded:
         tests/fixtures/real-kubelet/crashloop.json, image-pull-hangs.json): ``Pulling`` for a
-        pull that hangs; ``Pulled`` "Successfully pulled ... Image size" for the first pull of
-        an image on its node, which takes ``Timing.start``. A later start on that node finds
-        the image there; the kubelet then writes "already present on machine", which nothing
-        reads, so it is not written here (one write less per pod start)."""
+        pull that hangs (or has not ended yet: a slow pull); ``Pulled`` "Successfully pulled
+        ... Image size" for the first pull of an image on its node, which takes ``took``
+        seconds (``Timing.start`` by default). A later start on that node finds the image
+        there; the kubelet then writes "already present on machine", which nothing reads, so
+        it is not written here (one write less per pod start)."""
         spec = pod.get("spec") or {}
         node = str(spec.get("nodeName") or "")
-        took = f"{round(self.k.timing.start * 1000)}ms"
+        took_text = go_duration_ms(self.k.timing.start if took is None else took)
         for key, path in (("initContainers", "initContainers"), ("containers", "containers")):
             for container in spec.get(key) or []:
                 image = str(container.get("image") or "")
@@ -649,17 +760,26 @@ class _Shard:
                     return  # the kubelet pulls one container's image at a time
                 if self.k.first_pull(node, image):
                     message = (
-                        f'Successfully pulled image "{image}" in {took} ({took} including '
-                        f"waiting). Image size: {_FAKE_IMAGE_SIZE} bytes."
+                        f'Successfully pulled image "{image}" in {took_text} ({took_text} '
+                        f"including waiting). Image size: {_FAKE_IMAGE_SIZE} bytes."
                     )
                     self._record(pod, "Normal", "Pulled", message, field_path)
 
     def _record(
-        self, pod: JSON, kind: str, reason: str, message: str, field_path: str | None
+        self,
+        pod: JSON,
+        kind: str,
+        reason: str,
+        message: str,
+        field_path: str | None,
+        *,
+        count: int = 1,
     ) -> None:
         """One Event about ``pod`` through the kubelet's legacy recorder: the pod and its uid,
         the container as fieldPath (none for the pod itself), the node as ``source.host``.
-        Best effort, as the kubelet's own Events are."""
+        ``count`` above 1: the same Event again, as the recorder's correlator writes a repeat
+        (the count raised, ``lastTimestamp`` and the message renewed). Best effort, as the
+        kubelet's own Events are."""
         meta = pod.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         node = str((pod.get("spec") or {}).get("nodeName") or "")
@@ -689,6 +809,17 @@ class _Shard:
             "reportingInstance": node,
         }
         try:
+            if count > 1:
+                try:
+                    self.k.rest.patch(
+                        f"/api/v1/namespaces/{namespace}/events/{body['metadata']['name']}",
+                        {"count": count, "lastTimestamp": at, "message": message},
+                    )
+                    return
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+                    body["count"] = count
             self.k.rest.post(f"/api/v1/namespaces/{namespace}/events", body)
         except ApiError as exc:
             self.k.log.warning("could not record %s for %s/%s: %s", reason, namespace, name, exc)
@@ -788,6 +919,11 @@ class FakeKubelet:
             target=self._watch_nodes, name="fake-kubelet-nodes", daemon=True
         )
 
+    def has_image(self, node: str, image: str) -> bool:
+        """Whether ``node`` has ``image`` (a pod started it there)."""
+        with self._images_lock:
+            return (node, image) in self._images
+
     def first_pull(self, node: str, image: str) -> bool:
         """Whether ``node`` pulls ``image`` now: its first start of it; later ones find it."""
         with self._images_lock:
@@ -807,6 +943,8 @@ class FakeKubelet:
             host_ip=host_ip,
             pod_ip=pod_ip,
             start_time=time.time(),
+            runs_for=runs_for(pod),
+            exit_code=exit_code_of(pod),
         )
 
     def start(self) -> None:

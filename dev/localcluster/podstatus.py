@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import datetime
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -37,6 +38,34 @@ JSON = dict[str, Any]
 FAULT_MODES: Final = ("crashloop", "oom", "imagepull", "evict", "createcontainer", "pullhang")
 HEALTHY: Final = "none"
 
+# Pod-level behaviours, read from the pod's own annotations (its template's, for a controller's
+# pods); only the local cluster reads them (like dev/localcluster/keys.py's keys):
+# - seconds a container of a crashing pod (``crashloop``, ``oom``) runs, Ready, before each
+#   exit (0, the default: it exits at once). An image that crashes 20 s after start;
+SIM_RUNS_FOR_ANNOTATION: Final = "sim.kn-rescheduler.io/runs-for"
+# - the exit code of a crashing container (default 1; 137 for ``oom``). With the container's
+#   ``restartPolicyRules`` it decides whether the kubelet restarts it in place;
+SIM_EXIT_CODE_ANNOTATION: Final = "sim.kn-rescheduler.io/exit-code"
+# - seconds a node's first pull of the pod's image takes (the sandbox up, ContainerCreating,
+#   one ``Pulling`` Event, then ``Pulled`` with that time); a node that has the image starts the
+#   pod at once, with no ``Pulled`` Event;
+SIM_PULL_TAKES_ANNOTATION: Final = "sim.kn-rescheduler.io/pull-takes"
+# - ``Evicted``, ``Terminated`` or ``OutOfcpu``: the pod is written terminal once, as the kubelet
+#   left it ``terminal-age`` seconds ago (default three days), and never run: a pod left from
+#   an eviction, a graceful node shutdown or an admission rejection long ago.
+SIM_TERMINAL_ANNOTATION: Final = "sim.kn-rescheduler.io/terminal"
+SIM_TERMINAL_AGE_ANNOTATION: Final = "sim.kn-rescheduler.io/terminal-age"
+TERMINAL_KINDS: Final = ("Evicted", "Terminated", "OutOfcpu")
+TERMINAL_AGE: Final = 3 * 24 * 3600.0
+# What the fake kubelet stamps as the fate of a pod it wrote terminal at once.
+TERMINAL_FATE: Final = "terminal"
+# Multus' pod annotation naming the network attachments the pod asks for. The local cluster has
+# no NetworkAttachmentDefinition: a pod naming one never gets its sandbox, as on a cluster whose
+# namespace lacks the attachment (the kubelet's FailedCreatePodSandBox, retried for ever).
+MULTUS_NETWORKS_ANNOTATION: Final = "k8s.v1.cni.cncf.io/networks"
+# What the fake kubelet stamps as the fate of such a pod.
+SANDBOX_FATE: Final = "multus"
+
 Step = Literal[
     "creating",  # sandbox up, containers being created (Pending, ContainerCreating)
     "running",  # containers running and ready
@@ -46,6 +75,8 @@ Step = Literal[
     "pull_backoff",  # ImagePullBackOff
     "create_error",  # CreateContainerError
     "evicted",  # Failed, reason Evicted
+    "shutdown",  # Failed, reason Terminated (a graceful node shutdown)
+    "sandbox_error",  # Pending: the sandbox cannot be created (FailedCreatePodSandBox)
     "failed",  # Failed: the container exited and restartPolicy is Never
     "completed",  # Succeeded (Job pods on a healthy node)
 ]
@@ -243,6 +274,141 @@ def restart_policy(pod: JSON) -> str:
     return str(pod.get("spec", {}).get("restartPolicy", "Always"))
 
 
+# The restart rules' actions that restart in place (ContainerRestartRules: ``Restart``; beta in
+# v1.36: ``RestartAllContainers``).
+RESTART_ACTIONS: Final = frozenset({"Restart", "RestartAllContainers"})
+
+
+def should_restart(container: JSON, pod: JSON, exit_code: int) -> bool:
+    """``podutil.ContainerShouldRestart``: whether the kubelet restarts ``container`` after it
+    exited with ``exit_code``. Its ``restartPolicyRules`` first (ContainerRestartRules, beta and
+    on by default since v1.35: the first rule whose ``exitCodes`` the code meets decides), then
+    its own ``restartPolicy``, then the pod's."""
+    for rule in container.get("restartPolicyRules") or []:
+        codes = (rule or {}).get("exitCodes") or {}
+        values = codes.get("values") or []
+        operator = codes.get("operator")
+        if operator == "In":
+            met = exit_code in values
+        elif operator == "NotIn":
+            met = exit_code not in values
+        else:
+            continue
+        if met:
+            return rule.get("action") in RESTART_ACTIONS
+    policy = container.get("restartPolicy") or restart_policy(pod)
+    if policy == "Never":
+        return False
+    if policy == "OnFailure":
+        return exit_code != 0
+    return True
+
+
+def restarts_after_exit(pod: JSON, exit_code: int) -> bool:
+    """Whether the kubelet restarts the pod's containers after they all exited with
+    ``exit_code`` (a fault hits every regular container alike: the first one decides)."""
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    return should_restart(containers[0], pod, exit_code)
+
+
+def _annotation(pod: JSON, key: str) -> str:
+    return str((pod.get("metadata", {}).get("annotations") or {}).get(key) or "")
+
+
+def _seconds(raw: str, default: float = 0.0) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if value >= 0 else default
+
+
+def runs_for(pod: JSON) -> float:
+    """Seconds a crashing container of ``pod`` runs before each exit (SIM_RUNS_FOR_ANNOTATION)."""
+    return _seconds(_annotation(pod, SIM_RUNS_FOR_ANNOTATION))
+
+
+def exit_code_of(pod: JSON) -> int | None:
+    """The exit code a crashing container of ``pod`` exits with (SIM_EXIT_CODE_ANNOTATION)."""
+    raw = _annotation(pod, SIM_EXIT_CODE_ANNOTATION)
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def pull_takes(pod: JSON) -> float:
+    """Seconds a node's first pull of ``pod``'s image takes (SIM_PULL_TAKES_ANNOTATION)."""
+    return _seconds(_annotation(pod, SIM_PULL_TAKES_ANNOTATION))
+
+
+def terminal_kind(pod: JSON) -> str | None:
+    """The terminal status ``pod`` asks to be written at once (SIM_TERMINAL_ANNOTATION)."""
+    kind = _annotation(pod, SIM_TERMINAL_ANNOTATION)
+    return kind if kind in TERMINAL_KINDS else None
+
+
+def terminal_age(pod: JSON) -> float:
+    return _seconds(_annotation(pod, SIM_TERMINAL_AGE_ANNOTATION), TERMINAL_AGE) or TERMINAL_AGE
+
+
+def multus_networks(pod: JSON) -> list[str]:
+    """The network attachments the pod names in Multus' annotation: a comma-separated list of
+    ``[namespace/]name[@interface]``, or a JSON list of objects with ``name``."""
+    raw = _annotation(pod, MULTUS_NETWORKS_ANNOTATION).strip()
+    if not raw:
+        return []
+    if raw.startswith("["):
+        try:
+            items = json.loads(raw)
+        except ValueError:
+            return []
+        return [str(i.get("name")) for i in items if isinstance(i, dict) and i.get("name")]
+    return [part.strip().split("@", 1)[0] for part in raw.split(",") if part.strip()]
+
+
+def sandbox_id(pod_uid: str, attempt: int) -> str:
+    """A stable containerd sandbox ID for one attempt at the pod's sandbox."""
+    return hashlib.sha256(f"{pod_uid}/sandbox/{attempt}".encode()).hexdigest()
+
+
+def multus_sandbox_message(pod: JSON, attempt: int) -> str:
+    """The kubelet's ``FailedCreatePodSandBox`` message when Multus cannot find the network
+    attachment the pod names in its namespace (Multus' getKubernetesDelegate, through
+    containerd's CNI call)."""
+    meta = pod.get("metadata", {})
+    ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+    networks = multus_networks(pod) or ["macvlan-conf"]
+    wanted = networks[0]
+    nad_ns, _, nad = wanted.rpartition("/")
+    nad_ns = nad_ns or ns
+    return (
+        "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network "
+        f'for sandbox "{sandbox_id(uid, attempt)}": plugin type="multus" '
+        f'name="multus-cni-network" failed (add): Multus: [{ns}/{name}/{uid}]: error loading k8s '
+        "delegates k8s args: TryLoadPodDelegates: error in getting k8s network for pod: "
+        "GetNetworkDelegates: failed getting the delegate: getKubernetesDelegate: cannot find a "
+        f"network-attachment-definition ({nad}) in namespace ({nad_ns}): "
+        f'network-attachment-definitions.k8s.cni.cncf.io "{nad}" not found'
+    )
+
+
+def go_duration_ms(seconds: float) -> str:
+    """Go's time.Duration String() of a duration truncated to milliseconds, as the kubelet's
+    Pulled Event prints it: 500ms, 1.5s, 2m30.25s."""
+    ms = int(seconds * 1000)
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, rest = divmod(ms, 60_000)
+    hours, minutes = divmod(minutes, 60)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
 @dataclass
 class PodRun:
     """What the fake kubelet knows about one pod it runs."""
@@ -263,6 +429,16 @@ class PodRun:
     # When the current (or last) container run started and ended.
     run_started: float = 0.0
     run_finished: float = 0.0
+    # The run before the current one (a container restarted and running again).
+    prev_started: float = 0.0
+    prev_finished: float = 0.0
+    # Pod-level behaviours (see SIM_RUNS_FOR_ANNOTATION ...): how long a crashing container
+    # runs before each exit; its exit code (None: the mode's); when a slow pull began (0: none).
+    runs_for: float = 0.0
+    exit_code: int | None = None
+    pull_started: float = 0.0
+    # FailedCreatePodSandBox attempts recorded (the Event's count).
+    sandbox_attempts: int = 0
     # Condition type -> (status, lastTransitionTime) as last written, for transition times.
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
 
@@ -354,8 +530,33 @@ def _terminated(
     }
 
 
-def _crash(mode: str) -> tuple[int, str]:
+def _crash(mode: str, exit_code: int | None = None) -> tuple[int, str]:
+    """A crash's exit code and the runtime's reason: the pod's own code (its exit-code
+    annotation), else 137 OOMKilled for ``oom`` and 1 Error otherwise."""
+    if exit_code is not None:
+        if exit_code == 0:
+            return 0, "Completed"
+        return exit_code, "OOMKilled" if mode == "oom" and exit_code == 137 else "Error"
     return (137, "OOMKilled") if mode == "oom" else (1, "Error")
+
+
+def crash_exit_code(run: PodRun) -> int:
+    """The code the containers of ``run`` exit with when they crash."""
+    return _crash(run.mode, run.exit_code)[0]
+
+
+def _previous_run(pod: JSON, run: PodRun, container: JSON) -> JSON:
+    """The run before the current one of a restarted container (its ``lastState``)."""
+    code, reason = _crash(run.mode, run.exit_code)
+    return _terminated(
+        pod,
+        container,
+        max(run.restarts - 1, 0),
+        exit_code=code,
+        reason=reason,
+        start=run.prev_started,
+        end=run.prev_finished,
+    )
 
 
 def _back_off_text(run: PodRun) -> str:
@@ -375,24 +576,48 @@ def _regular_status(pod: JSON, run: PodRun, container: JSON, has_init: bool) -> 
         reason = "PodInitializing" if has_init else "ContainerCreating"
         return _never_ran(container, {"reason": reason})
     if step == "running":
-        st = _ran(pod, container, 0, {"running": {"startedAt": rfc3339(run.run_started)}}, 0)
+        attempt = run.restarts
+        st = _ran(
+            pod, container, attempt, {"running": {"startedAt": rfc3339(run.run_started)}}, attempt
+        )
         st["ready"] = True
         st["started"] = True
+        if attempt:
+            # Restarted after a crash (a container that runs a while before each exit).
+            st["lastState"] = {"terminated": _previous_run(pod, run, container)}
         return st
     if step in ("crashed", "failed"):
-        code, reason = _crash(run.mode)
+        code, reason = _crash(run.mode, run.exit_code)
+        attempt = run.restarts
         term = _terminated(
             pod,
             container,
-            0,
+            attempt,
             exit_code=code,
             reason=reason,
             start=run.run_started,
             end=run.run_finished,
         )
+        st = _ran(pod, container, attempt, {"terminated": term}, attempt)
+        if attempt:
+            st["lastState"] = {"terminated": _previous_run(pod, run, container)}
+        return st
+    if step == "shutdown":
+        # Stopped by the node's graceful shutdown: SIGTERM, which the process does not catch.
+        term = _terminated(
+            pod,
+            container,
+            0,
+            exit_code=SIGTERM_EXIT_CODE,
+            reason="Error",
+            start=run.run_started,
+            end=run.run_finished,
+        )
         return _ran(pod, container, 0, {"terminated": term}, 0)
+    if step == "sandbox_error":
+        return _never_ran(container, {"reason": "ContainerCreating"})
     if step == "backoff":
-        code, reason = _crash(run.mode)
+        code, reason = _crash(run.mode, run.exit_code)
         attempt = run.restarts
         term = _terminated(
             pod,
@@ -459,17 +684,20 @@ def _regular_status(pod: JSON, run: PodRun, container: JSON, has_init: bool) -> 
 
 def _init_status(pod: JSON, run: PodRun, container: JSON) -> JSON:
     """Init containers: waiting while the sandbox starts, then done (or running, for sidecars)."""
-    if run.step == "creating":
+    if run.step in ("creating", "sandbox_error"):
         return _never_ran(container, {"reason": "PodInitializing"})
     sidecar = container.get("restartPolicy") == "Always"
-    if sidecar and run.step not in ("evicted", "failed", "completed"):
+    if sidecar and run.step not in ("evicted", "shutdown", "failed", "completed"):
         st = _ran(pod, container, 0, {"running": {"startedAt": rfc3339(run.start_time)}}, 0)
         st["ready"] = True
         st["started"] = True
         return st
     exit_code, reason = (0, "Completed")
     if sidecar:
-        exit_code, reason = (137, "Error") if run.step == "evicted" else (0, "Completed")
+        if run.step == "evicted":
+            exit_code, reason = (137, "Error")
+        elif run.step == "shutdown":
+            exit_code, reason = (SIGTERM_EXIT_CODE, "Error")
     term = _terminated(
         pod,
         container,
@@ -486,9 +714,9 @@ def _init_status(pod: JSON, run: PodRun, container: JSON) -> JSON:
 
 def phase_of(pod: JSON, run: PodRun) -> str:
     step = run.step
-    if step in ("creating", "pull_error", "pull_backoff", "create_error"):
+    if step in ("creating", "pull_error", "pull_backoff", "create_error", "sandbox_error"):
         return "Pending"
-    if step in ("evicted", "failed"):
+    if step in ("evicted", "shutdown", "failed"):
         return "Failed"
     if step == "completed":
         return "Succeeded"
@@ -529,8 +757,10 @@ def pod_status(pod: JSON, run: PodRun, now: float) -> JSON:
 
     terminal = phase in ("Failed", "Succeeded")
     conds: list[JSON] = []
-    conds.append(_condition(run, "PodReadyToStartContainers", "False" if terminal else "True", now))
-    if run.step == "creating" and inits:
+    sandbox_up = not terminal and run.step != "sandbox_error"
+    sandbox = "True" if sandbox_up else "False"
+    conds.append(_condition(run, "PodReadyToStartContainers", sandbox, now))
+    if run.step in ("creating", "sandbox_error") and inits:
         conds.append(
             _condition(
                 run,
@@ -583,16 +813,17 @@ def pod_status(pod: JSON, run: PodRun, now: float) -> JSON:
         c["observedGeneration"] = generation
 
     order = [{"type": t} for t in KUBELET_CONDITIONS]
-    if run.step == "evicted":
-        # The eviction manager adds DisruptionTarget; conditions the kubelet does not own come
-        # first in its list.
+    disrupted = _disruption(pod, run)
+    if disrupted is not None:
+        # The eviction manager (and the node shutdown manager) add DisruptionTarget; conditions
+        # the kubelet does not own come first in its list.
         disruption = _condition(
             run,
             "DisruptionTarget",
             "True",
             now,
             reason="TerminationByKubelet",
-            message=eviction_message(pod),
+            message=disrupted[1],
         )
         disruption["observedGeneration"] = generation
         conds = [disruption, *conds]
@@ -610,12 +841,67 @@ def pod_status(pod: JSON, run: PodRun, now: float) -> JSON:
         "startTime": rfc3339(run.start_time),
         "containerStatuses": statuses,
     }
+    if not run.pod_ip:
+        # No sandbox, no network: the kubelet reports no pod IP.
+        for key in ("podIP", "podIPs"):
+            status.pop(key)
     if inits:
         status["initContainerStatuses"] = init_statuses
-    if run.step == "evicted":
-        status["reason"] = "Evicted"
-        status["message"] = eviction_message(pod)
+    if disrupted is not None:
+        status["reason"], status["message"] = disrupted
     return status
+
+
+# The node shutdown manager's reason and message for the pods it stops
+# (pkg/kubelet/nodeshutdown: nodeShutdownReason, nodeShutdownMessage).
+SHUTDOWN_REASON: Final = "Terminated"
+SHUTDOWN_MESSAGE: Final = "Pod was terminated in response to imminent node shutdown."
+
+
+def _disruption(pod: JSON, run: PodRun) -> tuple[str, str] | None:
+    """The pod's ``status.reason`` and message, and the DisruptionTarget message, of a pod the
+    kubelet itself ended: evicted, or stopped by a graceful node shutdown."""
+    if run.step == "evicted":
+        return "Evicted", eviction_message(pod)
+    if run.step == "shutdown":
+        return SHUTDOWN_REASON, SHUTDOWN_MESSAGE
+    return None
+
+
+def rejected_status(pod: JSON, reason: str, now: float) -> JSON:
+    """What the kubelet writes on a pod its admission rejected (``rejectPod``: phase Failed,
+    the reason, "Pod was rejected: " and the predicate's message; no sandbox, no containers
+    run, no conditions of its own). For ``OutOfcpu``: the lifecycle predicate's
+    "Node didn't have enough resource" with the pod's request and a node already full."""
+    requested = 0
+    for c in pod.get("spec", {}).get("containers", []) or []:
+        cpu = str(((c.get("resources") or {}).get("requests") or {}).get("cpu") or "0")
+        requested += int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
+    capacity = 7800
+    message = (
+        f"Pod was rejected: Node didn't have enough resource: cpu, requested: {requested}, "
+        f"used: {capacity - requested // 2}, capacity: {capacity}"
+    )
+    return {
+        "observedGeneration": int(pod.get("metadata", {}).get("generation", 1)),
+        "phase": "Failed",
+        "reason": reason,
+        "message": message,
+        "startTime": rfc3339(now),
+    }
+
+
+def left_terminal(pod: JSON, run: PodRun, kind: str, ended: float) -> JSON:
+    """The status a pod was left with ``kind`` (TERMINAL_KINDS) at ``ended``, long ago: evicted
+    or stopped by a node shutdown after running an hour, or rejected at admission. A
+    ``pods/status`` strategic merge patch body."""
+    if kind == "OutOfcpu":
+        return rejected_status(pod, kind, ended)
+    run.start_time = ended - 3600.0
+    run.run_started = run.start_time + 1.0
+    run.run_finished = ended
+    run.step = "evicted" if kind == "Evicted" else "shutdown"
+    return pod_status(pod, run, ended)
 
 
 def _unready_gates(pod: JSON) -> str:
@@ -723,16 +1009,6 @@ def _statuses_of(containers: list[JSON], previous: list[JSON], default_waiting: 
     ]
 
 
-def _should_restart(container: JSON, pod: JSON, exit_code: int) -> bool:
-    """podutil.ContainerShouldRestart without container restart rules."""
-    policy = container.get("restartPolicy") or restart_policy(pod)
-    if policy == "Never":
-        return False
-    if policy == "OnFailure":
-        return exit_code != 0
-    return True
-
-
 def phase_after_kill(pod: JSON, init_statuses: list[JSON], statuses: list[JSON]) -> str:
     """The kubelet's ``getPhase(podIsTerminal=true)`` for the statuses of stopped containers.
 
@@ -756,7 +1032,7 @@ def phase_after_kill(pod: JSON, init_statuses: list[JSON], statuses: list[JSON])
             pending_init += 1
         elif "terminated" in state or "terminated" in last:
             code = int((state.get("terminated") or last.get("terminated") or {}).get("exitCode", 0))
-            if code != 0 and not _should_restart(c, pod, code):
+            if code != 0 and not should_restart(c, pod, code):
                 failed_init += 1
         else:
             pending_init += 1

@@ -26,7 +26,14 @@ fixture gives the local cluster those neighbours, so that the e2e tests, the dem
   (:func:`second_scrape_job`: kube-prometheus' job beside a Helm chart's, every node series
   twice, differing only in ``job``; :mod:`localcluster.prometheus`);
 - **nodes added, cordoned and drained, removed** while things run (:func:`add_node`,
-  :func:`drain`, :func:`remove_node`), as an autoscaler or an operator does.
+  :func:`drain`, :func:`remove_node`), as an autoscaler or an operator does;
+- **pods left terminal from days ago** (:func:`left_terminal_pod`): ``Failed`` pods a
+  ReplicaSet keeps until the pod garbage collector's threshold (12,500 by default), evicted
+  (``Evicted``), stopped by a graceful node shutdown (``Terminated``) or rejected at admission
+  (``OutOfcpu``), bound to the nodes they were on, written once by the fake kubelet as the
+  kubelet left them (``sim.kn-rescheduler.io/terminal``, dev/localcluster/podstatus.py);
+- **an image pre-puller** (:func:`image_prepuller`): a DaemonSet that starts an image on some
+  nodes so that their later pods find it there, as clusters pre-pull their big images.
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ from typing import Any, Final
 import yaml
 
 from dev.localcluster.cluster import Cluster
+from dev.localcluster.podstatus import (
+    SIM_TERMINAL_AGE_ANNOTATION,
+    SIM_TERMINAL_ANNOTATION,
+    TERMINAL_KINDS,
+)
 from dev.localcluster.prometheus import config as prometheus_config
 from dev.localcluster.rest import ApiError
 from shared.api.keys import NODE_OPT_OUT_LABEL
@@ -454,6 +466,105 @@ def cronjob(name: str, annotations: Mapping[str, str], pod_spec: JSON) -> JSON:
                 "spec": {
                     "backoffLimit": 1000,
                     "template": {"spec": {"restartPolicy": "OnFailure", **pod_spec}},
+                },
+            },
+        },
+    }
+
+
+def left_terminal_pod(
+    name: str,
+    node: str,
+    kind: str,
+    owner: Mapping[str, Any] | None,
+    labels: Mapping[str, str],
+    image: str,
+    *,
+    cpu: str = "200m",
+    age_s: float = 3 * 24 * 3600.0,
+) -> JSON:
+    """A pod left ``kind`` (``Evicted``, ``Terminated``, ``OutOfcpu``) on ``node`` ``age_s``
+    seconds ago, owned by ``owner`` (its controller as read, with ``kind`` and ``apiVersion``;
+    None for a bare pod): bound to the node at its creation (the scheduler placed it long ago),
+    its status written once by the fake kubelet as the kubelet left it. It stays until the pod
+    garbage collector's threshold.
+
+    Give it a finished Job as owner (the Job controller leaves a finished Job's pods alone), not
+    a ReplicaSet: a ReplicaSet sees the new pod while it is still Pending, an active pod, and
+    deletes it as a surplus replica or, if its labels do not match, releases it (its
+    ownerReference removed) before the fake kubelet has written it terminal."""
+    if kind not in TERMINAL_KINDS:
+        raise ValueError(f"unknown terminal kind {kind!r}; kinds are {TERMINAL_KINDS}")
+    meta: JSON = {
+        "name": name,
+        "labels": dict(labels),
+        "annotations": {SIM_TERMINAL_ANNOTATION: kind, SIM_TERMINAL_AGE_ANNOTATION: str(age_s)},
+    }
+    if owner is not None:
+        owner_meta = owner["metadata"]
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": owner.get("apiVersion", "batch/v1"),
+                "kind": owner.get("kind", "Job"),
+                "name": owner_meta["name"],
+                "uid": owner_meta["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": "app", "image": image, "resources": {"requests": {"cpu": cpu}}}
+            ],
+        },
+    }
+
+
+def image_prepuller(name: str, image: str, nodes: Sequence[str]) -> JSON:
+    """A DaemonSet that starts ``image`` on ``nodes`` (and sleeps), so that pods started there
+    later find it present: no pull, no ``Pulled`` Event, as on a node that ran it before."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {
+            "selector": {"matchLabels": dict(labels)},
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "kubernetes.io/hostname",
+                                                "operator": "In",
+                                                "values": list(nodes),
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "containers": [
+                        {
+                            "name": "prepull",
+                            "image": image,
+                            "command": ["sleep", "infinity"],
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                        }
+                    ],
                 },
             },
         },

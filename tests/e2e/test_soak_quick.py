@@ -2,10 +2,15 @@
 local cluster: it runs, every invariant of doing no harm looked at something, and the figures
 say how much happened.
 
-The run starts its own control plane (seven nodes, three faulty, the default scheduler calling
-score-nodes as its extender, Prometheus) with the neighbours of dev/localcluster/production.py, the
-whole pipeline and rebalance-nodes, then a timeline: a node runs hot, an add-on restarts, a node
-joins, one is cordoned and drained, the joined one leaves. The invariants are judged on the
+The run starts its own control plane (nine nodes, three crash-looping every pod and one failing
+container creation, the default scheduler calling score-nodes as its extender, Prometheus) with
+the neighbours of dev/localcluster/production.py (pods left terminal days ago, an image
+pre-puller), the whole pipeline and rebalance-nodes, the lookalikes of a node's failure (an
+application broken everywhere, a rollout whose image crashes 20 s after start, a big image
+pulling for minutes beside siblings that had it, a missing Multus network attachment, a
+container its own restart rules restart in place), then a timeline: a node runs hot, the
+rollout, an add-on restarts, a node joins, one is cordoned and drained, the joined one leaves,
+and a forger posts claims to every function and to the Broker. The invariants are judged on the
 harness's own watches (dev/bench/soak/invariants.py). A violation is reported with its evidence;
 whether the product passes is the last test, kept apart so that a finding does not hide that
 the harness itself worked.
@@ -61,6 +66,11 @@ def test_every_invariant_looked_at_something(run: dict[str, Any]) -> None:
         "system-critical-scheduled",
         "budget-kept-when-broken-everywhere",
         "node-fixable-recovered",
+        "bad-nodes-at-once-recovered",
+        "lookalikes-left-alone",
+        "no-mark-from-a-lookalike",
+        "moved-on-evidence",
+        "forged-claims-change-nothing",
     ):
         assert checked[name] > 0, (name, checked)
 
@@ -70,10 +80,46 @@ def test_the_pipeline_moved_pods_and_the_cluster_had_neighbours(run: dict[str, A
     assert run["pods"]["system_critical"] >= 3
     assert run["nodes"]["operator_writes"] >= run["scales"]["nodes"]
     assert run["events"]["failing"] > 0
-    # The Deployment broken on every node was seen failing, judged, and told to stop.
-    assert run["events"]["by_reason_ours"].get("MovesStopped", 0) >= 1, run["events"]
+    # The workloads broken on every node were seen failing and judged: moved, then told to stop
+    # or out of budget (whether they kept their budget is budget-kept-when-broken-everywhere's).
+    everywhere = [v for v in run["lookalikes"].values() if v["looks_like"] == "everywhere"]
+    assert len(everywhere) == 2 and all(v["removed_by_us"] > 0 for v in everywhere), everywhere
+    said = run["events"]["by_reason_ours"]
+    assert said.get("MovesStopped", 0) + said.get("RetriesExhausted", 0) >= 1, run["events"]
 
 
 def test_no_invariant_is_violated(run: dict[str, Any]) -> None:
     found = run["invariants"]["violations"]
     assert run["violations"] == 0, json.dumps(found, indent=1)[:6000]
+
+
+def test_the_lookalikes_were_there_for_long_enough(run: dict[str, Any]) -> None:
+    looks = {v["looks_like"]: v for v in run["lookalikes"].values()}
+    assert set(looks) == {
+        "terminal",
+        "everywhere",
+        "slow-pull",
+        "multus",
+        "restart-rules",
+    }, run["lookalikes"]
+    stuck_after = float(run["scales"]["pending_stuck_after"].rstrip("s"))
+    # The slow pull and the missing network attachment outlasted pending_stuck_after.
+    for kind in ("slow-pull", "multus"):
+        assert (looks[kind]["longest_pending_s"] or 0) > stuck_after, run["lookalikes"]
+    assert looks["terminal"]["pods"] >= 6
+    assert looks["restart-rules"]["pods"] >= 1
+
+
+def test_the_forger_reached_every_function_and_the_broker(run: dict[str, Any]) -> None:
+    forger = run["forger"]
+    reached = {answer.split(" ", 1)[0] for answer in forger["answers"]}
+    assert {
+        "broker",
+        "detect-failures",
+        "update-annotations",
+        "assess-nodes",
+        "sweep-failures",
+        "mutate-admission",
+        "rebalance-nodes",
+    } <= reached, forger
+    assert forger["real_pods_named"] > 0 and forger["made_up_pods"] > 0

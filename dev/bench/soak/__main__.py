@@ -67,7 +67,15 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"VIOLATION {v['invariant']}: {v['subject']}: {v['message']}")
         figures = {
             k: results[k]
-            for k in ("pods", "events", "moves", "invariant_checks", "violations", "runtime_s")
+            for k in (
+                "pods",
+                "events",
+                "moves",
+                "moves_by_rule",
+                "invariant_checks",
+                "violations",
+                "runtime_s",
+            )
         }
         print(json.dumps(figures, indent=1), file=sys.stderr)
         if results.get("violations"):

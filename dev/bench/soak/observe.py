@@ -3,8 +3,9 @@
 List-and-watch loops (the chaos suite's :class:`bench.chaos.observe.Watch`) over every pod,
 Node, ReplicaSet and Job of the cluster, started before anything else, turned into the facts the
 invariants read (:class:`bench.soak.invariants.Record`): each pod as last seen before its
-deletion and when it was bound, first failing, deleted and gone; every version of every Node in
-the order the watch delivered them; every owner a pod had.
+deletion (and its few versions before that), when it was bound, first failing, deleted and
+gone, and when it turned Ready or not; every version of every Node in the order the watch
+delivered them; every owner a pod had, and which of them carried our state annotation.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from dev.bench.chaos.invariants import is_ready
 from dev.bench.chaos.observe import Watch
 from dev.bench.soak.invariants import NodeSeen, PodFacts, is_failing
 from dev.localcluster.rest import Rest
+from shared.api.keys import STATE_ANNOTATION
 
 JSON = dict[str, Any]
+# Versions of a pod kept before its deletion: what a move may have read just before it.
+RECENT = 6
 
 
 class Recorder:
@@ -29,6 +34,8 @@ class Recorder:
         self.pods: dict[str, PodFacts] = {}
         self.nodes: list[NodeSeen] = []
         self.owners: dict[str, JSON] = {}
+        # Holders (ReplicaSets, Jobs) first seen carrying our state annotation, and when.
+        self.state_written: dict[str, float] = {}
         self._node_rv: dict[str, int] = {}
 
     # -- pods -----------------------------------------------------------------------------------
@@ -39,9 +46,15 @@ class Recorder:
         with self._lock:
             facts = self.pods.get(uid) or PodFacts(before_deletion=None, last=pod, first_seen=now)
             deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+            ready = is_ready(pod)
+            changes = facts.ready_changes
+            if not changes or changes[-1][1] != ready:
+                changes = (*changes, (now, ready))
             facts = replace(
                 facts,
                 last=pod,
+                recent=facts.recent if deleting else (*facts.recent, (now, pod))[-RECENT:],
+                ready_changes=changes,
                 before_deletion=facts.before_deletion if deleting else pod,
                 bound_at=facts.bound_at
                 if facts.bound_at is not None or not (pod.get("spec") or {}).get("nodeName")
@@ -52,6 +65,13 @@ class Recorder:
                 deleting_at=facts.deleting_at
                 if facts.deleting_at is not None or not deleting
                 else now,
+                started_at=facts.started_at
+                if facts.started_at is not None
+                or (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+                else now,
+                deleting_rv=facts.deleting_rv
+                if facts.deleting_rv is not None or not (deleting or kind == "DELETED")
+                else _rv(pod),
                 gone=facts.gone or kind == "DELETED",
             )
             self.pods[uid] = facts
@@ -91,8 +111,11 @@ class Recorder:
     # -- owners ---------------------------------------------------------------------------------
 
     def owner_event(self, kind: str, obj: JSON) -> None:
+        uid = str(obj["metadata"]["uid"])
         with self._lock:
-            self.owners[str(obj["metadata"]["uid"])] = obj
+            self.owners[uid] = obj
+            if STATE_ANNOTATION in (obj["metadata"].get("annotations") or {}):
+                self.state_written.setdefault(uid, self.clock())
 
     def owner_list(self, objs: list[JSON]) -> None:
         for o in objs:
@@ -101,6 +124,17 @@ class Recorder:
     def snapshot(self) -> tuple[dict[str, PodFacts], list[NodeSeen], dict[str, JSON]]:
         with self._lock:
             return dict(self.pods), list(self.nodes), dict(self.owners)
+
+    def holders_with_state(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.state_written)
+
+
+def _rv(obj: JSON) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or "")
+    except ValueError:
+        return None
 
 
 def start_watches(rest: Rest, recorder: Recorder, stop: threading.Event) -> list[Watch]:
