@@ -58,7 +58,7 @@ from shared.workloads.classify import (
     still_starting,
     unschedulable_due_to_exclusions,
 )
-from shared.workloads.everywhere import ALONE, Witnesses, witnesses_of
+from shared.workloads.everywhere import ALONE, Witnesses, follows_its_workload, witnesses_of
 from shared.workloads.evidence import SWEEP_VERDICTS, PodEvidence, failing_now, kubelet_recorded
 from shared.workloads.fastpath import (
     corroborated_config,
@@ -1205,6 +1205,11 @@ def _marks_its_node(given: Inputs, failure: Failure) -> bool:
     if not given.cfg.moved_off_mark or not failure.node:
         return False
     if given.early is not None and not given.early.counts_against_node:
+        return False
+    pods = given.siblings.pods if given.siblings is not None else None
+    if pods is not None and follows_its_workload(given.live, pods, given.cfg, given.now):
+        # Its workload fails on other nodes too and runs nowhere else (an application
+        # broken everywhere): assess-nodes will not count it against the node either.
         return False
     return failure.kind is FailureKind.NODE_FIXABLE
 
