@@ -69,7 +69,24 @@ from shared.workloads.classify import (
 # index (addCompletionIndexLabel in pkg/controller/job): the one label that differs between
 # pods of the same controller.
 JOB_COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
-_PER_POD_LABELS: Final = frozenset({JOB_COMPLETION_INDEX_LABEL})
+# The StatefulSet controller's per-pod labels (updateIdentity, pkg/controller/statefulset).
+_PER_POD_LABELS: Final = frozenset(
+    {
+        JOB_COMPLETION_INDEX_LABEL,
+        "statefulset.kubernetes.io/pod-name",
+        "apps.kubernetes.io/pod-index",
+    }
+)
+# Labels that say where a pod runs, not whose it is: the API server's PodTopologyLabels
+# admission (KEP-4742, beta and on by default since 1.35) copies the Node's
+# topology.kubernetes.io/zone and /region onto the pod at binding, and cluster policies
+# (kyverno's add-node-labels-pod, node2pod) copy the same. Two replicas in two zones differ in
+# them: selected on, each would see no sibling, and the moves-stop rule no witness.
+PER_NODE_PREFIXES: Final = ("topology.kubernetes.io/",)
+# Labels only the controller sets, the same on every pod of it and on no other: enough on their
+# own, and immune to whatever else is added per pod (the candidates are checked against the
+# controller's uid anyway). The Deployment controller's ReplicaSet hash; the Job controller's uid.
+_CONTROLLER_LABELS: Final = ("batch.kubernetes.io/controller-uid", "pod-template-hash")
 
 
 def sibling_evidence(cfg: Config) -> Config:
@@ -88,10 +105,18 @@ class FailingSibling:
 
 
 def sibling_selector(pod: Mapping[str, Any]) -> str | None:
-    """A label selector for the pods of the same controller: the pod's labels, without the
-    ones its controller sets per pod. None when nothing is left to select on."""
+    """A label selector for the pods of the same controller: a label only the controller sets
+    when the pod has one, else the pod's labels without the ones set per pod or per node. None
+    when nothing is left to select on."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    shared = sorted((k, v) for k, v in labels.items() if k not in _PER_POD_LABELS)
+    for key in _CONTROLLER_LABELS:
+        if labels.get(key):
+            return f"{key}={labels[key]}"
+    shared = sorted(
+        (k, v)
+        for k, v in labels.items()
+        if k not in _PER_POD_LABELS and not k.startswith(PER_NODE_PREFIXES)
+    )
     if not shared:
         return None
     return ",".join(f"{key}={value}" for key, value in shared)

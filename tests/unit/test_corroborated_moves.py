@@ -379,7 +379,7 @@ def test_its_replicaset_ready_elsewhere_moves_a_pod_when_nothing_fails_beside_it
     report = early_report(live)
     asked = decide.corroborate(report, live, CFG, pods.NOW, on_node=[live])
     assert isinstance(asked, decide.ListTwins)
-    assert (asked.namespace, asked.selector) == ("shop", "app=web,pod-template-hash=7d9c8b6f4")
+    assert (asked.namespace, asked.selector) == ("shop", "pod-template-hash=7d9c8b6f4")
     twin = web("web-7d9c8b6f4-r8t2m", node="node-c")
     early = decide.corroborate(report, live, CFG, pods.NOW, on_node=[live], twins=[live, twin])
     assert isinstance(early, decide.Early) and early.acted_on

@@ -263,7 +263,7 @@ def test_other_pods_of_the_workload_are_listed_only_once_a_move_is_decided() -> 
     given = Inputs(report(CRASHING), CRASHING, resolution(REPLICASET, replicaset()), CFG, NOW)
     asked = decide.plan_move(given)
     assert isinstance(asked, ListSiblings)
-    assert asked.selector == "app=web,pod-template-hash=7d9c8b6f4"
+    assert asked.selector == "pod-template-hash=7d9c8b6f4"
     spent = with_state(replicaset(), WorkloadState(moves=9, exhausted_recorded=True))
     given = Inputs(report(CRASHING), CRASHING, resolution(REPLICASET, spent), CFG, NOW)
     assert isinstance(decide.plan_move(given), MovePlan)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -93,3 +94,15 @@ def test_only_a_pod_the_kubelet_failed_is_a_terminal_failure() -> None:
 def test_siblings_are_selected_by_all_of_the_failed_pods_labels() -> None:
     assert label_selector(FAILED) == "app=web,pod-template-hash=7d9c8b6f4"
     assert label_selector({"metadata": {}}) is None
+
+
+def test_the_zone_the_api_server_copied_at_binding_is_not_selected_on() -> None:
+    # On 1.35+ the PodTopologyLabels admission copies the Node's zone and region onto the pod
+    # at binding: its replacement, not bound yet or bound in another zone, has other values.
+    bound = copy.deepcopy(FAILED)
+    bound["metadata"]["labels"] |= {
+        "topology.kubernetes.io/zone": "europe-west1-c",
+        "topology.kubernetes.io/region": "europe-west1",
+    }
+    assert label_selector(bound) == "app=web,pod-template-hash=7d9c8b6f4"
+    assert label_selector({"metadata": {"labels": {"topology.kubernetes.io/zone": "a"}}}) is None

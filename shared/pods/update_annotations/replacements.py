@@ -37,6 +37,7 @@ from typing import Any, Final
 from shared.api.kubetypes import Pod
 from shared.api.times import format_duration, parse_kube_time
 from shared.workloads.classify import controller_of, excluded_nodes_of
+from shared.workloads.siblings import PER_NODE_PREFIXES
 
 # How long after its creation a replacement may still be redirected: detection and recording
 # take seconds; a pod older than this was placed for reasons we did not see.
@@ -61,11 +62,14 @@ def is_terminal_failure(pod: Mapping[str, Any]) -> bool:
 
 def label_selector(pod: Mapping[str, Any]) -> str | None:
     """A selector for the failed pod's siblings: all of its labels (its controller's template
-    labels, pod-template-hash or controller-uid included). None when it has none."""
+    labels, pod-template-hash or controller-uid included) but the ones that say where it runs
+    (``siblings.PER_NODE_PREFIXES``: copied from its Node at binding, which a replacement not
+    yet bound, or bound in another zone, does not carry). None when none is left."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    if not labels:
+    kept = sorted((k, v) for k, v in labels.items() if not k.startswith(PER_NODE_PREFIXES))
+    if not kept:
         return None
-    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+    return ",".join(f"{key}={value}" for key, value in kept)
 
 
 def redirects(
