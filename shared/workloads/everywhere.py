@@ -308,32 +308,51 @@ REPLY_PROOF: Final = timedelta(seconds=60)
 
 
 def follows_its_workload(
-    pod: Pod, siblings: Iterable[Mapping[str, Any]], cfg: Config, now: datetime
+    pod: Pod,
+    siblings: Iterable[Mapping[str, Any]],
+    cfg: Config,
+    now: datetime,
+    failed_before: Iterable[str] = (),
 ) -> str | None:
     """Why ``pod``'s failure on its node may follow its workload rather than the node, or
     None: evidence against the node.
 
     A failure may follow the workload when the workload failed elsewhere too (the pod was kept
-    off other nodes where it failed before: the webhook's excluded-nodes stamp; or another pod
-    of its controller fails on another node now) and no pod of it is proven healthy on another
+    off other nodes where it failed before: the webhook's excluded-nodes stamp; its workload's
+    state names other nodes it failed on, ``failed_before``, as update-annotations recorded them
+    (a twin moved moments ago, whose replacement carries the stamp but this pod not); or another
+    pod of its controller fails on another node now) and no pod of it is proven healthy on another
     node (``health_of`` with ``proof_for`` the failing pod). An application broken everywhere
     looks so; counted against the nodes it meets, two of them make a healthy node suspect and
     corroborate each other's early moves there. A node that fails every workload is still named
     by the workloads that meet it first, and by those whose other pods run fine elsewhere."""
     node = (pod.get("spec") or {}).get("nodeName")
     pods = list(siblings)
-    kept_off = excluded_nodes_of(pod)
-    elsewhere = failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)
+    kept_off = [*excluded_nodes_of(pod)]
+    kept_off += [n for n in failed_before if n != node and n not in kept_off]
+    owner = controller_of(pod)
+    elsewhere = [
+        f"{s.name} of its controller fails on {s.node} now"
+        for s in failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)
+    ]
+    if owner is not None and owner.get("uid"):
+        # A crash-looping twin between two crashes (Running, restarted) is no failure by the
+        # rules, but it is no proof that the workload runs either.
+        own = (pod.get("metadata") or {}).get("uid")
+        elsewhere += _failing_elsewhere(
+            [p for p in pods if (controller_of(p) or {}).get("uid") == owner.get("uid")],  # type: ignore[arg-type]
+            node,
+            own,
+            cfg,
+            now,
+        )
     if not kept_off and not elsewhere:
         return None
     if _proven_elsewhere(pod, pods, node, cfg, now, proof_for(pod, cfg)):
         return None
     if kept_off:
         return f"its workload failed on {', '.join(kept_off[:3])} before and runs nowhere else"
-    return (
-        f"{elsewhere[0].name} of its controller fails on {elsewhere[0].node} now and none runs "
-        "elsewhere"
-    )
+    return f"{elsewhere[0]} and none runs elsewhere"
 
 
 def moves_follow_the_workload(
@@ -344,14 +363,55 @@ def moves_follow_the_workload(
     now: datetime,
 ) -> str | None:
     """For a move's reply (the pod gone): why the move off ``node`` may follow its workload,
-    or None. The workload's state records failures on other nodes too (``failed_on``), and no
-    pod of the holder (``holder_pods``) is proven healthy on another node (``REPLY_PROOF``)."""
+    or None. The workload's state records failures on other nodes too (``failed_on``), or a pod
+    of the holder fails on another node now (a twin crashing as this one did, moved a moment
+    later, so not in the state yet), and no pod of the holder (``holder_pods``) is proven
+    healthy on another node (``REPLY_PROOF``)."""
+    pods = list(holder_pods)
     others = [n for n in failed_on if n != node]
-    if not others:
+    failing = _failing_elsewhere(pods, node, None, cfg, now)
+    if not others and not failing:
         return None
-    if _proven_elsewhere(None, list(holder_pods), node, cfg, now, REPLY_PROOF):
+    if _proven_elsewhere(None, pods, node, cfg, now, REPLY_PROOF):
         return None
-    return f"its workload failed on {', '.join(others[:3])} too and runs nowhere else"
+    if others:
+        return f"its workload failed on {', '.join(others[:3])} too and runs nowhere else"
+    return f"{failing[0]} and none runs elsewhere"
+
+
+def _failing_elsewhere(
+    candidates: Iterable[Mapping[str, Any]],
+    node: str | None,
+    own: str | None,
+    cfg: Config,
+    now: datetime,
+) -> list[str]:
+    """Of ``candidates`` (pods of one workload), those on a node other than ``node`` that are
+    running and not healthy (``health_of`` says failed: failing by the rules, or restarted and
+    not Ready for long since), in words. Pods terminal or being deleted are history here; the
+    workload's own record carries the failures it moved."""
+    found = []
+    for candidate in candidates:
+        meta = candidate.get("metadata") or {}
+        where = (candidate.get("spec") or {}).get("nodeName")
+        if not where or where == node or meta.get("uid") == own or meta.get("deletionTimestamp"):
+            continue
+        if (candidate.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+            continue
+        other: Pod = candidate  # type: ignore[assignment]
+        health, _ = health_of(other, cfg, now)
+        if health is Health.FAILED:
+            found.append(f"{meta.get('name', '')} of its workload fails on {where} now")
+    return found
+
+
+def proven_elsewhere(
+    pod: Pod, siblings: Iterable[Mapping[str, Any]], cfg: Config, now: datetime
+) -> bool:
+    """Whether a pod of ``pod``'s workload among ``siblings`` is proven healthy on another
+    node (``health_of`` with ``proof_for`` the failing pod): the failure is then the node's."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    return _proven_elsewhere(pod, list(siblings), node, cfg, now, proof_for(pod, cfg))
 
 
 def _proven_elsewhere(

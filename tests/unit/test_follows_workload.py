@@ -95,3 +95,55 @@ def test_a_moves_reply_follows_its_workload_when_its_state_names_other_nodes_and
     # Ready for 30 s only: not yet longer than an image that crashes a while after start runs.
     young = twin("web-7d9c8b6f4-new01", "node-d", up=timedelta(seconds=30))
     assert moves_follow_the_workload(["node-a", "node-b"], "node-b", [young], CFG, NOW) is not None
+
+
+def test_a_twin_moved_moments_ago_follows_through_its_workloads_record() -> None:
+    # Two replicas crash at start on node-a and node-b; node-a's is moved first. Its
+    # replacement carries the stamp, the pod on node-b (admitted before) does not, and the
+    # moved twin is gone from the LIST: only the workload's state, where update-annotations
+    # recorded node-a, says that the workload failed elsewhere. (The soak's broken-everywhere
+    # application made a healthy node suspect so, with a rollout crashing there.)
+    why = follows_its_workload(failing(), [], CFG, NOW, failed_before=["node-a"])
+    assert why is not None and "node-a" in why
+
+
+def test_a_record_naming_only_its_own_node_is_no_failure_elsewhere() -> None:
+    assert follows_its_workload(failing(), [], CFG, NOW, failed_before=["node-b"]) is None
+
+
+def test_a_record_naming_another_node_with_a_pod_proven_healthy_elsewhere_is_the_nodes() -> None:
+    healthy = twin("web-7d9c8b6f4-ok001", "node-c")
+    assert follows_its_workload(failing(), [healthy], CFG, NOW, failed_before=["node-a"]) is None
+
+
+def between_two_crashes(name: str, node: str) -> Pod:
+    """A crash-looping twin the moment the kubelet restarted it: Running, not Ready, its last
+    run ended in an error 2 s ago (no CrashLoopBackOff in its status right now)."""
+    last = pods.last_terminated(finished=NOW - timedelta(seconds=2), ran_for=timedelta(seconds=1))
+    container = running(started=NOW - timedelta(seconds=1), restarts=3, ready=False, last=last)
+    return pods.pod(name, node=node, containers=[container])
+
+
+def test_a_twin_between_two_crashes_on_another_node_is_a_failure_elsewhere() -> None:
+    # Two replicas crash at start on node-a and node-b; read when node-a's is Running again for
+    # a second, the rules see no failure there, yet nothing there runs: the soak's broken
+    # application marked a healthy node so.
+    twin_a = between_two_crashes("web-7d9c8b6f4-bad01", "node-a")
+    why = follows_its_workload(failing(), [twin_a], CFG, NOW)
+    assert why is not None and "node-a" in why
+    # For a move's reply, the holder's pods say the same.
+    why = moves_follow_the_workload(["node-b"], "node-b", [twin_a], CFG, NOW)
+    assert why is not None and "node-a" in why
+
+
+def test_a_twin_that_ran_fine_for_long_after_a_restart_is_no_failure_elsewhere() -> None:
+    last = pods.last_terminated(finished=NOW - timedelta(hours=2), ran_for=timedelta(days=1))
+    container = running(started=NOW - timedelta(hours=2), restarts=1, last=last)
+    fine = pods.pod(
+        "web-7d9c8b6f4-ok001",
+        node="node-a",
+        containers=[container],
+        started=NOW - timedelta(hours=2),
+    )
+    assert follows_its_workload(failing(), [fine], CFG, NOW) is None
+    assert moves_follow_the_workload(["node-b"], "node-b", [fine], CFG, NOW) is None

@@ -606,3 +606,20 @@ def test_a_forged_reply_naming_a_workload_without_that_record_leaves_the_node_al
     assert deliver(api, EVENT_POD_RESCHEDULED, reply(pod, ("ReplicaSet", RS))) is None
     (seen,) = node_record(api)["failures"]
     assert seen["workload"] == "Deployment default/crashloop-deployment"
+
+
+def test_a_failure_whose_workload_failed_on_another_node_moments_ago_is_not_counted() -> None:
+    # An application broken everywhere, two replicas: the one on node-a was moved a moment ago
+    # (its state records node-a) and is gone from the LIST; this one, admitted before the move,
+    # has no stamp. Only the workload's own record says that it fails elsewhere, and no pod of
+    # it runs anywhere: the failure is no evidence against this node.
+    pod = live()
+    state = moved(
+        pod,
+        failed_on={"node-a": "CrashLoopBackOff"},
+        excluded_nodes=("node-a",),
+        handled=("uid-of-its-twin-on-node-a",),
+    )
+    api = Api(pod, replicaset(state), nodes.node(NODE))
+    assert deliver(api, EVENT_POD_FAILING, failing_report(pod)) is None
+    assert api.patches == [] and node_record(api) == {}

@@ -220,7 +220,16 @@ class Assessor:
             if selector
             else []
         )
-        why = follows_its_workload(pod, siblings, self.cfg, now)  # type: ignore[arg-type]
+        # Our own record of where the workload failed before: a twin moved off another node
+        # moments ago is gone from the LIST, and this pod, admitted before, has no stamp.
+        failed_before = tuple(record.state.failed_on) if record.state is not None else ()
+        why = follows_its_workload(
+            pod,  # type: ignore[arg-type]
+            siblings,
+            self.cfg,
+            now,
+            failed_before=failed_before,
+        )
         return confirmed if why is None else decide.follows_workload(claim, why)
 
     def _failure(self, pod: dict[str, Any], node: str, now: datetime) -> tuple[Failure | None, str]:
