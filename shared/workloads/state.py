@@ -381,6 +381,9 @@ class Plan:
     # workload are failing there now (`also_failing`); no move is counted for them. Only the
     # ones not excluded before.
     also_excluded: tuple[str, ...] = ()
+    # Why the moves-stop rule (``shared.workloads.everywhere.judge``) let this move go on, for
+    # the logs; "" when it was not asked.
+    goes_on: str = ""
 
 
 def plan(
@@ -599,6 +602,7 @@ def plan(
     # Unknown means "do not reset": keeping the node excluded is the conservative reading.
     reset = ran_for is not None and ran_for > policy.reset_after
     resumed = ""
+    goes_on = ""
     if witnesses is not None and not per_pod and not reset:
         # A container that ran past reset-after is not failing everywhere: it ran fine here.
         kind = failure.reason[:MAX_REASON_LENGTH]
@@ -645,6 +649,7 @@ def plan(
             )
         if current.stopped is not None:
             resumed = f"moves resumed ({verdict.why}); "
+        goes_on = verdict.why
     siblings: tuple[str, ...] = ()
     if ran_for is not None and reset:
         # No sibling's node is recorded either: a reset hands placement back to the default
@@ -694,6 +699,7 @@ def plan(
             excluded_nodes=new_excluded,
             exclusions_cleared=reset,
             also_excluded=siblings,
+            goes_on=goes_on,
         )
     )
 

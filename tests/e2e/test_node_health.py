@@ -790,8 +790,9 @@ def test_the_pipeline_marks_a_node_two_workloads_fail_on_and_moves_at_first_fail
         template = pod_template({"app": name}, bad)
         api.create("Deployment", namespace, workload_body("Deployment", name, template, replicas=1))
     wait_for("the faulty node turns suspect", lambda: suspect(node_of(api, bad)), timeout=90)
-    # update-annotations marked it at the first move off it, before assess-nodes had heard:
-    # the move's time, in whole seconds. No other node was moved off.
+    # update-annotations marked it at the first move off it that another workload's failure
+    # there backed (one workload's move alone may follow the workload), before assess-nodes
+    # had heard: the move's time, in whole seconds. No other node was moved off.
     at = movedoff.marked_at(node_of(api, bad)["metadata"].get("labels"))
     assert at is not None and before <= at <= datetime.now(UTC), at
     assert not [

@@ -10,6 +10,7 @@ and that a mark never stops a move.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from shared.api import movedoff
 from shared.api.keys import MOVED_OFF_LABEL, OPT_OUT_LABEL
+from shared.api.state import WorkloadState
 from shared.platform import kube
 from shared.platform.config import Config
 from shared.pods.update_annotations import decide
@@ -28,6 +30,7 @@ from tests.unit.test_move_plan import (
     CRASHING,
     NOW,
     Scripted,
+    another_workload_failed_on,
     deliver,
     early_report,
     kinds,
@@ -35,6 +38,7 @@ from tests.unit.test_move_plan import (
     plan_of,
     resolution,
     rs_move,
+    with_state,
 )
 from tests.unit.test_owners import replicaset
 
@@ -172,6 +176,50 @@ def test_a_pod_kept_off_every_node_by_its_exclusions_marks_none() -> None:
     assert MarkNode not in kinds(made)
 
 
+def moved_before_from(node_name: str) -> dict[str, Any]:
+    """The ReplicaSet as read after a move of ours off ``node_name`` moments ago: its state
+    records the failure there (``failedOn``)."""
+    rs = replicaset()
+    state = WorkloadState(
+        moves=1,
+        excluded_nodes=(node_name,),
+        holder_uid=rs["metadata"]["uid"],
+        failed_on={node_name: "CrashLoopBackOff"},
+    )
+    return with_state(rs, state)
+
+
+def test_a_move_whose_workload_failed_elsewhere_and_runs_nowhere_does_not_mark_its_node() -> None:
+    # Two replicas of an application broken everywhere crash at start on node-a and node-b;
+    # node-a's was moved first. This pod was admitted before that move (no stamp) and its twin
+    # is gone: only the workload's own record says it failed elsewhere. Its move says nothing
+    # against node-b (the soak's no-mark-from-a-lookalike found this one).
+    made = plan_of(CRASHING, resolution(REPLICASET, moved_before_from("node-a")))
+    assert made.decided is not None and made.decided.delete_pod
+    assert MarkNode not in kinds(made)
+
+
+def test_the_same_move_marks_its_node_when_a_twin_runs_fine_elsewhere() -> None:
+    healthy = pods.pod(
+        "web-7d9c8b6f4-ok001",
+        node="node-c",
+        containers=[pods.running(started=NOW - timedelta(minutes=5))],
+        started=NOW - timedelta(minutes=5),
+    )
+    made = plan_of(
+        CRASHING, resolution(REPLICASET, moved_before_from("node-a")), siblings=[healthy]
+    )
+    assert made.decided is not None and made.decided.delete_pod
+    mark = next(r for r in made.requests if isinstance(r, MarkNode))
+    # Its twin running fine elsewhere is evidence enough: no need to look for other workloads.
+    assert mark.unless_alone is None
+
+
+def test_a_move_at_the_thresholds_with_nothing_else_read_marks_only_if_others_fail_there() -> None:
+    mark = next(r for r in rs_move().requests if isinstance(r, MarkNode))
+    assert mark.unless_alone is CRASHING or mark.unless_alone == CRASHING
+
+
 # -- the handler: a mark never stops a move ------------------------------------------------------
 
 
@@ -183,11 +231,12 @@ class Nodes(Scripted):
         the_node: dict[str, Any] | None,
         refusals: dict[str, kube.KubeError] | None = None,
         conflicts: int = 0,
+        on_node: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         objects: dict[str, Any] = {"Pod": CRASHING, "ReplicaSet": replicaset()}
         if the_node is not None:
             objects["Node"] = the_node
-        super().__init__(objects, refusals or {})
+        super().__init__(objects, refusals or {}, listed={"Pod": list(on_node)})
         self.conflicts = conflicts
         self.node_patches: list[dict[str, Any]] = []
 
@@ -205,7 +254,7 @@ class Nodes(Scripted):
 
 
 def test_the_handler_marks_the_node_then_deletes_the_pod() -> None:
-    api = Nodes(nodes.node("node-b"))
+    api = Nodes(another_workload_failed_on("node-b"))
     reply = deliver(api)
     assert reply is not None
     assert api.node_patches == [
@@ -215,7 +264,7 @@ def test_the_handler_marks_the_node_then_deletes_the_pod() -> None:
 
 
 def test_a_lost_race_on_the_node_is_read_again() -> None:
-    api = Nodes(nodes.node("node-b"), conflicts=1)
+    api = Nodes(another_workload_failed_on("node-b"), conflicts=1)
     deliver(api)
     assert api.calls.count("get Node") == 2
     assert len(api.node_patches) == 1
@@ -248,10 +297,31 @@ def test_a_node_that_cannot_be_marked_never_stops_the_move(
 
 
 def test_a_node_that_keeps_changing_is_given_up_and_the_pod_still_moved() -> None:
-    api = Nodes(nodes.node("node-b"), conflicts=10)
+    api = Nodes(another_workload_failed_on("node-b"), conflicts=10)
     deliver(api)
     assert api.calls.count("patch Node") == 3
     assert "delete Pod" in api.calls
+
+
+def test_a_move_alone_on_its_node_leaves_it_unmarked_and_still_moves() -> None:
+    # A move at the thresholds, its workload running nowhere else, the node's record naming
+    # nobody else and nothing else failing there: one workload's failure may follow the
+    # workload (a rollout whose image crashes 20 s after start), and marks no node.
+    api = Nodes(nodes.node("node-b"))
+    assert deliver(api) is not None
+    assert api.node_patches == []
+    assert "list Pod" in api.calls and "delete Pod" in api.calls
+
+
+def test_another_workloads_pod_failing_there_now_lets_the_move_mark_its_node() -> None:
+    neighbour = pods.pod(
+        "api-5f6b9c7d8-qq1zz",
+        owner=("ReplicaSet", "api-5f6b9c7d8"),
+        containers=[pods.crash_looping(restarts=2)],
+    )
+    api = Nodes(nodes.node("node-b"), on_node=[neighbour])
+    deliver(api)
+    assert [p["metadata"]["labels"] for p in api.node_patches] == [{MOVED_OFF_LABEL: NOW_SECONDS}]
 
 
 def test_a_node_marked_lately_is_read_and_not_written() -> None:

@@ -58,7 +58,13 @@ from shared.workloads.classify import (
     still_starting,
     unschedulable_due_to_exclusions,
 )
-from shared.workloads.everywhere import ALONE, Witnesses, follows_its_workload, witnesses_of
+from shared.workloads.everywhere import (
+    ALONE,
+    Witnesses,
+    follows_its_workload,
+    proven_elsewhere,
+    witnesses_of,
+)
 from shared.workloads.evidence import SWEEP_VERDICTS, PodEvidence, failing_now, kubelet_recorded
 from shared.workloads.fastpath import (
     corroborated_config,
@@ -330,6 +336,13 @@ class MarkNode:
 
     node: str
     why: str
+    # The failing pod, when nothing this plan read says the node fails others too (a move at
+    # the thresholds with no pod of its workload proven healthy elsewhere): the node is then
+    # marked only if its health record names another workload, or another workload's pod
+    # fails there now (``fastpath.recorded_on_node``, ``other_workloads_failing``). One
+    # workload's move alone may follow the workload (a rollout whose image crashes 20 s after
+    # start, an application broken everywhere), and no node is marked by one workload.
+    unless_alone: Pod | None = None
 
 
 @dataclass(frozen=True)
@@ -1095,11 +1108,12 @@ def _after_record(
             )
         bare = not given.line_goes_on
     requests: list[Request] = []
-    if failure.node and _marks_its_node(given, failure):
+    if failure.node and _marks_its_node(given, failure, decided):
         requests.append(
             MarkNode(
                 failure.node,
                 "the earliest signal of a broken node: other replacements keep off it now",
+                unless_alone=None if _against_the_node(given) else live,
             )
         )
     if bare:
@@ -1198,7 +1212,7 @@ def _after_record(
     return tuple(requests)
 
 
-def _marks_its_node(given: Inputs, failure: Failure) -> bool:
+def _marks_its_node(given: Inputs, failure: Failure, decided: Plan) -> bool:
     """Whether this move marks its node moved-off: only for a failure counted against the
     node, the ones assess-nodes counts. A pod moved off a node already suspect (the suspect
     fast path) says nothing new about it; one that never reached a node has none."""
@@ -1206,12 +1220,25 @@ def _marks_its_node(given: Inputs, failure: Failure) -> bool:
         return False
     if given.early is not None and not given.early.counts_against_node:
         return False
-    pods = given.siblings.pods if given.siblings is not None else None
-    if pods is not None and follows_its_workload(given.live, pods, given.cfg, given.now):
+    # Siblings not listed: nothing proves the workload runs elsewhere.
+    pods = (given.siblings.pods if given.siblings is not None else None) or ()
+    state = decided.new_state
+    failed_before = tuple(state.failed_on) if state is not None else ()
+    if follows_its_workload(given.live, pods, given.cfg, given.now, failed_before=failed_before):
         # Its workload fails on other nodes too and runs nowhere else (an application
         # broken everywhere): assess-nodes will not count it against the node either.
         return False
     return failure.kind is FailureKind.NODE_FIXABLE
+
+
+def _against_the_node(given: Inputs) -> bool:
+    """Whether what this plan read already speaks against the node beyond this one workload:
+    an early move corroborated by other workloads (or by twins Ready elsewhere), or a pod of
+    its workload proven healthy on another node."""
+    if given.early is not None and given.early.counts_against_node:
+        return True
+    pods = (given.siblings.pods if given.siblings is not None else None) or ()
+    return proven_elsewhere(given.live, pods, given.cfg, given.now)
 
 
 def _recorded_removed(given: Inputs, decided: Plan, holder: Ref) -> tuple[Request, ...]:

@@ -608,6 +608,7 @@ class Rescheduler:
                     action=str(decided.action),
                     holder=ref.describe(),
                     attempts=attempt,
+                    **({"not_stopped": decided.goes_on} if decided.goes_on else {}),
                 )
             elif isinstance(request, decide.Count):
                 metrics.DECISIONS.labels(action=request.action).inc()
@@ -646,6 +647,22 @@ class Rescheduler:
                 return request.reply
         return None
 
+    def _alone_on(self, pod: Pod, node: Mapping[str, Any], now: datetime) -> str:
+        """Why ``pod``'s workload is alone in failing on ``node`` (its record names no other
+        workload, and no other workload's pod fails there now), or "" when it is not."""
+        if fastpath.recorded_on_node(pod, node, self.cfg, now):
+            return ""
+        name = str((node.get("metadata") or {}).get("name", ""))
+        listed = self._pods_on_or_none(name)
+        if listed is None:
+            return "its pods could not be listed"
+        if fastpath.other_workloads_failing(pod, listed, self.cfg, now):
+            return ""
+        return (
+            "no other workload failed there and none of this one runs elsewhere: one "
+            "workload's move may follow the workload"
+        )
+
     def _pods_on_or_none(self, node: str) -> list[Any] | None:
         """The pods bound to ``node`` (every namespace, by field selector); None when they
         cannot be listed (then the node is in doubt, and no stop rests on it)."""
@@ -678,7 +695,13 @@ class Rescheduler:
                 log.warning("cannot read node %s to mark it moved off: %s", node, exc)
                 trace.note(f"node {node} could not be read: not marked")
                 return
-            patch = movedoff.mark_patch(found, self.clock(), self.cfg.moved_off_window)
+            now = self.clock()
+            patch = movedoff.mark_patch(found, now, self.cfg.moved_off_window)
+            if patch is not None and request.unless_alone is not None:
+                alone = self._alone_on(request.unless_alone, found, now)
+                if alone:
+                    trace.note(f"node {node}: not marked moved off: {alone}")
+                    return
             if patch is None:
                 trace.note(f"node {node}: marked moved off lately, or opted out: not marked again")
                 return
