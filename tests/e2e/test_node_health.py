@@ -535,9 +535,10 @@ def test_a_report_for_a_workload_that_was_stopped_is_not_counted_again(
     client = assess()
     assert post_failing(client, failing_report(live, bad)).status_code == 202
     assert clean(node_of(api, bad))
-    # The same report once the state no longer says so (the next move clears the stop): it
-    # counts, so the stop was what kept it out.
-    running = replace(stopped, stopped=None, updated_at=datetime.now(UTC))
+    # The same report once the state no longer says so (the next move clears the stop) and
+    # names no other node (failures elsewhere with nothing running would make it follow the
+    # workload): it counts, so the stop was what kept it out.
+    running = replace(stopped, stopped=None, failed_on={}, updated_at=datetime.now(UTC))
     api.merge_patch(
         "ReplicaSet",
         namespace,
