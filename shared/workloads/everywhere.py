@@ -77,7 +77,7 @@ from shared.workloads.classify import (
     longest_run,
     same_failure,
 )
-from shared.workloads.siblings import failing_siblings, sibling_evidence
+from shared.workloads.siblings import JOB_COMPLETION_INDEX_LABEL, failing_siblings, sibling_evidence
 
 # The least time a twin that never restarted must have been Ready to prove its template runs
 # (`proof_for`): a container that fails at start does so within seconds.
@@ -312,40 +312,44 @@ def follows_its_workload(
     siblings: Iterable[Mapping[str, Any]],
     cfg: Config,
     now: datetime,
-    failed_before: Iterable[str] = (),
+    failed_before: Iterable[str] | None = None,
+    implicated: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why ``pod``'s failure on its node may follow its workload rather than the node, or
     None: evidence against the node.
 
-    A failure may follow the workload when the workload failed elsewhere too (the pod was kept
-    off other nodes where it failed before: the webhook's excluded-nodes stamp; its workload's
-    state names other nodes it failed on, ``failed_before``, as update-annotations recorded them
-    (a twin moved moments ago, whose replacement carries the stamp but this pod not); or another
-    pod of its controller fails on another node now) and no pod of it is proven healthy on another
-    node (``health_of`` with ``proof_for`` the failing pod). An application broken everywhere
-    looks so; counted against the nodes it meets, two of them make a healthy node suspect and
-    corroborate each other's early moves there. A node that fails every workload is still named
-    by the workloads that meet it first, and by those whose other pods run fine elsewhere."""
+    A failure may follow the workload when the workload failed elsewhere too and no pod of it
+    is proven healthy on another node (``health_of`` with ``proof_for`` the failing pod, among
+    pods of its own controller and, for a pod with an identity of its own, an Indexed Job's
+    completion index or a StatefulSet's ordinal, only pods of that identity). An application
+    broken everywhere looks so; counted against the nodes it meets, two of them make a healthy
+    node suspect and corroborate each other's early moves there.
+
+    "Elsewhere" is: the nodes its workload's state names (``failed_before``: the caller's
+    ``failedOn``, fresh within ``reset_after``; None when the state is not known, and then the
+    webhook's excluded-nodes stamp on the pod stands in for it while the pod is younger than
+    ``reset_after``), or another pod of its controller failing on another node now, or
+    restarted there within ``crashloop_recent_run`` and not running that long since (a
+    crash-looping container between two crashes is ``Running``, no failure by the rules, and
+    no proof either). Terminal pods are history. Nodes in ``implicated`` (suspect, or other
+    workloads failed there: ``elsewhere_nodes`` names the nodes to read) do not count: failing
+    on a bad node, then on this one, is what several bad nodes look like, and the second one
+    must still be blamed."""
     node = (pod.get("spec") or {}).get("nodeName")
-    pods = list(siblings)
-    kept_off = [*excluded_nodes_of(pod)]
-    kept_off += [n for n in failed_before if n != node and n not in kept_off]
-    owner = controller_of(pod)
+    blamed = implicated or {}
+    pods = [p for p in _same_identity(pod, siblings) if not _terminal(p)]
+    kept_off = [n for n in recorded_elsewhere(pod, cfg, now, failed_before) if n not in blamed]
     elsewhere = [
         f"{s.name} of its controller fails on {s.node} now"
         for s in failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)
+        if s.node not in blamed
     ]
-    if owner is not None and owner.get("uid"):
-        # A crash-looping twin between two crashes (Running, restarted) is no failure by the
-        # rules, but it is no proof that the workload runs either.
-        own = (pod.get("metadata") or {}).get("uid")
-        elsewhere += _failing_elsewhere(
-            [p for p in pods if (controller_of(p) or {}).get("uid") == owner.get("uid")],  # type: ignore[arg-type]
-            node,
-            own,
-            cfg,
-            now,
-        )
+    own = (pod.get("metadata") or {}).get("uid")
+    elsewhere += [
+        why
+        for where, why in _restarting_elsewhere(pods, node, own, cfg, now)
+        if where not in blamed
+    ]
     if not kept_off and not elsewhere:
         return None
     if _proven_elsewhere(pod, pods, node, cfg, now, proof_for(pod, cfg)):
@@ -355,21 +359,54 @@ def follows_its_workload(
     return f"{elsewhere[0]} and none runs elsewhere"
 
 
+def elsewhere_nodes(
+    pod: Pod,
+    siblings: Iterable[Mapping[str, Any]],
+    cfg: Config,
+    now: datetime,
+    failed_before: Iterable[str] | None = None,
+) -> tuple[str, ...]:
+    """The other nodes ``follows_its_workload`` would say the workload failed on, before any
+    is found implicated: the nodes a caller reads to tell several bad nodes from an
+    application broken everywhere."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    pods = [p for p in _same_identity(pod, siblings) if not _terminal(p)]
+    found = list(recorded_elsewhere(pod, cfg, now, failed_before))
+    found += [s.node for s in failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)]
+    own = (pod.get("metadata") or {}).get("uid")
+    found += [where for where, _ in _restarting_elsewhere(pods, node, own, cfg, now)]
+    return tuple(n for n in dict.fromkeys(found) if n and n != node)
+
+
 def moves_follow_the_workload(
     failed_on: Iterable[str],
     node: str,
     holder_pods: Iterable[Mapping[str, Any]],
     cfg: Config,
     now: datetime,
+    *,
+    holder_uid: str | None = None,
+    implicated: Mapping[str, str] | None = None,
 ) -> str | None:
     """For a move's reply (the pod gone): why the move off ``node`` may follow its workload,
-    or None. The workload's state records failures on other nodes too (``failed_on``), or a pod
-    of the holder fails on another node now (a twin crashing as this one did, moved a moment
-    later, so not in the state yet), and no pod of the holder (``holder_pods``) is proven
-    healthy on another node (``REPLY_PROOF``)."""
-    pods = list(holder_pods)
-    others = [n for n in failed_on if n != node]
-    failing = _failing_elsewhere(pods, node, None, cfg, now)
+    or None. The workload's state records failures on other nodes too (``failed_on``), or a
+    pod of the holder fails on another node now (a twin crashing as this one did, moved a
+    moment later, so not in the state yet), and no pod of the holder (``holder_pods``, those of
+    ``holder_uid`` only) is proven healthy on another node (``REPLY_PROOF``). Nodes in
+    ``implicated`` do not count (``follows_its_workload``)."""
+    blamed = implicated or {}
+    pods = [
+        p
+        for p in holder_pods
+        if not _terminal(p)
+        and (holder_uid is None or (controller_of(p) or {}).get("uid") == holder_uid)  # type: ignore[arg-type]
+    ]
+    others = [n for n in dict.fromkeys(failed_on) if n != node and n not in blamed]
+    failing = [
+        why
+        for where, why in _restarting_elsewhere(pods, node, None, cfg, now, any_failure=True)
+        if where not in blamed
+    ]
     if not others and not failing:
         return None
     if _proven_elsewhere(None, pods, node, cfg, now, REPLY_PROOF):
@@ -379,39 +416,138 @@ def moves_follow_the_workload(
     return f"{failing[0]} and none runs elsewhere"
 
 
-def _failing_elsewhere(
-    candidates: Iterable[Mapping[str, Any]],
-    node: str | None,
-    own: str | None,
+def reply_elsewhere_nodes(
+    failed_on: Iterable[str],
+    node: str,
+    holder_pods: Iterable[Mapping[str, Any]],
     cfg: Config,
     now: datetime,
-) -> list[str]:
-    """Of ``candidates`` (pods of one workload), those on a node other than ``node`` that are
-    running and not healthy (``health_of`` says failed: failing by the rules, or restarted and
-    not Ready for long since), in words. Pods terminal or being deleted are history here; the
-    workload's own record carries the failures it moved."""
-    found = []
-    for candidate in candidates:
-        meta = candidate.get("metadata") or {}
-        where = (candidate.get("spec") or {}).get("nodeName")
-        if not where or where == node or meta.get("uid") == own or meta.get("deletionTimestamp"):
-            continue
-        if (candidate.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
-            continue
-        other: Pod = candidate  # type: ignore[assignment]
-        health, _ = health_of(other, cfg, now)
-        if health is Health.FAILED:
-            found.append(f"{meta.get('name', '')} of its workload fails on {where} now")
-    return found
+    *,
+    holder_uid: str | None = None,
+) -> tuple[str, ...]:
+    """``elsewhere_nodes`` for a move's reply (``moves_follow_the_workload``)."""
+    pods = [
+        p
+        for p in holder_pods
+        if not _terminal(p)
+        and (holder_uid is None or (controller_of(p) or {}).get("uid") == holder_uid)  # type: ignore[arg-type]
+    ]
+    found = [*failed_on]
+    found += [w for w, _ in _restarting_elsewhere(pods, node, None, cfg, now, any_failure=True)]
+    return tuple(n for n in dict.fromkeys(found) if n and n != node)
 
 
 def proven_elsewhere(
     pod: Pod, siblings: Iterable[Mapping[str, Any]], cfg: Config, now: datetime
 ) -> bool:
-    """Whether a pod of ``pod``'s workload among ``siblings`` is proven healthy on another
-    node (``health_of`` with ``proof_for`` the failing pod): the failure is then the node's."""
+    """Whether a pod of ``pod``'s workload (of its identity: ``_same_identity``) among
+    ``siblings`` is proven healthy on another node (``health_of`` with ``proof_for`` the
+    failing pod): the failure is then the node's."""
     node = (pod.get("spec") or {}).get("nodeName")
-    return _proven_elsewhere(pod, list(siblings), node, cfg, now, proof_for(pod, cfg))
+    pods = _same_identity(pod, siblings)
+    return _proven_elsewhere(pod, pods, node, cfg, now, proof_for(pod, cfg))
+
+
+def recorded_elsewhere(
+    pod: Pod, cfg: Config, now: datetime, failed_before: Iterable[str] | None
+) -> list[str]:
+    """The other nodes the workload's record names: the caller's fresh ``failedOn``, or when
+    it has none to give (None), the pod's stamp while the pod is younger than ``reset_after``
+    (a stamp outlives the record it was copied from)."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if failed_before is None:
+        found = list(excluded_nodes_of(pod)) if _younger_than(pod, cfg.reset_after, now) else []
+    else:
+        found = list(failed_before)
+    return [n for n in dict.fromkeys(found) if n != node]
+
+
+def _same_identity(pod: Pod, candidates: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Of ``candidates``, the pods that can vouch for ``pod``'s template: of its own
+    controller (a hand-made copy of a ReplicaSet shares its pod-template-hash, not its uid)
+    and, for a pod with an identity of its own, of that identity. One completion index of an
+    Indexed Job finishing says nothing of another's input; one StatefulSet ordinal running
+    says nothing of another's volume (and its own earlier incarnations are gone)."""
+    owner = controller_of(pod)
+    if owner is None or not owner.get("uid") or owner.get("kind") == "StatefulSet":
+        return []
+    index = _completion_index(pod)
+    found = []
+    for candidate in candidates:
+        theirs = controller_of(candidate)  # type: ignore[arg-type]
+        if theirs is None or theirs.get("uid") != owner.get("uid"):
+            continue
+        if index is not None and _completion_index(candidate) != index:
+            continue
+        found.append(candidate)
+    return found
+
+
+def _completion_index(pod: Mapping[str, Any]) -> str | None:
+    meta = pod.get("metadata") or {}
+    found = (meta.get("labels") or {}).get(JOB_COMPLETION_INDEX_LABEL) or (
+        meta.get("annotations") or {}
+    ).get(JOB_COMPLETION_INDEX_LABEL)
+    return str(found) if found is not None else None
+
+
+def _terminal(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+
+
+def _younger_than(pod: Mapping[str, Any], age: timedelta, now: datetime) -> bool:
+    created = parse_kube_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return created is None or now - created <= age
+
+
+def _restarting_elsewhere(
+    candidates: Iterable[Mapping[str, Any]],
+    node: str | None,
+    own: str | None,
+    cfg: Config,
+    now: datetime,
+    *,
+    any_failure: bool = False,
+) -> list[tuple[str, str]]:
+    """Of ``candidates`` (pods of one workload), those on a node other than ``node``, neither
+    terminal nor being deleted, whose container ended in an error within
+    ``crashloop_recent_run`` and has not run that long since (or, with ``any_failure``,
+    failing by the rules too): (node, in words). A twin running for days after a restart long
+    ago, or not Ready because its readiness probe blipped, is not one."""
+    found = []
+    evidence = sibling_evidence(cfg)
+    for candidate in candidates:
+        meta = candidate.get("metadata") or {}
+        where = (candidate.get("spec") or {}).get("nodeName")
+        if not where or where == node or meta.get("uid") == own or meta.get("deletionTimestamp"):
+            continue
+        if _terminal(candidate):
+            continue
+        other: Pod = candidate  # type: ignore[assignment]
+        failure = classify(other, evidence, now) if any_failure else None
+        failing = failure is not None and failure.kind is FailureKind.NODE_FIXABLE
+        if failing or _crashed_lately(candidate, cfg.crashloop_recent_run, now):
+            found.append(
+                (str(where), f"{meta.get('name', '')} of its workload fails on {where} now")
+            )
+    return found
+
+
+def _crashed_lately(pod: Mapping[str, Any], within: timedelta, now: datetime) -> bool:
+    """A container of ``pod`` ended in an error within ``within`` and has not run that long
+    since (running again for a moment, or waiting to be restarted)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        if not last or last.get("exitCode") in (0, None):
+            continue
+        finished = parse_kube_time(last.get("finishedAt"))
+        if finished is None or now - finished > within:
+            continue
+        running = (status.get("state") or {}).get("running") or {}
+        started = parse_kube_time(running.get("startedAt"))
+        if started is None or now - started < within:
+            return True
+    return False
 
 
 def _proven_elsewhere(

@@ -54,9 +54,8 @@ from shared.workloads.classify import (
     FailureKind,
     classify,
     controller_of,
-    excluded_nodes_of,
 )
-from shared.workloads.everywhere import Health, health_of, proof_for
+from shared.workloads.everywhere import Health, health_of, proof_for, recorded_elsewhere
 from shared.workloads.siblings import sibling_evidence
 
 # A pod in one of these phases never runs again (its containers are not restarted).
@@ -147,13 +146,33 @@ def recorded_on_node(
     """
     if node is None:
         return ()
+    return others_recorded(node, family_of(pod), cfg, now)
+
+
+def others_recorded(
+    node: Mapping[str, Any], own: str, cfg: Config, now: datetime
+) -> tuple[str, ...]:
+    """The workloads other than ``own`` (a ``family``) the node's health record names within
+    ``suspect_window``; sorted. A record that cannot be read: none."""
     raw = ((node.get("metadata") or {}).get("annotations") or {}).get(NODE_HEALTH_ANNOTATION)
     try:
         record = nodehealth.load(raw)
     except RecordError:
         return ()
-    own = family_of(pod)
     return tuple(sorted(w for w in record.workloads(now, cfg.suspect_window) if family(w) != own))
+
+
+def speaks_against_itself(
+    node: Mapping[str, Any], own: str, cfg: Config, now: datetime
+) -> str | None:
+    """Why a node read whole is evidence against itself for a workload of family ``own``:
+    suspect, or its record names another workload within ``suspect_window``; None."""
+    if is_suspect(node):
+        return "suspect"
+    others = others_recorded(node, own, cfg, now)
+    if others:
+        return f"{len(others)} other workload(s) failed there ({others[0]} ...)"
+    return None
 
 
 def family_of(pod: Mapping[str, Any]) -> str:
@@ -214,9 +233,10 @@ def workloads_failing_on(
         if workload == own or workload in found:
             continue
         neighbour: Pod = candidate  # type: ignore[assignment]
-        if excluded_nodes_of(neighbour):
-            # Kept off other nodes where its workload failed before: its failure here may
-            # follow it (an application broken everywhere), not the node.
+        if recorded_elsewhere(neighbour, cfg, now, None):
+            # Kept off other nodes where its workload failed lately (a stamp younger than
+            # reset_after): its failure here may follow it (an application broken
+            # everywhere), not the node.
             continue
         failure = classify(neighbour, evidence, now)
         if failure is None or failure.kind is not FailureKind.NODE_FIXABLE:

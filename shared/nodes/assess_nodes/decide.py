@@ -426,6 +426,23 @@ def follows_workload(claim: Claim, why: str) -> Unconfirmed:
     return Unconfirmed(f"{claim.describe()}: {why}: no evidence against node {claim.node}")
 
 
+def failed_before(
+    state: WorkloadState | None, pod_name: str, now: datetime, reset_after: timedelta
+) -> tuple[str, ...] | None:
+    """The nodes a workload's state says it failed on, as ``follows_its_workload`` takes them:
+    a StatefulSet pod's own entry (its budget is per pod), else the workload's ``failedOn``;
+    empty once older than ``reset_after`` (update-annotations' pruning would drop it, and a
+    stale record must not excuse a node failing this workload today). None: no state known."""
+    if state is None:
+        return None
+    entry = state.per_pod.get(pod_name)
+    if entry is not None:
+        fresh = entry.updated_at is not None and now - entry.updated_at <= reset_after
+        return entry.excluded_nodes if fresh else ()
+    fresh = state.updated_at is not None and now - state.updated_at <= reset_after
+    return tuple(state.failed_on) if fresh else ()
+
+
 def selector_of(holder: Mapping[str, Any]) -> str | None:
     """The label selector of a holder's pods, from its ``spec.selector.matchLabels`` (None
     when it selects otherwise: its pods are then not read, and nothing proves them healthy)."""

@@ -59,8 +59,10 @@ from shared.api.keys import (
     REASON_SUSPECT_CAP_REACHED,
     SUSPECT_LABEL,
 )
+from shared.api.kubetypes import Pod
 from shared.api.records import RecordError
 from shared.api.times import format_duration, format_time
+from shared.api.workloadid import family
 from shared.nodes.assess_nodes import decide
 from shared.nodes.assess_nodes.decide import (
     Assessment,
@@ -80,15 +82,24 @@ from shared.platform import events, kube
 from shared.platform.config import Config
 from shared.platform.recorder import Involved, Recorder
 from shared.workloads.classify import Failure, classify, controller_of, still_starting
-from shared.workloads.everywhere import follows_its_workload, moves_follow_the_workload
+from shared.workloads.everywhere import (
+    elsewhere_nodes,
+    follows_its_workload,
+    moves_follow_the_workload,
+    reply_elsewhere_nodes,
+)
 from shared.workloads.evidence import failing_now, read_evidence
-from shared.workloads.owners import BARE, holder_of, resolve
+from shared.workloads.fastpath import speaks_against_itself
+from shared.workloads.owners import BARE, STATEFUL, holder_of, resolve
 from shared.workloads.siblings import sibling_selector
 
 log = logging.getLogger(__name__)
 
 # Compare-and-swap rounds on one Node before answering 503 (the Broker redelivers).
 MAX_ATTEMPTS: Final = 10
+# Nodes read, at most, to tell several bad nodes from an application broken everywhere: one
+# GET each, only for a report the rule would otherwise not count.
+MAX_ELSEWHERE_READS: Final = 3
 # Nodes whose writer lock an instance keeps (forgotten all at once beyond: a lock forgotten
 # while held only lets two writers race, which the compare-and-swap settles).
 NODE_LOCKS_MAX: Final = 10_000
@@ -222,15 +233,36 @@ class Assessor:
         )
         # Our own record of where the workload failed before: a twin moved off another node
         # moments ago is gone from the LIST, and this pod, admitted before, has no stamp.
-        failed_before = tuple(record.state.failed_on) if record.state is not None else ()
+        before = decide.failed_before(record.state, claim.name, now, self.cfg.reset_after)
+        live: Pod = pod  # type: ignore[assignment]
+        why = follows_its_workload(live, siblings, self.cfg, now, failed_before=before)
+        if why is None:
+            return confirmed
+        # Failing elsewhere only on nodes that are bad themselves is several bad nodes, not an
+        # application broken everywhere: this node is still to blame.
+        nodes = elsewhere_nodes(live, siblings, self.cfg, now, failed_before=before)
+        implicated = self._implicated(nodes, decide.workload_of_pod(pod), now)
         why = follows_its_workload(
-            pod,  # type: ignore[arg-type]
-            siblings,
-            self.cfg,
-            now,
-            failed_before=failed_before,
+            live, siblings, self.cfg, now, failed_before=before, implicated=implicated
         )
         return confirmed if why is None else decide.follows_workload(claim, why)
+
+    def _implicated(self, nodes: Sequence[str], workload: str, now: datetime) -> dict[str, str]:
+        """Of ``nodes`` (the first few), those that speak against themselves for a workload
+        other than ``workload``: suspect, or their record names another workload. A node that
+        cannot be read is not: in doubt, the failure elsewhere stands and nothing is counted."""
+        found: dict[str, str] = {}
+        for name in nodes[:MAX_ELSEWHERE_READS]:
+            try:
+                node = self.api.get("Node", None, name)
+            except kube.Transient:
+                raise
+            except kube.KubeError:
+                continue
+            why = speaks_against_itself(node, family(workload), self.cfg, now)
+            if why is not None:
+                found[name] = why
+        return found
 
     def _failure(self, pod: dict[str, Any], node: str, now: datetime) -> tuple[Failure | None, str]:
         """The pod's failure by the full rules, and what could not be read beside it. Its
@@ -280,15 +312,24 @@ class Assessor:
         state = record.state
         if not isinstance(confirmed, Confirmed) or state is None or kind == BARE:
             return confirmed
-        if not [n for n in state.failed_on if n != claim.node]:
-            return confirmed
-        selector = decide.selector_of(obj)
+        now = self.clock()
+        before = decide.failed_before(state, claim.name, now, self.cfg.reset_after) or ()
+        selector = decide.selector_of(obj) if kind != STATEFUL else None
+        # A StatefulSet pod's identity is its own: another ordinal proves nothing for it.
         pods = (
             list(self.api.list_all("Pod", claim.namespace, label_selector=selector))
             if selector
             else []
         )
-        why = moves_follow_the_workload(state.failed_on, claim.node, pods, self.cfg, self.clock())
+        uid = str((obj.get("metadata") or {}).get("uid") or "") or None
+        why = moves_follow_the_workload(before, claim.node, pods, self.cfg, now, holder_uid=uid)
+        if why is None:
+            return confirmed
+        nodes = reply_elsewhere_nodes(before, claim.node, pods, self.cfg, now, holder_uid=uid)
+        implicated = self._implicated(nodes, record.workload, now)
+        why = moves_follow_the_workload(
+            before, claim.node, pods, self.cfg, now, holder_uid=uid, implicated=implicated
+        )
         return confirmed if why is None else decide.follows_workload(claim, why)
 
     # -- one failure ------------------------------------------------------------------------------
