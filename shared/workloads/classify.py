@@ -702,6 +702,35 @@ def failures_behind(back_off: timedelta) -> int:
     return count
 
 
+# The kubelet's default maximum crash-loop back-off (MaxContainerBackOff, 300 s) and how long
+# the default doubling from 10 s takes to reach it: 10+20+40+80+160 s over the first failures.
+_MAX_BACK_OFF: Final = timedelta(seconds=300)
+_TO_MAX_BACK_OFF: Final = timedelta(seconds=310)
+
+
+def crash_looping_for_at_least(status: ContainerStatus) -> timedelta | None:
+    """How long a container's crash loop has lasted at least, when its kubelet writes the
+    default maximum back-off ("back-off 5m0s"): the doubling took 310 s to get there, and each
+    restart past the sixth waited the full 300 s. None for any other back-off (a node whose
+    KubeletCrashLoopBackOffMax is lower never writes 5m0s, and its restarts come faster).
+    restartCount is the container's lifetime count: an older series before a long run makes
+    this longer than the current series, never shorter than the truth of a series at the cap."""
+    waiting = (status.get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") != CRASH_LOOP_BACK_OFF:
+        return None
+    found = _BACK_OFF.match(waiting.get("message") or "")
+    if not found:
+        return None
+    try:
+        back_off = parse_duration(found.group(1))
+    except ValueError:
+        return None
+    if back_off < _MAX_BACK_OFF:
+        return None
+    restarts = int(status.get("restartCount") or 0)
+    return _TO_MAX_BACK_OFF + _MAX_BACK_OFF * max(restarts - failures_behind(back_off), 0)
+
+
 def failures_paced(elapsed: timedelta, pace: timedelta) -> int:
     """The most failures in a row a kubelet with the default back-off can have restarted in
     ``elapsed`` from the first: at once, then ``pace``, 2 x ``pace`` ... later (restartCount k

@@ -54,6 +54,7 @@ from shared.workloads.classify import (
     FailureKind,
     classify,
     controller_of,
+    crash_looping_for_at_least,
 )
 from shared.workloads.everywhere import Health, health_of, proof_for, recorded_elsewhere
 from shared.workloads.siblings import sibling_evidence
@@ -243,8 +244,26 @@ def workloads_failing_on(
             continue
         if failure.node != node or killed_at_its_own_limit(neighbour, failure):
             continue
+        if failing_since_before(neighbour, failure, cfg.suspect_window):
+            # A neighbour crash-looping since before the window (a Deployment broken on
+            # every node for days, never opted in, or whose moves we stopped) is no news
+            # about the node: a node that broke now fails its pods from now.
+            continue
         found.add(workload)
     return tuple(sorted(found))
+
+
+def failing_since_before(pod: Pod, failure: Failure, window: timedelta) -> bool:
+    """Whether ``pod``'s failing container has crash-looped for at least ``window`` already
+    (``classify.crash_looping_for_at_least``: only a kubelet at its default maximum back-off
+    says so)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if failure.container and status.get("name") != failure.container:
+            continue
+        lasted = crash_looping_for_at_least(status)
+        if lasted is not None and lasted >= window:
+            return True
+    return False
 
 
 def ready_elsewhere(

@@ -31,12 +31,16 @@ from shared.platform import kube
 from shared.platform.config import Config
 from shared.platform.events import Event
 from shared.pods.failing import FailingPod
-from shared.workloads.classify import classify
+from shared.workloads.classify import classify, crash_looping_for_at_least
 from shared.workloads.everywhere import follows_its_workload, moves_follow_the_workload
+from shared.workloads.fastpath import workloads_failing_on
+from shared.workloads.owners import BARE
+from shared.workloads.state import Action
 from tests import builders
 from tests.unit import nodes, pods
 from tests.unit import test_jobs as jobs_builder
 from tests.unit.pods import NOW, ts
+from tests.unit.test_move_plan import failed_on_three_nodes, plan_of, resolution
 
 CFG = Config()
 SUSPECT = {SUSPECT_LABEL: SUSPECT_VALUE}
@@ -426,3 +430,55 @@ def test_a_statefulset_pods_moves_that_follow_its_ordinal_are_not_counted() -> N
             },
         )
     assert record_of(api, "node-c") == {}
+
+
+# -- a neighbour failing since before the window is no news about the node ----------------------
+
+
+def test_how_long_a_crash_loop_at_the_kubelets_maximum_back_off_has_lasted_at_least() -> None:
+    def lasted(restarts: int) -> timedelta | None:
+        return crash_looping_for_at_least(pods.crash_looping(restarts=restarts))
+
+    # The default doubling reaches 5m0s at the sixth failure (10+20+40+80+160 s), then 300 s
+    # each; below the maximum a node with a lower cap could have restarted it faster.
+    assert lasted(4) is None  # back-off 1m20s
+    assert lasted(6) == timedelta(seconds=310)
+    assert lasted(7) == timedelta(seconds=610)
+    assert lasted(812) == timedelta(seconds=310 + 300 * 806)
+
+
+def legacy(node: str, suffix: str) -> dict[str, Any]:
+    """A Deployment nobody opted in, crash-looping on every node for days: restart 812, the
+    kubelet at its maximum back-off."""
+    name = f"legacy-84c6d9f5b7-{suffix}"
+    return pods.pod(
+        name,
+        "tools",
+        owner=("ReplicaSet", "legacy-84c6d9f5b7"),
+        labels={"app": "legacy", "pod-template-hash": "84c6d9f5b7"},
+        node=node,
+        stamp=None,
+        containers=[pods.crash_looping(restarts=812, pod_name=name, namespace="tools")],
+        started=NOW - timedelta(days=3),
+    )
+
+
+def test_a_neighbour_crash_looping_for_days_corroborates_nothing_on_its_node() -> None:
+    assert workloads_failing_on("node-b", "shop/web", [legacy("node-b", "bbbbb")], CFG, NOW) == ()
+    # A neighbour whose node broke minutes ago (back-off 40s) is news.
+    fresh = crash_looping_pod("api", "5f6b9c7d8", "node-b")
+    fresh["status"]["containerStatuses"] = [pods.crash_looping(restarts=3)]
+    assert workloads_failing_on("node-b", "shop/web", [fresh], CFG, NOW) == ("shop/api",)
+
+
+def test_a_neighbour_crash_looping_for_days_does_not_keep_a_broken_application_moving() -> None:
+    # A workload of one pod that failed the same way on three nodes, nothing running: the stop
+    # rests on nodes where others run fine, and a legacy pod broken everywhere for days beside
+    # it does not make node-a a bad node.
+    live = failed_on_three_nodes()
+    made = plan_of(
+        live,
+        resolution(BARE, live, "5"),  # type: ignore[arg-type]
+        node_pods={"node-a": [legacy("node-a", "aaaaa")], "node-c": []},
+    )
+    assert made.decided is not None and made.decided.action is Action.STOPPED, made.decided
