@@ -211,9 +211,14 @@ def witnesses_of(
     proof = proof_for(pod, cfg)
     found: list[Witness] = []
     live = 1  # the failing pod itself
+    index = _completion_index(pod)
     for candidate in candidates:
         cmeta = candidate.get("metadata") or {}
         if cmeta.get("uid") == own_uid or cmeta.get("deletionTimestamp"):
+            continue
+        if index is not None and _completion_index(candidate) != index:
+            # An Indexed Job's other indexes read other input: index 0 completing says
+            # nothing of index 1 crashing on its shard on every node.
             continue
         other: Pod = candidate  # type: ignore[assignment]
         cowner = controller_of(other)

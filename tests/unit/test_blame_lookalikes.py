@@ -32,7 +32,12 @@ from shared.platform.config import Config
 from shared.platform.events import Event
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import classify, crash_looping_for_at_least
-from shared.workloads.everywhere import follows_its_workload, moves_follow_the_workload
+from shared.workloads.everywhere import (
+    follows_its_workload,
+    judge,
+    moves_follow_the_workload,
+    witnesses_of,
+)
 from shared.workloads.fastpath import workloads_failing_on
 from shared.workloads.owners import BARE
 from shared.workloads.state import Action
@@ -482,3 +487,38 @@ def test_a_neighbour_crash_looping_for_days_does_not_keep_a_broken_application_m
         node_pods={"node-a": [legacy("node-a", "aaaaa")], "node-c": []},
     )
     assert made.decided is not None and made.decided.action is Action.STOPPED, made.decided
+
+
+def test_another_completion_index_that_finished_does_not_keep_a_poison_index_moving() -> None:
+    done_0 = indexed(
+        pods.pod(
+            owner=("Job", "report"),
+            node="node-c",
+            phase="Succeeded",
+            containers=[pods.terminated("Completed", 0, finished=NOW - timedelta(minutes=10))],
+            started=NOW - timedelta(minutes=14),
+        ),
+        0,
+        "report-0-h7x2p",
+    )
+    failing_1 = indexed(
+        pods.pod(
+            owner=("Job", "report"),
+            node="node-b",
+            excluded=["node-a", "node-c"],
+            containers=[pods.crash_looping(restarts=4, pod_name="report-1-q9v4n")],
+        ),
+        1,
+        "report-1-q9v4n",
+    )
+    witnesses = witnesses_of(failing_1, [done_0, failing_1], CFG, NOW)
+    verdict = judge(
+        {"node-a": "CrashLoopBackOff", "node-c": "CrashLoopBackOff"},
+        None,
+        "node-b",
+        "CrashLoopBackOff",
+        witnesses,
+        kept_off=["node-a", "node-c"],
+        implicated={},
+    )
+    assert verdict.stop, verdict.why
