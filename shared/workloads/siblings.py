@@ -81,8 +81,9 @@ _PER_POD_LABELS: Final = frozenset(
 # admission (KEP-4742, beta and on by default since 1.35) copies the Node's
 # topology.kubernetes.io/zone and /region onto the pod at binding, and cluster policies
 # (kyverno's add-node-labels-pod, node2pod) copy the same. Two replicas in two zones differ in
-# them: selected on, each would see no sibling, and the moves-stop rule no witness.
-PER_NODE_PREFIXES: Final = ("topology.kubernetes.io/",)
+# them: selected on, each would see no sibling, and the moves-stop rule no witness. The
+# plugin's package documentation names topology.k8s.io/ keys: left out as well.
+PER_NODE_PREFIXES: Final = ("topology.kubernetes.io/", "topology.k8s.io/")
 # Labels only the controller sets, the same on every pod of it and on no other: enough on their
 # own, and immune to whatever else is added per pod (the candidates are checked against the
 # controller's uid anyway). The Deployment controller's ReplicaSet hash; the Job controller's uid.

@@ -223,6 +223,10 @@ SELECTORS = {
         {"app": "legacy", "topology.kubernetes.io/zone": "europe-west1-b"},
         "app=legacy",
     ),
+    "the same with the topology.k8s.io keys the plugin's documentation names": (
+        {"app": "legacy", "topology.k8s.io/zone": "europe-west1-b"},
+        "app=legacy",
+    ),
 }
 
 
