@@ -343,18 +343,9 @@ def follows_its_workload(
     node = (pod.get("spec") or {}).get("nodeName")
     blamed = implicated or {}
     pods = [p for p in _same_identity(pod, siblings) if not _terminal(p)]
-    kept_off = [n for n in recorded_elsewhere(pod, cfg, now, failed_before) if n not in blamed]
-    elsewhere = [
-        f"{s.name} of its controller fails on {s.node} now"
-        for s in failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)
-        if s.node not in blamed
-    ]
-    own = (pod.get("metadata") or {}).get("uid")
-    elsewhere += [
-        why
-        for where, why in _restarting_elsewhere(pods, node, own, cfg, now)
-        if where not in blamed
-    ]
+    recorded, live = _failed_elsewhere(pod, pods, cfg, now, failed_before)
+    kept_off = [n for n in recorded if n not in blamed]
+    elsewhere = [why for where, why in live if where not in blamed]
     if not kept_off and not elsewhere:
         return None
     if _proven_elsewhere(pod, pods, node, cfg, now, proof_for(pod, cfg)):
@@ -374,13 +365,28 @@ def elsewhere_nodes(
     """The other nodes ``follows_its_workload`` would say the workload failed on, before any
     is found implicated: the nodes a caller reads to tell several bad nodes from an
     application broken everywhere."""
-    node = (pod.get("spec") or {}).get("nodeName")
     pods = [p for p in _same_identity(pod, siblings) if not _terminal(p)]
-    found = list(recorded_elsewhere(pod, cfg, now, failed_before))
-    found += [s.node for s in failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)]
+    recorded, live = _failed_elsewhere(pod, pods, cfg, now, failed_before)
+    return tuple(dict.fromkeys([*recorded, *(where for where, _ in live)]))
+
+
+def _failed_elsewhere(
+    pod: Pod,
+    pods: list[Mapping[str, Any]],
+    cfg: Config,
+    now: datetime,
+    failed_before: Iterable[str] | None,
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """The other nodes the workload's record names, and the pods of it (``pods``, of its
+    identity) failing on another node now or just restarted there: (node, in words)."""
+    node = (pod.get("spec") or {}).get("nodeName")
     own = (pod.get("metadata") or {}).get("uid")
-    found += [where for where, _ in _restarting_elsewhere(pods, node, own, cfg, now)]
-    return tuple(n for n in dict.fromkeys(found) if n and n != node)
+    live = [
+        (s.node, f"{s.name} of its controller fails on {s.node} now")
+        for s in failing_siblings(pod, pods, cfg, now, reset_after=cfg.reset_after)
+    ]
+    live += _restarting_elsewhere(pods, node, own, cfg, now)
+    return recorded_elsewhere(pod, cfg, now, failed_before), [(n, w) for n, w in live if n]
 
 
 def moves_follow_the_workload(
@@ -400,12 +406,7 @@ def moves_follow_the_workload(
     ``holder_uid`` only) is proven healthy on another node (``REPLY_PROOF``). Nodes in
     ``implicated`` do not count (``follows_its_workload``)."""
     blamed = implicated or {}
-    pods = [
-        p
-        for p in holder_pods
-        if not _terminal(p)
-        and (holder_uid is None or (controller_of(p) or {}).get("uid") == holder_uid)  # type: ignore[arg-type]
-    ]
+    pods = _holder_pods(holder_pods, holder_uid)
     others = [n for n in dict.fromkeys(failed_on) if n != node and n not in blamed]
     failing = [
         why
@@ -431,15 +432,22 @@ def reply_elsewhere_nodes(
     holder_uid: str | None = None,
 ) -> tuple[str, ...]:
     """``elsewhere_nodes`` for a move's reply (``moves_follow_the_workload``)."""
-    pods = [
-        p
-        for p in holder_pods
-        if not _terminal(p)
-        and (holder_uid is None or (controller_of(p) or {}).get("uid") == holder_uid)  # type: ignore[arg-type]
-    ]
+    pods = _holder_pods(holder_pods, holder_uid)
     found = [*failed_on]
     found += [w for w, _ in _restarting_elsewhere(pods, node, None, cfg, now, any_failure=True)]
     return tuple(n for n in dict.fromkeys(found) if n and n != node)
+
+
+def _holder_pods(
+    candidates: Iterable[Mapping[str, Any]], holder_uid: str | None
+) -> list[Mapping[str, Any]]:
+    """The pods of the holder (``holder_uid``'s; any when None) that are not terminal."""
+    return [
+        p
+        for p in candidates
+        if not _terminal(p)
+        and (holder_uid is None or (controller_of(p) or {}).get("uid") == holder_uid)  # type: ignore[arg-type]
+    ]
 
 
 def proven_elsewhere(
