@@ -361,9 +361,9 @@ def indexed(pod: dict[str, Any], index: int, name: str) -> dict[str, Any]:
     return shaped
 
 
-def test_another_completion_index_that_finished_proves_nothing_for_this_one() -> None:
-    # Index 1 reads a corrupt input shard and crashes on every node; index 0 completed.
-    done_0 = indexed(
+def index_0_done() -> dict[str, Any]:
+    """Index 0 of an Indexed Job, completed on node-c ten minutes ago."""
+    return indexed(
         pods.pod(
             owner=("Job", "report"),
             node="node-c",
@@ -374,16 +374,26 @@ def test_another_completion_index_that_finished_proves_nothing_for_this_one() ->
         0,
         "report-0-h7x2p",
     )
-    failing_1 = indexed(
+
+
+def index_1_failing(*kept_off: str) -> dict[str, Any]:
+    """Index 1, reading a corrupt input shard: crash-looping on node-b, kept off ``kept_off``."""
+    return indexed(
         pods.pod(
             owner=("Job", "report"),
             node="node-b",
-            excluded=["node-a"],
+            excluded=list(kept_off),
             containers=[pods.crash_looping(restarts=4, pod_name="report-1-q9v4n")],
         ),
         1,
         "report-1-q9v4n",
     )
+
+
+def test_another_completion_index_that_finished_proves_nothing_for_this_one() -> None:
+    # Index 1 reads a corrupt input shard and crashes on every node; index 0 completed.
+    done_0 = index_0_done()
+    failing_1 = index_1_failing("node-a")
     assert follows_its_workload(failing_1, [done_0, failing_1], CFG, NOW) is not None
 
 
@@ -490,27 +500,8 @@ def test_a_neighbour_crash_looping_for_days_does_not_keep_a_broken_application_m
 
 
 def test_another_completion_index_that_finished_does_not_keep_a_poison_index_moving() -> None:
-    done_0 = indexed(
-        pods.pod(
-            owner=("Job", "report"),
-            node="node-c",
-            phase="Succeeded",
-            containers=[pods.terminated("Completed", 0, finished=NOW - timedelta(minutes=10))],
-            started=NOW - timedelta(minutes=14),
-        ),
-        0,
-        "report-0-h7x2p",
-    )
-    failing_1 = indexed(
-        pods.pod(
-            owner=("Job", "report"),
-            node="node-b",
-            excluded=["node-a", "node-c"],
-            containers=[pods.crash_looping(restarts=4, pod_name="report-1-q9v4n")],
-        ),
-        1,
-        "report-1-q9v4n",
-    )
+    done_0 = index_0_done()
+    failing_1 = index_1_failing("node-a", "node-c")
     witnesses = witnesses_of(failing_1, [done_0, failing_1], CFG, NOW)
     verdict = judge(
         {"node-a": "CrashLoopBackOff", "node-c": "CrashLoopBackOff"},
