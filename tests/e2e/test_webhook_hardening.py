@@ -312,6 +312,15 @@ def admissions(server: FunctionServer) -> float:
     return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
 
 
+def failed_calls(log: Path, url: str) -> list[str]:
+    """The API server's log lines about a failed call to the webhook at `url`."""
+    return [
+        line
+        for line in log.read_text().splitlines()
+        if "failed calling webhook" in line and url in line
+    ]
+
+
 def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_webhook(
     cluster: Any,
     namespace: str,
@@ -343,8 +352,18 @@ def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_w
                 namespace, builders.bare_pod("without-certificate", retries="2")
             )
             assert admissions(server) == 0
-            log = (cluster.log_dir / "kube-apiserver.log").read_text()
-            assert "certificate required" in log or "bad certificate" in log
+            # Which error Go's client reports depends on when the server's refusal reaches it:
+            # with TLS 1.3 the client's side of the handshake completes before the server checks
+            # the certificate, so the alert ("certificate required", "bad certificate") or only
+            # the closed connection may be what it reads. The refusal itself is proved by
+            # test_without_a_client_certificate_the_tls_handshake_is_refused; here, that this
+            # API server called the webhook and failed, on this webhook's own address.
+            url = f"127.0.0.1:{server.port}"
+            wait_for(
+                f"the API server to log its failed call to {url}",
+                lambda: failed_calls(cluster.log_dir / "kube-apiserver.log", url),
+                timeout=15,
+            )
 
             # An API server of the same control plane started with the AdmissionConfiguration
             # of docs/install.md presents the client certificate and gets its answer.
