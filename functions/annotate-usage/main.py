@@ -20,6 +20,7 @@ from shared.api.keys import PING_EVENT_TYPE
 from shared.nodes.annotate_usage.handler import Annotator
 from shared.nodes.annotate_usage.sources import MetricsApiSource, PrometheusSource, Source
 from shared.platform import events, logs
+from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import USAGE_SOURCE_PROMETHEUS, Config, ConfigError, describe
 from shared.platform.kube import Kube
 from shared.platform.prometheus import Prometheus
@@ -27,6 +28,7 @@ from shared.platform.prometheus import Prometheus
 FUNCTION = "annotate-usage"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
+BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 if CONFIG.usage_source == USAGE_SOURCE_PROMETHEUS and not CONFIG.prometheus_url:
     raise ConfigError(
         "KN_RESCHEDULER_PROMETHEUS_URL",
@@ -67,4 +69,4 @@ def handle(request: flask.Request) -> flask.Response:
         return flask.Response(
             json.dumps(annotator().status.to_json()), status=200, mimetype="application/json"
         )
-    return events.serve(request, handler, function=FUNCTION)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)

@@ -15,12 +15,14 @@ import functions_framework
 
 from shared.nodes.assess_nodes.handler import Assessor
 from shared.platform import events, logs
+from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
 
 FUNCTION = "assess-nodes"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
+BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 events.log.info("configuration", extra={"config": describe(CONFIG)})
 
 _assessor: Assessor | None = None
@@ -40,4 +42,4 @@ def handler(event: events.Event) -> events.Reply | None:
 
 @functions_framework.http
 def handle(request: flask.Request) -> flask.Response:
-    return events.serve(request, handler, function=FUNCTION)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)

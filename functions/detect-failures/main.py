@@ -11,12 +11,14 @@ import flask
 import functions_framework
 
 from shared.platform import events, logs
+from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.pods.detect_failures.decide import detect
 
 FUNCTION = "detect-failures"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
+BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 events.log.info("configuration", extra={"config": describe(CONFIG)})
 
 
@@ -26,4 +28,4 @@ def handler(event: events.Event) -> events.Reply | None:
 
 @functions_framework.http
 def handle(request: flask.Request) -> flask.Response:
-    return events.serve(request, handler, function=FUNCTION)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)

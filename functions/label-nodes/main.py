@@ -18,6 +18,7 @@ from shared.api.keys import PING_EVENT_TYPE
 from shared.nodes.label_nodes.handler import Labeler
 from shared.nodes.label_nodes.rules import load_rules
 from shared.platform import events, logs
+from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, ConfigError, describe
 from shared.platform.kube import Kube, KubeError
 from shared.platform.prometheus import Prometheus
@@ -25,6 +26,7 @@ from shared.platform.prometheus import Prometheus
 FUNCTION = "label-nodes"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
+BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 if not CONFIG.prometheus_url:
     raise ConfigError(
         "KN_RESCHEDULER_PROMETHEUS_URL",
@@ -72,4 +74,4 @@ def handle(request: flask.Request) -> flask.Response:
             return _json(labeler().labelled_nodes())
         except KubeError as err:
             return _json({"error": str(err)}, 503)
-    return events.serve(request, handler, function=FUNCTION)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)

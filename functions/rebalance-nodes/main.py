@@ -18,12 +18,14 @@ import functions_framework
 from shared.api.keys import PING_EVENT_TYPE
 from shared.nodes.rebalance_nodes.handler import Rebalancer
 from shared.platform import events, logs
+from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
 
 FUNCTION = "rebalance-nodes"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
+BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 events.log.info("configuration", extra={"config": describe(CONFIG)})
 
 _rebalancer: Rebalancer | None = None
@@ -51,4 +53,4 @@ def handle(request: flask.Request) -> flask.Response:
         return flask.Response(
             json.dumps(rebalancer().status.to_json()), status=200, mimetype="application/json"
         )
-    return events.serve(request, handler, function=FUNCTION)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)

@@ -20,7 +20,9 @@ not hold (a node that registered a moment ago) passes with a neutral score.
 - 200 with the result for every request we can read, whatever its nodes hold (a node whose
   usage cannot be read passes, with a neutral score; when every node is hot, a pod that did
   not name the load-aware scheduler gets them all, ranked by score, and a warning is logged);
-- 400 with ``{"error": ...}`` and a log line for a body that is not ExtenderArgs;
+- 400 with ``{"error": ...}`` and a log line for a body that is not ExtenderArgs; 413 for a
+  body over ``KN_RESCHEDULER_MAX_BODY_BYTES`` (16 MiB by default), refused before it is read
+  (shared.platform.bodies);
 - ``GET /healthz`` for probes, ``GET /metrics`` for Prometheus, ``GET /debug/node-cache`` for
   the cache as the decisions see it (whether it is ready, its resourceVersion, every node).
 
@@ -57,6 +59,7 @@ from shared.nodes.score_nodes.handler import (
     priority_response,
 )
 from shared.platform import informer, logs, metrics
+from shared.platform.bodies import EXTENDER_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.platform.kube import JSON, Kube
 
@@ -64,6 +67,7 @@ FUNCTION = "score-nodes"
 logs.configure(FUNCTION)
 log = logging.getLogger(FUNCTION)
 CONFIG = Config.from_env(os.environ)
+BODY_LIMIT = BodyLimit.from_env(os.environ, EXTENDER_MAX_BODY)
 log.info("configuration", extra={"config": describe(CONFIG)})
 
 VERBS = ("filter", "prioritize")
@@ -219,5 +223,8 @@ def handle(request: flask.Request) -> flask.Response:
     if verb in VERBS:
         if request.method != "POST":
             return _json({"error": f"POST ExtenderArgs to {path}"}, 405)
-        return _answer(verb, request.get_data())
+        body = BODY_LIMIT.read(request)
+        if body is None:
+            return BODY_LIMIT.too_large(request, FUNCTION)
+        return _answer(verb, body)
     return _json({"error": f"unknown path {request.path}; POST .../filter or .../prioritize"}, 404)

@@ -11,6 +11,7 @@ import flask
 import functions_framework
 
 from shared.platform import events, logs
+from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
 from shared.pods.sweep_failures.handler import Sweeper
@@ -18,6 +19,7 @@ from shared.pods.sweep_failures.handler import Sweeper
 FUNCTION = "sweep-failures"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
+BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 events.log.info("configuration", extra={"config": describe(CONFIG)})
 
 _sweeper: Sweeper | None = None
@@ -40,4 +42,4 @@ def handler(event: events.Event) -> events.Reply | None:
 
 @functions_framework.http
 def handle(request: flask.Request) -> flask.Response:
-    return events.serve(request, handler, function=FUNCTION)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)

@@ -43,6 +43,7 @@ from cloudevents.http import CloudEvent, from_http
 
 from shared.api.keys import EVENT_SOURCE_PREFIX
 from shared.platform import kube, logs, metrics
+from shared.platform.bodies import BodyLimit
 
 log = logging.getLogger(__name__)
 
@@ -200,15 +201,22 @@ def failure(status: int, reason: str) -> flask.Response:
 Handler = Callable[[Event], Reply | None]
 
 
-def serve(request: flask.Request, handler: Handler, *, function: str) -> flask.Response:
-    """Parse, log, dispatch, and map the outcome onto Knative's delivery semantics."""
+def serve(
+    request: flask.Request, handler: Handler, *, function: str, limit: BodyLimit
+) -> flask.Response:
+    """Parse, log, dispatch, and map the outcome onto Knative's delivery semantics. A body
+    over ``limit`` is refused with 413 before it is read (``shared.platform.bodies``)."""
     if request.path.rstrip("/") == "/metrics" and request.method == "GET":
         return metrics.response()
     if request.method != "POST":
         return failure(405, "POST a CloudEvent")
     started = time.perf_counter()
+    body = limit.read(request)
+    if body is None:
+        metrics.EVENTS.labels(function=function, type="too-large", outcome="413").inc()
+        return limit.too_large(request, function)
     try:
-        event = parse(dict(request.headers.items()), request.get_data())
+        event = parse(dict(request.headers.items()), body)
     except BadEvent as exc:
         # Nothing to replay: the body is not an event. Its size says more than its content
         # would, and the content may be anything.
