@@ -10,6 +10,7 @@ import os
 import flask
 import functions_framework
 
+from shared.api.keys import PING_EVENT_TYPE
 from shared.platform import events, logs
 from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
@@ -36,6 +37,11 @@ def sweeper() -> Sweeper:
 
 
 def handler(event: events.Event) -> events.Reply | None:
+    # A sweep lists every pod of the cluster: only the PingSource's tick starts one, not any
+    # event anyone posts to the Service.
+    if event.type != PING_EVENT_TYPE:
+        events.log.info("not a ping (%s); nothing to sweep", event.type)
+        return None
     sweeper().sweep()
     return None
 

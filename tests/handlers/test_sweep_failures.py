@@ -35,3 +35,15 @@ def test_a_missing_sink_is_a_deployment_error_not_a_crash(
 def test_a_malformed_tick_gets_400(function_client: ClientFactory) -> None:
     client = function_client("sweep-failures", K_SINK="http://127.0.0.1:9/")
     assert client.post("/", data=b"nope", headers={"content-type": "text/plain"}).status_code == 400
+
+
+def test_an_event_that_is_not_the_tick_starts_no_sweep(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    # Any pod can post to the Service: a sweep lists every pod of the cluster, so only the
+    # PingSource's type starts one. The API server is unreachable here, so a sweep would 503.
+    client = function_client(
+        "sweep-failures", KUBECONFIG=str(unreachable_kubeconfig), K_SINK="http://127.0.0.1:9/"
+    )
+    headers, body = cloudevent("com.example.anything", {"message": "sweep"})
+    assert client.post("/", headers=headers, data=body).status_code == 202
