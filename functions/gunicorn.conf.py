@@ -23,7 +23,11 @@ workers = int(os.environ.get("WORKERS", "1"))
 threads = int(os.environ.get("THREADS", "8"))
 worker_class = "gthread"
 # Knative's queue-proxy enforces the request timeout; gunicorn must not kill slow calls first.
-timeout = 0
+# The arbiter replaces a worker whose main loop stops heartbeating for this long (a stopped
+# or wedged process). gthread's main loop heartbeats while requests run in its threads, so a
+# long request is never cut by it; a worker whose threads all hang is found by the liveness
+# probe on /healthz instead.
+timeout = int(os.environ.get("WORKER_TIMEOUT", "60"))
 graceful_timeout = 10
 # Logs are JSON lines written by the functions themselves; gunicorn's own stay terse.
 accesslog = None

@@ -208,6 +208,10 @@ def serve(
     over ``limit`` is refused with 413 before it is read (``shared.platform.bodies``)."""
     if request.path.rstrip("/") == "/metrics" and request.method == "GET":
         return metrics.response()
+    if request.path.rstrip("/") == "/healthz" and request.method == "GET":
+        # For the kubelet's readiness and liveness probes: answered by a request thread, so
+        # a worker whose threads are all stuck stops answering and is restarted.
+        return flask.Response("ok", mimetype="text/plain")
     if request.method != "POST":
         return failure(405, "POST a CloudEvent")
     started = time.perf_counter()

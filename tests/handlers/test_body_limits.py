@@ -108,3 +108,12 @@ def test_a_limit_that_is_not_a_positive_number_of_bytes_stops_the_function(
 ) -> None:
     with pytest.raises(Exception, match=MAX_BODY_ENV):
         function_client(name, **{MAX_BODY_ENV: "3MiB"})
+
+
+@pytest.mark.parametrize("name", [n for n in FUNCTIONS if n not in ("mutate-admission",)])
+def test_every_function_answers_its_probes_on_healthz(
+    name: str, function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    client = function_client(name, **settings(name, unreachable_kubeconfig))
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.data == b"ok"
