@@ -66,7 +66,16 @@ if $apply; then
     --from-file=tls.crt="$out/tls.crt" --from-file=tls.key="$out/tls.key" \
     --from-file=ca.crt="$out/ca.crt" --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
   ca_bundle=$(base64 < "$out/ca.crt" | tr -d '\n')
-  "${kubectl[@]}" patch mutatingwebhookconfiguration "$webhook" --type=json \
-    -p "[{\"op\": \"add\", \"path\": \"/webhooks/0/clientConfig/caBundle\", \"value\": \"$ca_bundle\"}]"
-  echo "installed Secret $namespace/$secret and the caBundle of $webhook"
+  # Every webhook of the configuration (pods, and Jobs for their disruption policy): a webhook
+  # without the caBundle is never verified, and with failurePolicy Ignore its objects are
+  # admitted silently without it.
+  count=$("${kubectl[@]}" get mutatingwebhookconfiguration "$webhook" \
+    -o jsonpath='{range .webhooks[*]}{.name}{"\n"}{end}' | grep -c . || true)
+  [[ $count -gt 0 ]] || { echo "$webhook has no webhooks: apply knative/ first" >&2; exit 1; }
+  ops=""
+  for ((i = 0; i < count; i++)); do
+    ops+="${ops:+,}{\"op\": \"add\", \"path\": \"/webhooks/$i/clientConfig/caBundle\", \"value\": \"$ca_bundle\"}"
+  done
+  "${kubectl[@]}" patch mutatingwebhookconfiguration "$webhook" --type=json -p "[$ops]"
+  echo "installed Secret $namespace/$secret and the caBundle of the $count webhook(s) of $webhook"
 fi
