@@ -54,6 +54,9 @@ def _labels(labels: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if not k.startswith(("networking.knative.dev/",))}
 
 
+USER_PORT = "user-port"
+
+
 def deployment_and_service(ksvc: dict[str, Any]) -> list[dict[str, Any]]:
     """The Deployment and Service standing for one Knative Service (pure)."""
     meta = ksvc["metadata"]
@@ -62,6 +65,10 @@ def deployment_and_service(ksvc: dict[str, Any]) -> list[dict[str, Any]]:
     selector = {k: pod_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/component")}
     pod_spec = {k: v for k, v in copy.deepcopy(template["spec"]).items() if k not in REVISION_ONLY}
     port = pod_spec["containers"][0].get("ports", [{}])[0].get("containerPort", 8080)
+    for declared in pod_spec["containers"][0].get("ports", []):
+        # Knative Serving names a Revision's user port "user-port" whatever the Service calls
+        # it (http1, h2c): the PodMonitor scrapes that name, with or without Serving.
+        declared["name"] = USER_PORT
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -6,11 +6,15 @@ tests/e2e/test_installed.py installs it on a cluster of real nodes with Knative 
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from dev.tools import without_serving
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def generated() -> list[dict[str, Any]]:
@@ -38,7 +42,11 @@ def test_each_deployment_runs_the_knative_services_container_and_pod_settings() 
             continue
         revision = by_name[obj["metadata"]["name"]]["spec"]["template"]["spec"]
         pod = obj["spec"]["template"]["spec"]
-        assert pod["containers"] == revision["containers"]
+        # The same container, its port named as Knative names a Revision's user port.
+        expected = copy.deepcopy(revision["containers"])
+        for port in expected[0].get("ports", []):
+            port["name"] = "user-port"
+        assert pod["containers"] == expected
         assert pod.get("serviceAccountName") == revision.get("serviceAccountName")
         # What only Knative's queue-proxy and activator read is not a PodSpec field.
         assert not set(pod) & {"containerConcurrency", "timeoutSeconds"}
@@ -76,3 +84,16 @@ def test_every_reference_to_a_knative_service_is_patched_to_the_core_service() -
                 refering.add((obj["kind"], obj["metadata"]["name"]))
     assert refering and refering == patched
     assert ("Broker", "default") in patched and ("PingSource", "sweep-failures") in patched
+
+
+def test_every_pod_port_is_the_one_the_podmonitors_scrape() -> None:
+    # The PodMonitors (knative/monitoring) scrape the port named "user-port", the name Knative
+    # Serving gives a Revision's user port; without Serving nothing was scraped and the
+    # extender's alert fired for good.
+    docs = yaml.safe_load_all((ROOT / "knative" / "monitoring" / "podmonitor.yaml").read_text())
+    scraped = {e["port"] for d in docs if d for e in d["spec"]["podMetricsEndpoints"]}
+    assert scraped == {"user-port"}
+    for obj in generated():
+        if obj["kind"] == "Deployment":
+            names = {p["name"] for p in obj["spec"]["template"]["spec"]["containers"][0]["ports"]}
+            assert names == scraped, obj["metadata"]["name"]
