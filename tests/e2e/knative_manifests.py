@@ -34,6 +34,7 @@ COMPONENTS: Final = {
     "webhook-client-auth": KNATIVE_DIR / "components" / "webhook-client-auth",
     "webhook-network-policy": KNATIVE_DIR / "components" / "webhook-network-policy",
     "state-writes-only": KNATIVE_DIR / "components" / "state-writes-only",
+    "without-serving": KNATIVE_DIR / "components" / "without-serving",
 }
 BARE_POD_OPT_IN: Final = KNATIVE_DIR / "bare-pod-replacement"
 KSVC: Final = "serving.knative.dev/v1"

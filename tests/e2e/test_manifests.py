@@ -398,6 +398,20 @@ def test_client_auth_makes_the_webhook_require_certificates_from_the_mounted_ca(
         assert "TLS_CLIENT_CA_FILE" not in environment(with_client_auth, ksvc)
 
 
+@pytest.mark.parametrize("later", ["webhook-deployment", "without-serving"])
+def test_client_auth_listed_before_the_webhook_deployment_is_refused_not_dropped(
+    later: str, tmp_path: Path
+) -> None:
+    # kustomize applies components in order: listed first, client-auth would patch the Knative
+    # Service that webhook-deployment then deletes, and the Deployment would serve without
+    # client certificates. The render fails instead of dropping it silently.
+    with pytest.raises(AssertionError, match="/spec/template/spec/volumes"):
+        render("webhook-client-auth", later, workdir=tmp_path / "overlay")
+    # In the order docs/install.md gives, it renders and the Deployment requires certificates.
+    variant = render(later, "webhook-client-auth", workdir=tmp_path / "ordered")
+    _client_ca_file(variant, find(variant, "Deployment", "mutate-admission"))
+
+
 def test_the_network_policy_admits_only_the_api_server_to_the_webhook_port(
     base: list[Obj], with_network_policy: list[Obj], with_webhook_deployment: list[Obj]
 ) -> None:
