@@ -35,6 +35,7 @@ COMPONENTS: Final = {
     "webhook-network-policy": KNATIVE_DIR / "components" / "webhook-network-policy",
     "state-writes-only": KNATIVE_DIR / "components" / "state-writes-only",
     "without-serving": KNATIVE_DIR / "components" / "without-serving",
+    "load-aware-scheduler": KNATIVE_DIR / "components" / "load-aware-scheduler",
 }
 BARE_POD_OPT_IN: Final = KNATIVE_DIR / "bare-pod-replacement"
 KSVC: Final = "serving.knative.dev/v1"

@@ -51,6 +51,7 @@ from tests.e2e.knative_manifests import (
     render_opt_in,
     selected,
 )
+from tests.e2e.pod_security import restricted_violations
 
 pytestmark = pytest.mark.e2e
 
@@ -410,6 +411,37 @@ def test_client_auth_listed_before_the_webhook_deployment_is_refused_not_dropped
     # In the order docs/install.md gives, it renders and the Deployment requires certificates.
     variant = render(later, "webhook-client-auth", workdir=tmp_path / "ordered")
     _client_ca_file(variant, find(variant, "Deployment", "mutate-admission"))
+
+
+VARIANTS = {
+    "base": (),
+    "webhook-deployment": ("webhook-deployment",),
+    "without-serving": ("without-serving",),
+    "client-auth": CLIENT_AUTH_ALL,
+    "load-aware-scheduler": ("load-aware-scheduler",),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_pod_we_install_passes_the_restricted_pod_security_profile(
+    variant: str, tmp_path: Path
+) -> None:
+    objs = (
+        render(*VARIANTS[variant], workdir=tmp_path / "overlay")
+        if VARIANTS[variant]
+        else (render())
+    )
+    (namespace,) = [o for o in of_kind(objs, "Namespace") if o["metadata"]["name"] == NAMESPACE]
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    templates = [o for o in objs if "template" in (o.get("spec") or {})]
+    templates = [o for o in templates if "spec" in o["spec"]["template"]]
+    assert templates
+    for obj in templates:
+        if obj["metadata"].get("namespace") != NAMESPACE:
+            continue
+        problems = restricted_violations(pod_spec(obj))
+        assert not problems, f"{obj['kind']} {obj['metadata']['name']}: {problems}"
 
 
 def test_the_network_policy_admits_only_the_api_server_to_the_webhook_port(
