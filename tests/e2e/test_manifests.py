@@ -141,12 +141,54 @@ def test_the_base_holds_everything_an_install_needs_and_nothing_that_needs_other
         o["metadata"]["name"] for o in base if o["apiVersion"] == "v1"
     }
     assert names(base, "MutatingWebhookConfiguration") == {local_webhook.NAME}
+    # What RBAC cannot fence, the API server does by default (tests/e2e/test_node_writes.py).
+    policies = {"kn-rescheduler-state-writes-only", "kn-rescheduler-node-writes"}
+    assert names(base, "ValidatingAdmissionPolicy") == policies
+    assert names(base, "ValidatingAdmissionPolicyBinding") == policies
     assert not of_kind(base, *CERT_MANAGER_KINDS, *MONITORING_KINDS)
     namespaced = [o for o in base if o["kind"] not in _CLUSTER_SCOPED]
     assert all(o["metadata"].get("namespace") == NAMESPACE for o in namespaced)
 
 
-_CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+def test_the_node_policy_fences_the_pressure_label_label_nodes_is_configured_to_write(
+    base: list[Obj],
+) -> None:
+    (policy,) = (
+        o
+        for o in of_kind(base, "ValidatingAdmissionPolicy")
+        if o["metadata"]["name"] == "kn-rescheduler-node-writes"
+    )
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    configured = Config.from_env(environment(base, knative_service(base, "label-nodes")))
+    key = configured.pressure_label.partition("=")[0]
+    assert variables["pressureLabel"] == repr(key)
+    # Every account that RBAC lets patch or update Nodes is one the policy matches.
+    writers = {
+        rule_role["metadata"]["name"]
+        for rule_role in of_kind(base, "ClusterRole")
+        for rule in rule_role.get("rules", [])
+        if "nodes" in rule.get("resources", []) and {"patch", "update"} & set(rule["verbs"])
+    }
+    accounts = {
+        subject["name"]
+        for binding in of_kind(base, "ClusterRoleBinding")
+        if binding["roleRef"]["name"] in writers
+        for subject in binding["subjects"]
+    }
+    assert {"assess-nodes", "label-nodes", "annotate-usage", "update-annotations"} <= accounts
+    matched = policy["spec"]["matchConditions"][0]["expression"]
+    for account in accounts:
+        assert f"'system:serviceaccount:{NAMESPACE}:{account}'" in matched
+
+
+_CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 @pytest.mark.parametrize("function", FUNCTIONS)

@@ -87,7 +87,7 @@ def write_state(admin: Kube, writer: Kube, kind: str, namespace: str, name: str)
 
 
 STATE_POLICY = "kn-rescheduler-state-writes-only"
-NODE_POLICY = "kn-rescheduler-node-marks-only"
+NODE_POLICY = "kn-rescheduler-node-writes"
 
 
 def refused_by_policy(write: Callable[[], Any], policy: str = STATE_POLICY) -> str:
