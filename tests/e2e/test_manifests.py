@@ -203,7 +203,16 @@ def test_every_function_is_a_cluster_local_knative_service_with_bounded_resource
     c = container(ksvc)
     assert c["image"] == f"kn-rescheduler/{function}"
     (port,) = c["ports"]
-    assert c["readinessProbe"]["tcpSocket"]["port"] == port["containerPort"]
+    # Probes over HTTP, answered by a request thread: a stuck worker is taken out and replaced.
+    # Not the webhook as a Knative Service: queue-proxy would probe its TLS port in plain HTTP
+    # (its Deployment, components/webhook-deployment, probes /healthz over HTTPS).
+    if function == "mutate-admission":
+        assert c["readinessProbe"]["tcpSocket"]["port"] == port["containerPort"]
+    else:
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/healthz", "port": port["containerPort"]}
+        liveness = c["livenessProbe"]
+        assert liveness["failureThreshold"] * liveness["periodSeconds"] >= 60
     for section in ("requests", "limits"):
         assert set(c["resources"][section]) == {"cpu", "memory"}
     assert c["securityContext"]["runAsNonRoot"] is True
@@ -795,3 +804,9 @@ def test_the_manifests_live_where_kubectl_apply_k_expects_them() -> None:
     kustomization = yaml.safe_load((KNATIVE_DIR / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
         assert (KNATIVE_DIR / resource).is_file(), resource
+
+
+def test_the_dead_letter_sink_runs_without_a_service_account_token(base: list[Obj]) -> None:
+    # Knative's event_display reads nothing from the API; a token in it would only be a
+    # credential for whoever gets code into the pod.
+    assert pod_spec(knative_service(base, "dead-letters"))["automountServiceAccountToken"] is False

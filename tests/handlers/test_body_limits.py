@@ -110,7 +110,7 @@ def test_a_limit_that_is_not_a_positive_number_of_bytes_stops_the_function(
         function_client(name, **{MAX_BODY_ENV: "3MiB"})
 
 
-@pytest.mark.parametrize("name", [n for n in FUNCTIONS if n not in ("mutate-admission",)])
+@pytest.mark.parametrize("name", FUNCTIONS)
 def test_every_function_answers_its_probes_on_healthz(
     name: str, function_client: ClientFactory, unreachable_kubeconfig: Path
 ) -> None:
