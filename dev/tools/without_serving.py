@@ -2,7 +2,9 @@
 
 Many clusters run Knative Eventing and not Serving. There each function is a Deployment and a
 ClusterIP Service instead of a Knative Service: the same container (image, command, settings,
-probes, resources, security context), ServiceAccount and pod settings, one replica, and a
+probes, resources, security context), ServiceAccount and pod settings, as many replicas as the
+Service's min-scale (at least one; the extender two, spread over nodes, at kn-rescheduler-critical
+priority), and a
 Service on port 80 as a Knative Service's cluster-local address is. What only Knative's
 data plane reads (``containerConcurrency``, ``timeoutSeconds``, the autoscaling and
 visibility annotations and labels) is left out: without the activator and queue-proxy nothing
@@ -55,6 +57,18 @@ def _labels(labels: dict[str, str]) -> dict[str, str]:
 
 
 USER_PORT = "user-port"
+# The functions every pod's creation or scheduling waits on: the webhook and the extender. Their
+# Deployments get the priority class and the spread of knative/availability.yaml.
+REQUEST_PATH: Final = ("mutate-admission", "score-nodes")
+PRIORITY_CLASS: Final = "kn-rescheduler-critical"
+MIN_SCALE: Final = "autoscaling.knative.dev/min-scale"
+
+
+def replicas(ksvc: dict[str, Any]) -> int:
+    """A Revision's floor as a Deployment's count: min-scale, at least one (without Serving
+    nothing scales a Deployment from zero when an event comes)."""
+    annotations = ksvc["spec"]["template"].get("metadata", {}).get("annotations", {})
+    return max(1, int(annotations.get(MIN_SCALE, "1")))
 
 
 def deployment_and_service(ksvc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -69,6 +83,19 @@ def deployment_and_service(ksvc: dict[str, Any]) -> list[dict[str, Any]]:
         # Knative Serving names a Revision's user port "user-port" whatever the Service calls
         # it (http1, h2c): the PodMonitor scrapes that name, with or without Serving.
         declared["name"] = USER_PORT
+    count = replicas(ksvc)
+    if meta["name"] in REQUEST_PATH:
+        pod_spec["priorityClassName"] = PRIORITY_CLASS
+    if count > 1:
+        # On different nodes where possible: a node drain never takes them all.
+        pod_spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": dict(selector)},
+            }
+        ]
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -78,7 +105,7 @@ def deployment_and_service(ksvc: dict[str, Any]) -> list[dict[str, Any]]:
             "labels": _labels(meta.get("labels", {})),
         },
         "spec": {
-            "replicas": 1,
+            "replicas": count,
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": selector},
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},

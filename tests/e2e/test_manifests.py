@@ -59,6 +59,7 @@ WEBHOOK_SERVICE = "mutate-admission-webhook"
 # The extender's address for a scheduler without cluster DNS (knative/score-nodes.yaml).
 EXTENDER_SERVICE = "score-nodes-extender"
 CERT_MANAGER_KINDS = ("Issuer", "Certificate")
+MIN_SCALE = "autoscaling.knative.dev/min-scale"
 MONITORING_KINDS = ("PodMonitor", "PrometheusRule")
 
 
@@ -188,6 +189,7 @@ _CLUSTER_SCOPED = {
     "MutatingWebhookConfiguration",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "PriorityClass",
 }
 
 
@@ -229,7 +231,37 @@ def test_every_function_is_a_cluster_local_knative_service_with_bounded_resource
 def test_the_webhook_never_scales_to_zero(base: list[Obj]) -> None:
     ksvc = knative_service(base, "mutate-admission")
     annotations = ksvc["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["autoscaling.knative.dev/min-scale"] == "1"
+    # Two: a drained or restarting pod leaves the other answering (knative/availability.yaml).
+    assert annotations["autoscaling.knative.dev/min-scale"] == "2"
+
+
+@pytest.mark.parametrize("function", ["mutate-admission", "score-nodes"])
+def test_the_webhook_and_the_extender_survive_a_drain_in_every_flavour(
+    base: list[Obj], tmp_path_factory: pytest.TempPathFactory, function: str
+) -> None:
+    (budget,) = (
+        o for o in of_kind(base, "PodDisruptionBudget") if o["metadata"]["name"] == function
+    )
+    assert budget["spec"]["minAvailable"] == 1
+    selector = budget["spec"]["selector"]["matchLabels"]
+    # A Revision's pods (the default)...
+    ksvc = knative_service(base, function)
+    assert selector.items() <= ksvc["spec"]["template"]["metadata"]["labels"].items()
+    assert int(ksvc["spec"]["template"]["metadata"]["annotations"][MIN_SCALE]) >= 2
+    # ...and a Deployment's, without Serving (the webhook's from webhook-deployment, which it
+    # includes): two replicas, spread over nodes, at our priority class, never preempting.
+    plain = render("without-serving", workdir=tmp_path_factory.mktemp(f"overlay-ws-{function}"))
+    (deployment,) = (o for o in of_kind(plain, "Deployment") if o["metadata"]["name"] == function)
+    assert deployment["spec"]["replicas"] == 2
+    template = deployment["spec"]["template"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    assert template["spec"]["priorityClassName"] == "kn-rescheduler-critical"
+    (spread,) = template["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    (priority,) = of_kind(base, "PriorityClass")
+    assert priority["metadata"]["name"] == "kn-rescheduler-critical"
+    assert priority["preemptionPolicy"] == "Never"
+    assert priority["globalDefault"] is False
 
 
 # score-nodes had none either until its node cache (it lists and watches Nodes: test_rbac).
