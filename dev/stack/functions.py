@@ -229,6 +229,9 @@ def environment(kubeconfig: Path, **extra: str) -> dict[str, str]:
     env = {"KUBECONFIG": str(kubeconfig), "KN_RESCHEDULER_LOG_LEVEL": "INFO"}
     # The fake kubelet retries on a compressed clock; the functions' thresholds follow it.
     env.update(LOCAL_FUNCTION_SETTINGS)
+    # The tests tick on demand, one tick right after another; production's bound is tested in
+    # tests/handlers/test_ticks.py.
+    env.setdefault("KN_RESCHEDULER_MIN_TICK_INTERVAL", "0s")
     env.update(extra)
     # The local demo namespace list must not include the test namespaces by accident.
     env.setdefault(

@@ -24,11 +24,19 @@ from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import USAGE_SOURCE_PROMETHEUS, Config, ConfigError, describe
 from shared.platform.kube import Kube
 from shared.platform.prometheus import Prometheus
+from shared.platform.ticks import TickGate
 
 FUNCTION = "annotate-usage"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
+
+
+# A tick is only a CloudEvent anyone who reaches the Service can post: at most one full run
+# per KN_RESCHEDULER_MIN_TICK_INTERVAL in this process (shared.platform.ticks).
+TICKS = TickGate(CONFIG.min_tick_interval)
+
+
 if CONFIG.usage_source == USAGE_SOURCE_PROMETHEUS and not CONFIG.prometheus_url:
     raise ConfigError(
         "KN_RESCHEDULER_PROMETHEUS_URL",
@@ -58,7 +66,7 @@ def handler(event: events.Event) -> events.Reply | None:
     if event.type != PING_EVENT_TYPE:
         events.log.info("not a ping (%s); nothing to measure", event.type)
         return None
-    annotator().evaluate()
+    TICKS.run(lambda: annotator().evaluate())
     return None
 
 

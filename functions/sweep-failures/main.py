@@ -15,12 +15,20 @@ from shared.platform import events, logs
 from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
+from shared.platform.ticks import TickGate
 from shared.pods.sweep_failures.handler import Sweeper
 
 FUNCTION = "sweep-failures"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
+
+
+# A tick is only a CloudEvent anyone who reaches the Service can post: at most one full run
+# per KN_RESCHEDULER_MIN_TICK_INTERVAL in this process (shared.platform.ticks).
+TICKS = TickGate(CONFIG.min_tick_interval)
+
+
 events.log.info("configuration", extra={"config": describe(CONFIG)})
 
 _sweeper: Sweeper | None = None
@@ -42,7 +50,7 @@ def handler(event: events.Event) -> events.Reply | None:
     if event.type != PING_EVENT_TYPE:
         events.log.info("not a ping (%s); nothing to sweep", event.type)
         return None
-    sweeper().sweep()
+    TICKS.run(lambda: sweeper().sweep())
     return None
 
 

@@ -177,6 +177,11 @@ class Config:
     # Move pods with the Eviction API (honours PodDisruptionBudgets) instead of a delete.
     use_eviction: bool = False
     dry_run: bool = False
+    # The functions a PingSource drives (sweep-failures, assess-nodes' review, label-nodes,
+    # annotate-usage, rebalance-nodes) start at most one full run per this interval in a
+    # process: a tick sooner than that (anyone can post one to the Service) is answered 202
+    # and logged (shared.platform.ticks). 0 turns the bound off (the local tests tick on demand).
+    min_tick_interval: timedelta = timedelta(seconds=10)
     api_timeout: timedelta = timedelta(seconds=2)
     handled_uids_max: int = 64
     max_retries: int = MAX_RETRIES
@@ -439,6 +444,13 @@ def _as_duration(raw: object, where: str) -> timedelta:
     return duration
 
 
+def _as_interval(raw: object, where: str) -> timedelta:
+    """A duration that may be zero ("0s": no bound)."""
+    if isinstance(raw, str) and raw.strip() in ("0", "0s"):
+        return timedelta(0)
+    return _as_duration(raw, where)
+
+
 def _as_name(raw: object, where: str) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigError(where, f"expected a non-empty name, got {raw!r}")
@@ -594,6 +606,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "namespace": _as_name,
     "crashloop_recent_run": _as_duration,
     "crashloop_pace": _as_duration,
+    "min_tick_interval": _as_interval,
     "waiting_failure_after": _as_duration,
     "reset_after": _as_duration,
     "pending_stuck_after": _as_duration,

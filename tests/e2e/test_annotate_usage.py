@@ -21,7 +21,7 @@ from shared.api.usage import UsageRecord
 from shared.platform.kube import Kube
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_label_nodes import cpu_by_node, reads
-from tests.handlers.conftest import ClientFactory, cloudevent
+from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +62,7 @@ def annotate_usage(cluster: Cluster, function_client: ClientFactory) -> flask.te
     return function_client(
         "annotate-usage",
         KUBECONFIG=str(cluster.kubeconfig),
+        **ON_DEMAND_TICKS,
         KN_RESCHEDULER_PROMETHEUS_URL=cluster.prometheus_url,
         KN_RESCHEDULER_USAGE_RATE_WINDOW="10s",
         KN_RESCHEDULER_USAGE_STALE_AFTER=f"{STALE_AFTER:g}s",

@@ -40,7 +40,7 @@ from shared.platform.config import Config
 from shared.platform.kube import Kube
 from shared.platform.prometheus import Prometheus
 from tests.e2e.conftest import wait_for
-from tests.handlers.conftest import ClientFactory, cloudevent
+from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent
 
 pytestmark = pytest.mark.e2e
 
@@ -137,6 +137,7 @@ def label_nodes(
     return function_client(
         "label-nodes",
         KUBECONFIG=str(cluster.kubeconfig),
+        **ON_DEMAND_TICKS,
         KN_RESCHEDULER_PROMETHEUS_URL=cluster.prometheus_url,
         KN_RESCHEDULER_PRESSURE_RULES_FILE=str(RULES),
         # Two of the four nodes may be labelled; labels go 8 s after their last confirmation.

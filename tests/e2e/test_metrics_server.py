@@ -30,7 +30,7 @@ from shared.api.keys import (
     USAGE_ANNOTATION,
 )
 from shared.api.usage import UsageRecord
-from tests.handlers.conftest import cloudevent
+from tests.handlers.conftest import ON_DEMAND_TICKS, cloudevent
 
 pytestmark = pytest.mark.e2e
 
@@ -294,6 +294,7 @@ def test_annotate_usage_reads_the_metrics_api_when_told_to(
     client = function_client(
         "annotate-usage",
         KUBECONFIG=str(cluster.kubeconfig),
+        **ON_DEMAND_TICKS,
         KN_RESCHEDULER_USAGE_SOURCE="metrics-api",
     )
     headers, body = cloudevent(PING_EVENT_TYPE, {"message": "measure"}, source="/pingsource")

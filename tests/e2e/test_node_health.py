@@ -42,7 +42,7 @@ from shared.workloads.classify import Failure, FailureKind, classify
 from tests import builders
 from tests.e2e.conftest import LOCAL, Webhook, pod_template, wait_for
 from tests.e2e.test_pipeline import workload as workload_body
-from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
+from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent, reply_of
 
 pytestmark = pytest.mark.e2e
 
@@ -173,7 +173,7 @@ def node_events(api: Kube, node: str, reason: str) -> list[dict[str, Any]]:
 @pytest.fixture
 def assess(function_client: ClientFactory, cluster: Any) -> Callable[..., Any]:
     def make(**settings: str) -> Any:
-        env = {"KUBECONFIG": str(cluster.kubeconfig)}
+        env = {"KUBECONFIG": str(cluster.kubeconfig), **ON_DEMAND_TICKS}
         env.update({f"KN_RESCHEDULER_{k.upper()}": v for k, v in settings.items()})
         return function_client("assess-nodes", **env)
 

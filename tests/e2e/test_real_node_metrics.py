@@ -25,7 +25,7 @@ from dev.localcluster import metricsserver as ms
 from shared.api.keys import LOAD_BUCKETS, LOAD_LABEL, PING_EVENT_TYPE, USAGE_ANNOTATION
 from shared.api.usage import UsageRecord
 from tests.e2e.conftest import needs_real_nodes
-from tests.handlers.conftest import cloudevent
+from tests.handlers.conftest import ON_DEMAND_TICKS, cloudevent
 
 pytestmark = [pytest.mark.e2e, needs_real_nodes]
 
@@ -78,6 +78,7 @@ def test_annotate_usage_reads_the_real_kubelets_through_the_metrics_api(
     client = function_client(
         "annotate-usage",
         KUBECONFIG=str(cluster.kubeconfig),
+        **ON_DEMAND_TICKS,
         KN_RESCHEDULER_USAGE_SOURCE="metrics-api",
     )
     headers, body = cloudevent(PING_EVENT_TYPE, {"message": "measure"}, source="/pingsource")

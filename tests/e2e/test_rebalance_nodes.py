@@ -36,7 +36,7 @@ from shared.api.usage import Reading, UsageRecord
 from shared.platform.kube import Kube
 from tests import builders
 from tests.e2e.conftest import earlier_tests_gone, preferring, wait_for
-from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
+from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent, reply_of
 
 pytestmark = pytest.mark.e2e
 
@@ -177,6 +177,7 @@ def rebalance(
     earlier_tests_gone(cluster, namespace)
 
     def make(**env: str) -> flask.testing.FlaskClient:
+        env = {**ON_DEMAND_TICKS, **env}
         return function_client("rebalance-nodes", KUBECONFIG=str(cluster.kubeconfig), **env)
 
     return make

@@ -46,7 +46,7 @@ from tests.e2e.test_rebalance_nodes import (
     streaks_cleared,  # noqa: F401 - the fixture
     write_usage,
 )
-from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
+from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent, reply_of
 
 pytestmark = pytest.mark.e2e
 
@@ -221,7 +221,7 @@ def test_signed_in_as_its_service_account_it_drains_a_node_in_maintenance(
         write_usage(cluster, node, 20.0)
     token = service_account_token(cluster.api_client(), FUNCTION)
     kubeconfig = kubeconfig_for(cluster.server, cluster.ca_file, token, tmp_path / "kubeconfig")
-    client = function_client(FUNCTION, KUBECONFIG=str(kubeconfig))
+    client = function_client(FUNCTION, KUBECONFIG=str(kubeconfig), **ON_DEMAND_TICKS)
 
     headers, body = cloudevent(PING_EVENT_TYPE, {"reason": "rebalance"}, source="/pingsource")
     response = client.post("/", headers=headers, data=body)

@@ -8,7 +8,7 @@ import json
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import flask.testing
 import functions_framework
@@ -19,6 +19,10 @@ from cloudevents.http import CloudEvent
 ROOT = Path(__file__).resolve().parents[2]
 
 ClientFactory = Callable[..., flask.testing.FlaskClient]
+
+# Tests tick a function on demand, one tick right after another: no bound between runs
+# (production's is tested in tests/handlers/test_ticks.py).
+ON_DEMAND_TICKS: Final = {"KN_RESCHEDULER_MIN_TICK_INTERVAL": "0s"}
 
 
 @pytest.fixture

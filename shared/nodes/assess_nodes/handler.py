@@ -81,6 +81,7 @@ from shared.nodes.assess_nodes.decide import (
 from shared.platform import events, kube
 from shared.platform.config import Config
 from shared.platform.recorder import Involved, Recorder
+from shared.platform.ticks import TickGate
 from shared.workloads.classify import Failure, classify, controller_of, still_starting
 from shared.workloads.everywhere import (
     elsewhere_nodes,
@@ -138,6 +139,8 @@ class Assessor:
         # first reports waited behind them: 13 s for the second node of a burst).
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # A review reads every Node: at most one per min_tick_interval (shared.platform.ticks).
+        self._ticks = TickGate(cfg.min_tick_interval)
 
     def _node_lock(self, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -152,7 +155,7 @@ class Assessor:
 
     def handle(self, event: events.Event) -> events.Reply | None:
         if event.type == PING_EVENT_TYPE:
-            self.review()
+            self._ticks.run(self.review)
             return None
         now = self.clock()
         try:
