@@ -307,6 +307,14 @@ def _millis(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 1)
 
 
+def _see_log(what: str, event: Event) -> str:
+    """A 5xx answer's reason: what kind of failure, and where the details are. The details
+    (API paths, object names, RBAC messages) go to the log only: anything that reaches the
+    Service can post an event and read the answer. A dead letter carries this text in its
+    knativeerrordata extension, and the event id leads to the log line."""
+    return f"{what}: see the function's log for event {event.id!r}"
+
+
 def dispatch(event: Event, handler: Handler, *, function: str) -> flask.Response:
     """Run the handler for one parsed event and turn its outcome into an HTTP answer."""
     try:
@@ -319,13 +327,13 @@ def dispatch(event: Event, handler: Handler, *, function: str) -> flask.Response
         return accepted()
     except (kube.Transient, kube.Conflict) as exc:
         log.warning("transient failure, asking for redelivery: %s", exc)
-        return failure(503, str(exc))
+        return failure(503, _see_log("a transient failure, worth a redelivery", event))
     except (kube.Forbidden, kube.Invalid, MustNotAct) as exc:
         log.error("cannot act, needs a person: %s", exc)
-        return failure(500, str(exc))
-    except Exception as exc:
+        return failure(500, _see_log("cannot act, needs a person", event))
+    except Exception:
         log.exception("handler failed")
-        return failure(500, f"{type(exc).__name__}: {exc}")
+        return failure(500, _see_log("the handler failed", event))
     if reply is None:
         return accepted()
     return reply_response(reply, function)

@@ -155,7 +155,8 @@ def test_rbac_refusal_is_answered_500_so_the_event_is_dead_lettered_not_lost(
 
     response = client.post("/", headers=headers, data=body)
     assert response.status_code == 500
-    assert "403" in response.get_json()["error"]
+    # The RBAC message stays in the log; the answer says a person is needed and where to look.
+    assert "cannot act, needs a person" in response.get_json()["error"]
     assert (
         api.get("Pod", namespace, pod["metadata"]["name"])["metadata"]["uid"]
         == pod["metadata"]["uid"]
@@ -184,7 +185,7 @@ def test_a_corrupt_state_annotation_is_never_overwritten(
 
     response = client.post("/", headers=headers, data=body)
     assert response.status_code == 500
-    assert "refusing to act" in response.get_json()["error"]
+    assert "cannot act, needs a person" in response.get_json()["error"]
     rs = api.get("ReplicaSet", namespace, "web")
     assert rs["metadata"]["annotations"][STATE_ANNOTATION] == corrupt
     assert (
