@@ -7,7 +7,7 @@
 # `python` and `pip` are the base's: the stock python image's, or the venv that is first on
 # PATH in the Debian base (Debian's own pip is externally managed, PEP 668).
 #
-# The image holds the runtime dependencies (requirements.txt), shared/, the one function and
+# The image holds the runtime dependencies (requirements.lock, hashed), shared/, the one function and
 # the gunicorn settings every function uses, nothing else. It starts the function exactly as
 # dev/stack/functions.py::command() does locally (tests/e2e/test_function_commands.py compares).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -30,8 +30,10 @@ ARG PIP_INDEX_URL
 # Dependencies first: this layer is shared by all the images and survives code changes. Nothing
 # above it may depend on FUNCTION: a build argument in scope changes the cache key of every RUN
 # after it, and each image would install the dependencies again.
-COPY requirements.txt ./
-RUN pip install --no-cache-dir -r requirements.txt
+# requirements.lock is requirements.txt resolved with every transitive package pinned and
+# hashed (`make lock`): pip refuses any file whose hash it does not list, and resolves nothing.
+COPY requirements.lock ./
+RUN pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock
 
 # The code every function shares, byte-compiled here: the root filesystem is read-only at run
 # time, and a cold start should not compile anything.

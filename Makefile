@@ -3,7 +3,9 @@ SHELL := /bin/bash
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay archive bench bench-quick clean fuzz chaos soak real-nodes
+lock_cmd = pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
+
+.PHONY: lock venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay archive bench bench-quick clean fuzz chaos soak real-nodes
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -11,6 +13,14 @@ $(VENV_STAMP): requirements.txt requirements-dev.txt
 	.venv/bin/pip install --quiet --upgrade pip
 	.venv/bin/pip install --quiet -r requirements-dev.txt
 	touch $@
+
+# requirements.lock: requirements.txt with every transitive package pinned and hashed, what
+# the images install (Dockerfile). Run after changing requirements.txt; pip-tools in a venv of
+# its own, so the lock does not depend on what the dev venv holds.
+lock:
+	python3 -m venv .lock-venv && .lock-venv/bin/pip install --quiet pip-tools==7.6.2
+	PIP_FIND_LINKS= .lock-venv/bin/$(lock_cmd) --rebuild --output-file requirements.lock requirements.txt
+	rm -rf .lock-venv
 
 lint: venv
 	$(PY) -m ruff check .
