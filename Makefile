@@ -5,7 +5,7 @@ VENV_STAMP := .venv/.installed
 
 lock_cmd = pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: lock venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay archive bench bench-quick clean fuzz chaos soak real-nodes
+.PHONY: lock cleanup cleanup-dry-run venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay archive bench bench-quick clean fuzz chaos soak real-nodes
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -21,6 +21,12 @@ lock:
 	python3 -m venv .lock-venv && .lock-venv/bin/pip install --quiet pip-tools==7.6.2
 	PIP_FIND_LINKS= .lock-venv/bin/$(lock_cmd) --rebuild --output-file requirements.lock requirements.txt
 	rm -rf .lock-venv
+
+# After an uninstall: every mark kn-rescheduler wrote, off Nodes and workloads (docs/install.md).
+cleanup: venv
+	$(PY) -m dev.tools.cleanup
+cleanup-dry-run: venv
+	$(PY) -m dev.tools.cleanup --dry-run
 
 lint: venv
 	$(PY) -m ruff check .

@@ -1,0 +1,177 @@
+"""Remove every mark kn-rescheduler wrote, after ``kubectl delete -k`` of its manifests.
+
+Deleting the manifests stops the functions; it does not take back what they wrote on objects
+that are not theirs: the suspect taint (PreferNoSchedule) and labels that steer the scheduler
+away from nodes, the pressure label the webhook's affinities and users' manifests read, usage
+records, and the state on workloads. ``python -m dev.tools.cleanup`` (``make cleanup``) removes
+them, and only them:
+
+- Nodes: the labels ``kn-rescheduler.io/suspect``, ``failing-workloads``, ``moved-off`` and
+  ``load``; the annotations ``node-health``, ``pressure``, ``usage`` and ``hot-streak``; the taint
+  ``kn-rescheduler.io/suspect=true:PreferNoSchedule``. The pressure label (``status=presure``)
+  only where our ``pressure`` annotation says label-nodes wrote it: the same key set by someone
+  else stays, as label-nodes itself leaves it. Never ``kn-rescheduler.io/maintenance`` or
+  ``ignore``: people set those.
+- Deployments, ReplicaSets, StatefulSets and Jobs: the annotation ``kn-rescheduler.io/state``.
+
+Pods keep what the webhook stamped on them: a pod's affinity cannot change, and the pods go
+with their next rollout. Every write is a JSON merge patch of those keys alone, with the
+resourceVersion it was read at (a conflict is read again); ``--dry-run`` sends them with
+``dryRun=All`` and prints what would change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.api.keys import (
+    FAILING_WORKLOADS_LABEL,
+    HOT_STREAK_ANNOTATION,
+    LOAD_LABEL,
+    MOVED_OFF_LABEL,
+    NODE_HEALTH_ANNOTATION,
+    PRESSURE_ANNOTATION,
+    PRESSURE_LABEL_KEY,
+    STATE_ANNOTATION,
+    SUSPECT_LABEL,
+    SUSPECT_TAINT_EFFECT,
+    USAGE_ANNOTATION,
+)
+from shared.platform import kube
+from shared.platform.kube import Kube
+
+NODE_LABELS = (SUSPECT_LABEL, FAILING_WORKLOADS_LABEL, MOVED_OFF_LABEL, LOAD_LABEL)
+NODE_ANNOTATIONS = (
+    NODE_HEALTH_ANNOTATION,
+    PRESSURE_ANNOTATION,
+    USAGE_ANNOTATION,
+    HOT_STREAK_ANNOTATION,
+)
+WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
+ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """One object's patch and the keys it removes (for the report)."""
+
+    kind: str
+    namespace: str | None
+    name: str
+    patch: dict[str, Any]
+    removed: tuple[str, ...]
+
+
+def _ours(taint: Mapping[str, Any]) -> bool:
+    return taint.get("key") == SUSPECT_LABEL and taint.get("effect") == SUSPECT_TAINT_EFFECT
+
+
+def node_cleanup(node: Mapping[str, Any], pressure_key: str = PRESSURE_LABEL_KEY) -> Cleanup | None:
+    """The patch taking our marks off a Node, or None when it carries none (pure)."""
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    taints = (node.get("spec") or {}).get("taints") or []
+    gone_labels = [k for k in NODE_LABELS if k in labels]
+    # Ours only if label-nodes' record says it wrote it (shared/nodes/label_nodes).
+    if PRESSURE_ANNOTATION in annotations and pressure_key in labels:
+        gone_labels.append(pressure_key)
+    gone_annotations = [k for k in NODE_ANNOTATIONS if k in annotations]
+    kept_taints = [t for t in taints if not _ours(t)]
+    metadata: dict[str, Any] = {}
+    if gone_labels:
+        metadata["labels"] = dict.fromkeys(gone_labels)
+    if gone_annotations:
+        metadata["annotations"] = dict.fromkeys(gone_annotations)
+    patch: dict[str, Any] = {}
+    removed = [f"label {k}" for k in gone_labels] + [f"annotation {k}" for k in gone_annotations]
+    if len(kept_taints) != len(taints):
+        # A merge patch replaces the whole list: the resourceVersion below keeps a taint the
+        # node lifecycle controller adds meanwhile from being dropped (a conflict, read again).
+        patch["spec"] = {"taints": kept_taints}
+        removed.append(f"taint {SUSPECT_LABEL}:{SUSPECT_TAINT_EFFECT}")
+    if not metadata and "spec" not in patch:
+        return None
+    metadata["resourceVersion"] = meta.get("resourceVersion", "")
+    patch["metadata"] = metadata
+    return Cleanup("Node", None, str(meta.get("name", "")), patch, tuple(removed))
+
+
+def workload_cleanup(kind: str, obj: Mapping[str, Any]) -> Cleanup | None:
+    """The patch taking our state off a workload, or None when it has none (pure)."""
+    meta = obj.get("metadata") or {}
+    if STATE_ANNOTATION not in (meta.get("annotations") or {}):
+        return None
+    patch = {
+        "metadata": {
+            "annotations": {STATE_ANNOTATION: None},
+            "resourceVersion": meta.get("resourceVersion", ""),
+        }
+    }
+    removed = (f"annotation {STATE_ANNOTATION}",)
+    return Cleanup(kind, meta.get("namespace"), str(meta.get("name", "")), patch, removed)
+
+
+def _apply(api: Kube, kind: str, namespace: str | None, name: str, pressure_key: str) -> str:
+    """Clean one object, reading it again on a conflict. The outcome, for the report."""
+    for _ in range(ATTEMPTS):
+        try:
+            obj = api.get(kind, namespace, name)
+        except kube.NotFound:
+            return "gone"
+        plan = node_cleanup(obj, pressure_key) if kind == "Node" else workload_cleanup(kind, obj)
+        if plan is None:
+            return "clean"
+        try:
+            api.merge_patch(kind, namespace, name, plan.patch)
+        except kube.NotFound:
+            return "gone"
+        except kube.Conflict:
+            continue
+        return "removed " + ", ".join(plan.removed)
+    return f"still changing after {ATTEMPTS} attempts: run again"
+
+
+def clean(api: Kube, *, pressure_key: str = PRESSURE_LABEL_KEY) -> list[str]:
+    """Every mark of ours off every Node and workload; one line per object that had one."""
+    report = []
+    for node in api.list_all("Node"):
+        if node_cleanup(node, pressure_key) is not None:
+            name = node["metadata"]["name"]
+            report.append(f"Node {name}: {_apply(api, 'Node', None, name, pressure_key)}")
+    for kind in WORKLOAD_KINDS:
+        for obj in api.list_all(kind):
+            if workload_cleanup(kind, obj) is not None:
+                meta = obj["metadata"]
+                outcome = _apply(api, kind, meta["namespace"], meta["name"], pressure_key)
+                report.append(f"{kind} {meta['namespace']}/{meta['name']}: {outcome}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="send every write with dryRun=All")
+    parser.add_argument(
+        "--pressure-label-key",
+        default=PRESSURE_LABEL_KEY,
+        help="the key of KN_RESCHEDULER_PRESSURE_LABEL, if you changed it (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        api = Kube.from_environment(dry_run=args.dry_run)
+        report = clean(api, pressure_key=args.pressure_label_key)
+    except kube.KubeError as exc:
+        print(f"cleanup failed: {exc}", file=sys.stderr)
+        return 1
+    for line in report:
+        print(("(dry run) " if args.dry_run else "") + line)
+    print(f"{len(report)} objects carried marks of kn-rescheduler")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""dev/tools/cleanup.py on the real API server: after an uninstall, our marks go, nobody else's.
+
+A node carries what assess-nodes, label-nodes, annotate-usage, rebalance-nodes and
+update-annotations write, beside someone else's taint and labels (one of them the pressure
+label's key, set by someone else on another node); a ReplicaSet carries our state beside its
+owner's annotation. The cleanup removes exactly ours, with compare-and-swap writes, and a second
+run finds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dev.tools import cleanup
+from shared.api.keys import (
+    FAILING_WORKLOADS_LABEL,
+    HOT_STREAK_ANNOTATION,
+    LOAD_LABEL,
+    MAINTENANCE_LABEL,
+    MOVED_OFF_LABEL,
+    NODE_HEALTH_ANNOTATION,
+    PRESSURE_ANNOTATION,
+    PRESSURE_LABEL_KEY,
+    PRESSURE_LABEL_VALUE,
+    STATE_ANNOTATION,
+    SUSPECT_LABEL,
+    SUSPECT_TAINT_EFFECT,
+    USAGE_ANNOTATION,
+)
+from shared.platform.kube import Kube
+from tests import builders
+
+pytestmark = pytest.mark.e2e
+
+OURS_TAINT = {"key": SUSPECT_LABEL, "value": "true", "effect": SUSPECT_TAINT_EFFECT}
+# Same key, another effect: an administrator's, kept.
+THEIR_TAINTS = [
+    {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"},
+    {"key": SUSPECT_LABEL, "value": "true", "effect": "NoSchedule"},
+]
+THEIR_LABELS = {"example.com/team": "blue", MAINTENANCE_LABEL: "true"}
+OUR_LABELS = {
+    SUSPECT_LABEL: "true",
+    FAILING_WORKLOADS_LABEL: "2",
+    MOVED_OFF_LABEL: "1700000000",
+    LOAD_LABEL: "high",
+    PRESSURE_LABEL_KEY: PRESSURE_LABEL_VALUE,
+}
+OUR_ANNOTATIONS = dict.fromkeys(
+    (NODE_HEALTH_ANNOTATION, PRESSURE_ANNOTATION, USAGE_ANNOTATION, HOT_STREAK_ANNOTATION), "{}"
+)
+
+
+@pytest.fixture
+def marked(api: Kube, cluster: Any) -> Iterator[tuple[str, str]]:
+    """node-2 with every mark of ours and others'; node-3 with only someone's status label."""
+    ours, theirs = cluster.nodes[2], cluster.nodes[3]
+    before = {n: api.get("Node", None, n)["spec"].get("taints") for n in (ours, theirs)}
+    api.merge_patch(
+        "Node",
+        None,
+        ours,
+        {
+            "metadata": {
+                "labels": {**OUR_LABELS, **THEIR_LABELS},
+                "annotations": {**OUR_ANNOTATIONS, "example.com/owner": "team-blue"},
+            },
+            "spec": {"taints": [*THEIR_TAINTS, OURS_TAINT]},
+        },
+    )
+    api.merge_patch(
+        "Node", None, theirs, {"metadata": {"labels": {PRESSURE_LABEL_KEY: "maintenance"}}}
+    )
+    yield ours, theirs
+    for name in (ours, theirs):
+        labels = {**dict.fromkeys(OUR_LABELS), **dict.fromkeys(THEIR_LABELS)}
+        notes = {**dict.fromkeys(OUR_ANNOTATIONS), "example.com/owner": None}
+        api.merge_patch("Node", None, name, {"metadata": {"labels": labels, "annotations": notes}})
+        api.merge_patch("Node", None, name, {"spec": {"taints": before[name]}})
+
+
+def test_the_cleanup_removes_our_marks_and_keeps_everyone_elses(
+    api: Kube, namespace: str, marked: tuple[str, str]
+) -> None:
+    ours, theirs = marked
+    annotations = {STATE_ANNOTATION: '{"version":1,"moves":1}', "team": "blue"}
+    api.create(
+        "ReplicaSet",
+        namespace,
+        builders.replicaset("web", replicas=0, annotations=annotations, namespace=namespace),
+    )
+
+    # A dry run changes nothing.
+    dry = cleanup.clean(api.with_options(dry_run=True))
+    assert any(line.startswith(f"Node {ours}: removed") for line in dry)
+    assert SUSPECT_LABEL in api.get("Node", None, ours)["metadata"]["labels"]
+
+    report = cleanup.clean(api)
+    assert f"ReplicaSet {namespace}/web: removed annotation {STATE_ANNOTATION}" in report
+
+    node = api.get("Node", None, ours)
+    labels, notes = node["metadata"].get("labels", {}), node["metadata"].get("annotations", {})
+    assert not set(OUR_LABELS) & set(labels)
+    assert THEIR_LABELS.items() <= labels.items()
+    assert not set(OUR_ANNOTATIONS) & set(notes)
+    assert notes["example.com/owner"] == "team-blue"
+    assert node["spec"]["taints"] == THEIR_TAINTS
+    # Someone else's label of the pressure key (no record of ours beside it) stays.
+    assert api.get("Node", None, theirs)["metadata"]["labels"][PRESSURE_LABEL_KEY] == "maintenance"
+    rs = api.get("ReplicaSet", namespace, "web")
+    assert rs["metadata"]["annotations"] == {"team": "blue"}
+
+    # Nothing left: a second run writes nothing.
+    assert not [line for line in cleanup.clean(api) if namespace in line or ours in line]
