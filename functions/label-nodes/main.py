@@ -22,12 +22,21 @@ from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, ConfigError, describe
 from shared.platform.kube import Kube, KubeError
 from shared.platform.prometheus import Prometheus
+from shared.platform.senders import Senders
 from shared.platform.ticks import TickGate
 
 FUNCTION = "label-nodes"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
+
+# Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
+SENDERS = Senders(
+    FUNCTION,
+    CONFIG.namespace,
+    required=CONFIG.sender_auth == "require",
+    api=Kube.from_environment,
+)
 
 
 # A tick is only a CloudEvent anyone who reaches the Service can post: at most one full run
@@ -82,4 +91,4 @@ def handle(request: flask.Request) -> flask.Response:
             return _json(labeler().labelled_nodes())
         except KubeError as err:
             return _json({"error": str(err)}, 503)
-    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT, senders=SENDERS)

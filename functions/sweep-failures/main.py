@@ -15,6 +15,7 @@ from shared.platform import events, logs
 from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
+from shared.platform.senders import Senders
 from shared.platform.ticks import TickGate
 from shared.pods.sweep_failures.handler import Sweeper
 
@@ -22,6 +23,14 @@ FUNCTION = "sweep-failures"
 logs.configure(FUNCTION)
 CONFIG = Config.from_env(os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
+
+# Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
+SENDERS = Senders(
+    FUNCTION,
+    CONFIG.namespace,
+    required=CONFIG.sender_auth == "require",
+    api=Kube.from_environment,
+)
 
 
 # A tick is only a CloudEvent anyone who reaches the Service can post: at most one full run
@@ -56,4 +65,4 @@ def handler(event: events.Event) -> events.Reply | None:
 
 @functions_framework.http
 def handle(request: flask.Request) -> flask.Response:
-    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT)
+    return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT, senders=SENDERS)

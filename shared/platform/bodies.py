@@ -85,14 +85,23 @@ class BodyLimit:
             message,
             extra={"function": function, "bytes": length, "max_body_bytes": self.max_bytes},
         )
-        payload = json.dumps({"error": message}).encode()
-        # An iterator body makes the response "streamed", and functions-framework's
-        # after-request hook reads the whole request body only for responses that are not:
-        # reading it is what the limit is there to prevent. Content-Length keeps it a plain,
-        # unchunked answer.
-        return flask.Response(
-            iter([payload]),
-            413,
-            mimetype="application/json",
-            headers={"Content-Length": str(len(payload))},
-        )
+        return unread(413, message)
+
+    def declared_too_large(self, request: flask.Request) -> bool:
+        """Whether the declared length alone is over the limit (nothing read)."""
+        return request.content_length is not None and request.content_length > self.max_bytes
+
+
+def unread(status: int, message: str, headers: Mapping[str, str] | None = None) -> flask.Response:
+    """An answer that leaves the request body unread: ``{"error": message}``."""
+    payload = json.dumps({"error": message}).encode()
+    # An iterator body makes the response "streamed", and functions-framework's after-request
+    # hook reads the whole request body only for responses that are not: reading it is what
+    # the limit (or the refusal) is there to prevent. Content-Length keeps it a plain,
+    # unchunked answer.
+    return flask.Response(
+        iter([payload]),
+        status,
+        mimetype="application/json",
+        headers={"Content-Length": str(len(payload)), **(headers or {})},
+    )

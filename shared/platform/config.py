@@ -182,6 +182,11 @@ class Config:
     # process: a tick sooner than that (anyone can post one to the Service) is answered 202
     # and logged (shared.platform.ticks). 0 turns the bound off (the local tests tick on demand).
     min_tick_interval: timedelta = timedelta(seconds=10)
+    # "require": every event must come with an OIDC token Knative Eventing issued to one of
+    # kn-rescheduler's ServiceAccounts for this function's audience (shared.platform.senders;
+    # Eventing's authentication-oidc feature on, the sender-authentication component). "off":
+    # anyone who reaches the Service may post.
+    sender_auth: str = "off"
     api_timeout: timedelta = timedelta(seconds=2)
     handled_uids_max: int = 64
     max_retries: int = MAX_RETRIES
@@ -451,6 +456,16 @@ def _as_interval(raw: object, where: str) -> timedelta:
     return _as_duration(raw, where)
 
 
+SENDER_AUTH_CHOICES: Final = ("off", "require")
+
+
+def _as_sender_auth(raw: object, where: str) -> str:
+    text = raw.strip().lower() if isinstance(raw, str) else raw
+    if text not in SENDER_AUTH_CHOICES:
+        raise ConfigError(where, f"expected one of {', '.join(SENDER_AUTH_CHOICES)}, got {raw!r}")
+    return str(text)
+
+
 def _as_name(raw: object, where: str) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigError(where, f"expected a non-empty name, got {raw!r}")
@@ -607,6 +622,7 @@ _FIELDS: Final[dict[str, Callable[[object, str], Any]]] = {
     "crashloop_recent_run": _as_duration,
     "crashloop_pace": _as_duration,
     "min_tick_interval": _as_interval,
+    "sender_auth": _as_sender_auth,
     "waiting_failure_after": _as_duration,
     "reset_after": _as_duration,
     "pending_stuck_after": _as_duration,

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote
 
 import flask
@@ -43,7 +43,8 @@ from cloudevents.http import CloudEvent, from_http
 
 from shared.api.keys import EVENT_SOURCE_PREFIX
 from shared.platform import kube, logs, metrics
-from shared.platform.bodies import BodyLimit
+from shared.platform.bodies import BodyLimit, unread
+from shared.platform.senders import Senders, SenderVerdict
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,32 @@ def reply_response(reply: Reply, function: str) -> flask.Response:
     return flask.Response(body, status=200, headers=headers)
 
 
+def refused_sender(verdict: SenderVerdict, function: str, request: flask.Request) -> flask.Response:
+    """401, 403 or 503 for a sender shared.platform.senders did not let in; nothing read."""
+    log.warning(
+        "sender refused: %s",
+        verdict.why,
+        extra={
+            "outcome": OUTCOMES.get(verdict.status, "refused"),
+            "status": verdict.status,
+            "remote": request.remote_addr,
+        },
+    )
+    metrics.EVENTS.labels(
+        function=function, type="unauthenticated", outcome=str(verdict.status)
+    ).inc()
+    # The reason says what the token lacked, never whose it was; the body stays unread.
+    challenge = {"WWW-Authenticate": 'Bearer realm="kn-rescheduler"'}
+    return unread(
+        verdict.status,
+        verdict.why if verdict.status == 401 else _REFUSED[verdict.status],
+        challenge if verdict.status == 401 else None,
+    )
+
+
+_REFUSED: Final = {403: "this sender may not post events here", 503: "retry later"}
+
+
 def accepted() -> flask.Response:
     return flask.Response(b"", status=202)
 
@@ -202,7 +229,12 @@ Handler = Callable[[Event], Reply | None]
 
 
 def serve(
-    request: flask.Request, handler: Handler, *, function: str, limit: BodyLimit
+    request: flask.Request,
+    handler: Handler,
+    *,
+    function: str,
+    limit: BodyLimit,
+    senders: Senders | None = None,
 ) -> flask.Response:
     """Parse, log, dispatch, and map the outcome onto Knative's delivery semantics. A body
     over ``limit`` is refused with 413 before it is read (``shared.platform.bodies``)."""
@@ -215,6 +247,10 @@ def serve(
     if request.method != "POST":
         return failure(405, "POST a CloudEvent")
     started = time.perf_counter()
+    if senders is not None and not limit.declared_too_large(request):
+        verdict = senders.check(dict(request.headers.items()))
+        if not verdict.allowed:
+            return refused_sender(verdict, function, request)
     body = limit.read(request)
     if body is None:
         metrics.EVENTS.labels(function=function, type="too-large", outcome="413").inc()

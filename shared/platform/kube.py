@@ -531,6 +531,18 @@ class Kube:
             write=True,
         )
 
+    def review_token(self, token: str, audiences: list[str]) -> JSON:
+        """A TokenReview's status: who the API server says the bearer of ``token`` is, if it
+        was issued for one of ``audiences``. Not a write: never sent as a dry run."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        }
+        answer = self.request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=body)
+        status: JSON = answer.get("status") or {}
+        return status
+
     def create(self, kind: str, namespace: str | None, body: JSON) -> JSON:
         return self.request("POST", path_for(kind, namespace), body=body, write=True)
 

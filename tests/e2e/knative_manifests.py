@@ -36,6 +36,7 @@ COMPONENTS: Final = {
     "state-writes-only": KNATIVE_DIR / "components" / "state-writes-only",
     "without-serving": KNATIVE_DIR / "components" / "without-serving",
     "load-aware-scheduler": KNATIVE_DIR / "components" / "load-aware-scheduler",
+    "sender-authentication": KNATIVE_DIR / "components" / "sender-authentication",
 }
 BARE_POD_OPT_IN: Final = KNATIVE_DIR / "bare-pod-replacement"
 KSVC: Final = "serving.knative.dev/v1"

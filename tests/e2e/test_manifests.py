@@ -33,6 +33,7 @@ from shared.nodes.rebalance_nodes import handler as rebalancer
 from shared.nodes.score_nodes import handler as extender_http
 from shared.platform import metrics
 from shared.platform.config import Config
+from shared.platform.senders import audience_of
 from tests.e2e.knative_manifests import (
     KNATIVE_CRDS,
     KNATIVE_DIR,
@@ -842,3 +843,46 @@ def test_the_dead_letter_sink_runs_without_a_service_account_token(base: list[Ob
     # Knative's event_display reads nothing from the API; a token in it would only be a
     # credential for whoever gets code into the pod.
     assert pod_spec(knative_service(base, "dead-letters"))["automountServiceAccountToken"] is False
+
+
+def test_every_delivery_to_a_function_names_the_audience_the_function_checks(
+    base: list[Obj],
+) -> None:
+    destinations = [(o["kind"], o["spec"]["subscriber"]) for o in of_kind(base, "Trigger")] + [
+        (o["kind"], o["spec"]["sink"]) for o in of_kind(base, "PingSource")
+    ]
+    to_functions = [(k, d) for k, d in destinations if d["ref"]["name"] in FUNCTIONS]
+    assert len(to_functions) >= 7
+    for kind, destination in to_functions:
+        assert destination["audience"] == audience_of(destination["ref"]["name"]), kind
+
+
+def test_sender_authentication_requires_tokens_and_may_only_review_them(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    objs = render("sender-authentication", workdir=tmp_path_factory.mktemp("overlay-sa"))
+    (config,) = (
+        o
+        for o in of_kind(objs, "ConfigMap")
+        if o["metadata"]["name"].startswith("kn-rescheduler-config")
+    )
+    assert config["data"]["KN_RESCHEDULER_SENDER_AUTH"] == "require"
+    assert Config.from_env(config["data"]).sender_auth == "require"
+    (role,) = (
+        o
+        for o in of_kind(objs, "ClusterRole")
+        if o["metadata"]["name"] == "kn-rescheduler-sender-authentication"
+    )
+    assert role["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+    ]
+    (binding,) = (
+        o
+        for o in of_kind(objs, "ClusterRoleBinding")
+        if o["metadata"]["name"] == "kn-rescheduler-sender-authentication"
+    )
+    bound = {s["name"] for s in binding["subjects"]}
+    assert bound == set(FUNCTIONS) - {"mutate-admission", "score-nodes"}
+    # Every Knative Service that reads the settings reads the merged ConfigMap.
+    for ksvc in (o for o in objs if o["apiVersion"] == KSVC and o["metadata"]["name"] in bound):
+        assert Config.from_env(environment(objs, ksvc)).sender_auth == "require"

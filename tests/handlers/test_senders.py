@@ -1,0 +1,62 @@
+"""Every event function, with KN_RESCHEDULER_SENDER_AUTH=require, through its entry point.
+
+No token: 401 with a Bearer challenge, without asking the API server (it is unreachable
+here). A token while the API server cannot review it: 503, which Knative redelivers. The
+review itself, on the real API server: tests/e2e/test_sender_authentication.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.api.keys import PING_EVENT_TYPE
+from tests.handlers.conftest import ClientFactory, cloudevent
+
+EVENT_FUNCTIONS = (
+    "detect-failures",
+    "update-annotations",
+    "sweep-failures",
+    "assess-nodes",
+    "label-nodes",
+    "annotate-usage",
+    "rebalance-nodes",
+)
+
+
+def settings(name: str, kubeconfig: Path) -> dict[str, str]:
+    env = {
+        "KUBECONFIG": str(kubeconfig),
+        "K_SINK": "http://127.0.0.1:9",
+        "KN_RESCHEDULER_SENDER_AUTH": "require",
+    }
+    if name in ("label-nodes", "annotate-usage", "rebalance-nodes"):
+        env["KN_RESCHEDULER_PROMETHEUS_URL"] = "http://127.0.0.1:9"
+    return env
+
+
+@pytest.mark.parametrize("name", EVENT_FUNCTIONS)
+def test_an_event_without_a_token_is_refused_401_and_one_that_cannot_be_reviewed_503(
+    name: str, function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    client = function_client(name, **settings(name, unreachable_kubeconfig))
+    headers, body = cloudevent(PING_EVENT_TYPE, {})
+    anonymous = client.post("/", headers=headers, data=body)
+    assert anonymous.status_code == 401
+    assert anonymous.headers["WWW-Authenticate"] == 'Bearer realm="kn-rescheduler"'
+    assert "kn-rescheduler/" + name in anonymous.get_json()["error"]
+
+    unreviewed = client.post("/", headers={**headers, "Authorization": "Bearer a.b.c"}, data=body)
+    assert unreviewed.status_code == 503
+
+
+def test_a_typo_in_the_setting_stops_the_function_at_start_up(
+    function_client: ClientFactory, unreachable_kubeconfig: Path
+) -> None:
+    with pytest.raises(Exception, match="KN_RESCHEDULER_SENDER_AUTH"):
+        function_client(
+            "detect-failures",
+            KUBECONFIG=str(unreachable_kubeconfig),
+            KN_RESCHEDULER_SENDER_AUTH="required",
+        )
