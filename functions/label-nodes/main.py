@@ -90,5 +90,8 @@ def handle(request: flask.Request) -> flask.Response:
         try:
             return _json(labeler().labelled_nodes())
         except KubeError as err:
-            return _json({"error": str(err)}, 503)
+            # The API path and address in the log only: anyone who reaches the Service reads
+            # the answer.
+            events.log.warning("GET /nodes: cannot list the labelled nodes: %s", err)
+            return _json({"error": "cannot list the labelled nodes: see the function's log"}, 503)
     return events.serve(request, handler, function=FUNCTION, limit=BODY_LIMIT, senders=SENDERS)

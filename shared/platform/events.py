@@ -203,16 +203,21 @@ def refused_sender(verdict: SenderVerdict, function: str, request: flask.Request
     metrics.EVENTS.labels(
         function=function, type="unauthenticated", outcome=str(verdict.status)
     ).inc()
-    # The reason says what the token lacked, never whose it was; the body stays unread.
+    # The reason is in the log line above; the answer says no more than the status, and the
+    # body stays unread.
     challenge = {"WWW-Authenticate": 'Bearer realm="kn-rescheduler"'}
     return unread(
         verdict.status,
-        verdict.why if verdict.status == 401 else _REFUSED[verdict.status],
+        _REFUSED[verdict.status],
         challenge if verdict.status == 401 else None,
     )
 
 
-_REFUSED: Final = {403: "this sender may not post events here", 503: "retry later"}
+_REFUSED: Final = {
+    401: "a bearer token for this function's audience is required",
+    403: "this sender may not post events here",
+    503: "retry later",
+}
 
 
 def accepted() -> flask.Response:

@@ -16,14 +16,19 @@ component), a function answers:
 - 503 when the API server cannot be asked (a redelivery will be).
 
 The API server judges the token (a TokenReview, the ``system:auth-delegator`` way): no keys to
-fetch and rotate, no JWT library. Verdicts are kept for a minute per token (by its hash), so a
-burst of events costs one review. Neither 401 nor 403 is retried by Knative: the event goes to
-the dead-letter sink, where a misconfiguration shows.
+fetch and rotate, no JWT library. What is not a JWT for this audience, or has expired by its own
+claims, is refused without asking (junk costs the API server nothing). A verdict is kept per
+token (by its hash) for a minute or until the token expires, whichever is sooner, so a burst of
+events costs one review; a refusal for an authenticator's error is never kept. Neither 401 nor
+403 is retried by Knative: the event goes to the dead-letter sink, where a misconfiguration
+shows.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -52,6 +57,8 @@ class SenderVerdict:
     allowed: bool
     status: int = 200
     why: str = ""
+    # Whether the verdict may be remembered for the same token.
+    cache: bool = True
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:
@@ -63,18 +70,54 @@ def bearer(headers: Mapping[str, str]) -> str | None:
     return token.strip()
 
 
+def claims(token: str) -> Mapping[str, Any] | None:
+    """The payload of a JWT, read without verifying it (None: not a JWT). Only ever used to
+    refuse early or to remember a verdict for less time; the API server decides the rest."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def precheck(token: str, audience: str, now: float) -> SenderVerdict | None:
+    """A refusal that needs no TokenReview (pure): not a JWT, not for this audience, expired.
+    None: ask the API server. Junk tokens then cost the API server nothing."""
+    payload = claims(token)
+    if payload is None:
+        return SenderVerdict(False, 401, "not a JWT", cache=False)
+    aud = payload.get("aud")
+    audiences = aud if isinstance(aud, list) else [aud]
+    if audience not in audiences:
+        return SenderVerdict(False, 401, f"not a token for {audience}", cache=False)
+    exp = payload.get("exp")
+    if isinstance(exp, int | float) and exp <= now:
+        return SenderVerdict(False, 401, "the token has expired", cache=False)
+    return None
+
+
 def judge(review: Mapping[str, Any], audience: str, namespace: str) -> SenderVerdict:
     """What a TokenReview's status says about a sender (pure)."""
     if not review.get("authenticated"):
+        # Not remembered: an authenticator's passing error must not refuse Knative's next
+        # delivery with the same token (a 401 is not retried: it would be a dead letter).
         error = str(review.get("error") or "the API server did not accept the token")
-        return SenderVerdict(False, 401, f"not authenticated for {audience}: {error}")
+        return SenderVerdict(False, 401, f"not authenticated for {audience}: {error}", cache=False)
     audiences = review.get("audiences") or []
     if audience not in audiences:
         # An API server that ignores the requested audiences answers with its own (or none).
         return SenderVerdict(False, 401, f"the token is not for {audience} (it is for {audiences})")
-    username = str((review.get("user") or {}).get("username") or "")
+    user = review.get("user") or {}
+    username = str(user.get("username") or "")
     ours = f"system:serviceaccount:{namespace}:"
-    if not username.startswith(ours) or len(username) == len(ours):
+    name = username[len(ours) :] if username.startswith(ours) else ""
+    # Exactly one ServiceAccount name after the prefix, and the group only the ServiceAccount
+    # authenticator gives (another authenticator could name a user like one).
+    groups = user.get("groups") or []
+    if not name or ":" in name or f"system:serviceaccounts:{namespace}" not in groups:
         return SenderVerdict(
             False, 403, f"{username or 'an unnamed user'} is not a ServiceAccount of {namespace}"
         )
@@ -92,6 +135,7 @@ class Senders:
         required: bool,
         api: Callable[[], kube.Kube],
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.audience = audience_of(function)
         self.namespace = namespace
@@ -99,6 +143,7 @@ class Senders:
         self._api = api
         self._client: kube.Kube | None = None
         self._clock = clock
+        self._wall = wall
         self._known: dict[str, tuple[float, SenderVerdict]] = {}
         self._lock = threading.Lock()
 
@@ -108,11 +153,14 @@ class Senders:
         token = bearer(headers)
         if token is None:
             return SenderVerdict(False, 401, f"no bearer token (audience {self.audience})")
+        early = precheck(token, self.audience, self._wall())
+        if early is not None:
+            return early
         key = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
         with self._lock:
             known = self._known.get(key)
-        if known is not None and now - known[0] < REMEMBER_SECONDS:
+        if known is not None and now < known[0]:
             return known[1]
         try:
             if self._client is None:
@@ -122,8 +170,19 @@ class Senders:
             log.warning("cannot review a sender's token: %s", exc)
             return SenderVerdict(False, 503, "the API server could not review the token")
         verdict = judge(review, self.audience, self.namespace)
-        with self._lock:
-            if len(self._known) >= REMEMBER_MAX:
-                self._known.clear()
-            self._known[key] = (now, verdict)
+        if verdict.cache:
+            # Until a minute from now or the token's expiry, whichever comes first.
+            exp = (claims(token) or {}).get("exp")
+            left = exp - self._wall() if isinstance(exp, int | float) else REMEMBER_SECONDS
+            with self._lock:
+                if len(self._known) >= REMEMBER_MAX:
+                    self._prune(now)
+                self._known[key] = (now + min(REMEMBER_SECONDS, left), verdict)
         return verdict
+
+    def _prune(self, now: float) -> None:
+        """Drop what has expired; if the table is still full, the oldest half."""
+        self._known = {k: v for k, v in self._known.items() if v[0] > now}
+        if len(self._known) >= REMEMBER_MAX:
+            keep = sorted(self._known.items(), key=lambda kv: kv[1][0])[REMEMBER_MAX // 2 :]
+            self._known = dict(keep)

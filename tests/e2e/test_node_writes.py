@@ -224,3 +224,29 @@ def test_nobody_else_is_fenced(api: Kube, their_node: str, installed: list[Obj])
     dry = api.with_options(dry_run=True)
     written = dry.merge_patch("Node", None, their_node, {"spec": {"taints": [THEIR_TAINT, taint]}})
     assert taint in written["spec"]["taints"]
+
+
+def test_a_taint_of_our_key_someone_else_set_does_not_lock_assess_nodes_out(
+    api: Kube, as_account: Callable[..., Kube], their_node: str
+) -> None:
+    """Found by review: the policy checked every taint of our key and effect for the value
+    "true", so a hand-set one refused every later write of assess-nodes to that node."""
+    manual = {"key": SUSPECT_LABEL, "value": "manual", "effect": SUSPECT_TAINT_EFFECT}
+    taints = api.get("Node", None, their_node)["spec"]["taints"]
+    api.merge_patch("Node", None, their_node, {"spec": {"taints": [*taints, manual]}})
+    writer = as_account("assess-nodes")
+    wait_for(
+        "the policy to be in force",
+        lambda: _refuses(
+            patcher(as_account("assess-nodes", dry_run=True), their_node)(
+                {"spec": {"unschedulable": True}}
+            )
+        ),
+        timeout=30,
+    )
+    record = {"metadata": {"annotations": {NODE_HEALTH_ANNOTATION: '{"version":1}'}}}
+    written = writer.merge_patch("Node", None, their_node, record)
+    assert written["metadata"]["annotations"][NODE_HEALTH_ANNOTATION] == '{"version":1}'
+    # Changing it to another value than ours is still refused.
+    changed = [{**t, "value": "mine"} if t == manual else t for t in written["spec"]["taints"]]
+    refused(patcher(writer, their_node)({"spec": {"taints": changed}}))

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from shared.platform.senders import audience_of, bearer, judge
+from shared.platform.senders import Senders, audience_of, bearer, judge, precheck
+from tests.builders import jwt
 
 AUDIENCE = audience_of("detect-failures")
 NS = "kn-rescheduler"
@@ -47,6 +48,9 @@ TRIGGER_SA = f"system:serviceaccount:{NS}:detect-failures-oidc-eventing.knative.
         (accepted(f"system:serviceaccount:{NS}-evil:x"), 403),  # a lookalike namespace
         (accepted(f"system:serviceaccount:{NS}:"), 403),  # no name at all
         (accepted("jane@example.com"), 403),  # a person's OIDC login
+        (accepted(f"system:serviceaccount:{NS}:a:b"), 403),  # one name, no more segments
+        # A user named like our ServiceAccount by another authenticator: no such group.
+        ({**accepted(TRIGGER_SA), "user": {"username": TRIGGER_SA, "groups": []}}, 403),
     ],
 )
 def test_only_a_serviceaccount_of_our_namespace_with_our_audience_may_post(
@@ -76,3 +80,58 @@ def test_the_bearer_token_is_read_from_the_authorization_header(
 
 def test_each_function_has_its_own_audience() -> None:
     assert audience_of("detect-failures") != audience_of("update-annotations")
+
+
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("token", "refused"),
+    [
+        ("not-a-token", True),
+        ("a.b.c", True),  # three parts, no JSON
+        (jwt(aud=["https://kubernetes.default.svc"], exp=NOW + 600), True),
+        (jwt(aud=[AUDIENCE], exp=NOW - 1), True),  # expired by its own claim
+        (jwt(aud=[AUDIENCE], exp=NOW + 600), False),  # the API server decides
+        (jwt(aud=AUDIENCE), False),  # aud as a single string
+    ],
+)
+def test_junk_is_refused_without_asking_the_api_server(token: str, refused: bool) -> None:
+    verdict = precheck(token, AUDIENCE, NOW)
+    assert (verdict is not None) is refused
+    if verdict is not None:
+        assert verdict.status == 401 and not verdict.cache
+
+
+class Reviews:
+    """The TokenReview answers of a scripted API server, counted."""
+
+    def __init__(self, *answers: dict[str, Any]) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        self.asked += 1
+        return self.answers.pop(0)
+
+
+def test_a_verdict_is_remembered_until_the_token_expires_and_an_error_never() -> None:
+    clock = [100.0]
+    reviews = Reviews(REFUSED, accepted(TRIGGER_SA), accepted(TRIGGER_SA))
+    senders = Senders(
+        "detect-failures",
+        NS,
+        required=True,
+        api=lambda: reviews,  # type: ignore[arg-type,return-value]
+        clock=lambda: clock[0],
+        wall=lambda: NOW + clock[0] - 100.0,
+    )
+    token = {"Authorization": "Bearer " + jwt(aud=[AUDIENCE], exp=NOW + 20)}
+    assert senders.check(token).status == 401  # an authenticator's hiccup...
+    assert senders.check(token).allowed  # ...is not remembered: asked again
+    clock[0] += 19
+    assert senders.check(token).allowed  # remembered
+    assert reviews.asked == 2
+    clock[0] += 2  # past the token's own expiry (20 s), well before a minute
+    assert senders.check(token).status == 401  # refused by its claim, without a review
+    assert reviews.asked == 2
