@@ -88,12 +88,13 @@ def test_the_image_holds_the_function_its_settings_and_shared_code_only() -> Non
     text = (REPO_ROOT / "Dockerfile").read_text()
     copies = re.findall(r"^COPY (\S+) (\S+)$", text, flags=re.MULTILINE)
     assert copies == [
-        ("requirements.txt", "./"),
+        ("requirements.lock", "./"),
         ("shared/", "shared/"),
         ("functions/gunicorn.conf.py", "functions/gunicorn.conf.py"),
         ("functions/${FUNCTION}/", "functions/${FUNCTION}/"),
     ]
-    assert "pip install --no-cache-dir -r requirements.txt" in text
+    # Every package pinned and hashed (tests/unit/test_lock.py checks the lock itself).
+    assert "pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock" in text
     (user,) = re.findall(r"^USER (\S+)$", text, flags=re.MULTILINE)
     assert user.split(":")[0].isdigit() and user.split(":")[0] != "0", "a numeric non-root user"
 
