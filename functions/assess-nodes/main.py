@@ -26,12 +26,7 @@ CONFIG = Config.from_env(os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 
 # Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
-SENDERS = Senders(
-    FUNCTION,
-    CONFIG.namespace,
-    required=CONFIG.sender_auth == "require",
-    api=Kube.from_environment,
-)
+SENDERS = Senders.from_config(FUNCTION, CONFIG)
 events.log.info("configuration", extra={"config": describe(CONFIG)})
 
 _assessor: Assessor | None = None

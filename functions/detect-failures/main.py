@@ -13,7 +13,6 @@ import functions_framework
 from shared.platform import events, logs
 from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
-from shared.platform.kube import Kube
 from shared.platform.senders import Senders
 from shared.pods.detect_failures.decide import detect
 
@@ -23,12 +22,7 @@ CONFIG = Config.from_env(os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 
 # Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
-SENDERS = Senders(
-    FUNCTION,
-    CONFIG.namespace,
-    required=CONFIG.sender_auth == "require",
-    api=Kube.from_environment,
-)
+SENDERS = Senders.from_config(FUNCTION, CONFIG)
 events.log.info("configuration", extra={"config": describe(CONFIG)})
 
 

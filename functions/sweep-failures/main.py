@@ -25,12 +25,7 @@ CONFIG = Config.from_env(os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 
 # Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
-SENDERS = Senders(
-    FUNCTION,
-    CONFIG.namespace,
-    required=CONFIG.sender_auth == "require",
-    api=Kube.from_environment,
-)
+SENDERS = Senders.from_config(FUNCTION, CONFIG)
 
 
 # A tick is only a CloudEvent anyone who reaches the Service can post: at most one full run

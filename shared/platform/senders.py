@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from shared.platform import kube
+from shared.platform.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,17 @@ class Senders:
         self._wall = wall
         self._known: dict[str, tuple[float, SenderVerdict]] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, function: str, config: Config) -> Senders:
+        """A function's check as its settings say (KN_RESCHEDULER_SENDER_AUTH), reviewing with
+        its own credentials, built when the first token comes."""
+        return cls(
+            function,
+            config.namespace,
+            required=config.sender_auth == "require",
+            api=kube.Kube.from_environment,
+        )
 
     def check(self, headers: Mapping[str, str]) -> SenderVerdict:
         if not self.required:
