@@ -25,6 +25,15 @@ ClientFactory = Callable[..., flask.testing.FlaskClient]
 ON_DEMAND_TICKS: Final = {"KN_RESCHEDULER_MIN_TICK_INTERVAL": "0s"}
 
 
+def settings(name: str, kubeconfig: Path, **more: str) -> dict[str, str]:
+    """What function ``name`` needs to start, nobody listening behind it: its API server
+    (``kubeconfig``), sweep-failures' sink, the node functions' Prometheus."""
+    env = {"KUBECONFIG": str(kubeconfig), "K_SINK": "http://127.0.0.1:9", **more}
+    if name in ("label-nodes", "annotate-usage", "rebalance-nodes"):
+        env.setdefault("KN_RESCHEDULER_PROMETHEUS_URL", "http://127.0.0.1:9")
+    return env
+
+
 @pytest.fixture
 def function_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[ClientFactory]:
     """A test client for functions/NAME/main.py, loaded with the given environment."""

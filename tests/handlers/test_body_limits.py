@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shared.platform.bodies import EVENT_MAX_BODY, EXTENDER_MAX_BODY, MAX_BODY_ENV
-from tests.handlers.conftest import ClientFactory, cloudevent
+from tests.handlers.conftest import ClientFactory, cloudevent, settings
 from tests.handlers.test_mutate_admission_limits import Untouchable
 
 # Every function and the path its callers POST to, with its default limit.
@@ -44,14 +44,6 @@ class Trickle(io.RawIOBase):
         self.left -= n
         self.read_bytes += n
         return n
-
-
-def settings(name: str, kubeconfig: Path, **more: str) -> dict[str, str]:
-    """What ``name`` needs to start: the node functions read Prometheus (nobody listens)."""
-    env = {"KUBECONFIG": str(kubeconfig), **more}
-    if name in ("label-nodes", "annotate-usage", "rebalance-nodes"):
-        env["KN_RESCHEDULER_PROMETHEUS_URL"] = "http://127.0.0.1:9"
-    return env
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

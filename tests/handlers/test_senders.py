@@ -15,7 +15,7 @@ import pytest
 from shared.api.keys import PING_EVENT_TYPE
 from shared.platform.senders import audience_of
 from tests.builders import jwt
-from tests.handlers.conftest import ClientFactory, cloudevent
+from tests.handlers.conftest import ClientFactory, cloudevent, settings
 
 EVENT_FUNCTIONS = (
     "detect-failures",
@@ -28,22 +28,13 @@ EVENT_FUNCTIONS = (
 )
 
 
-def settings(name: str, kubeconfig: Path) -> dict[str, str]:
-    env = {
-        "KUBECONFIG": str(kubeconfig),
-        "K_SINK": "http://127.0.0.1:9",
-        "KN_RESCHEDULER_SENDER_AUTH": "require",
-    }
-    if name in ("label-nodes", "annotate-usage", "rebalance-nodes"):
-        env["KN_RESCHEDULER_PROMETHEUS_URL"] = "http://127.0.0.1:9"
-    return env
-
-
 @pytest.mark.parametrize("name", EVENT_FUNCTIONS)
 def test_an_event_without_a_token_is_refused_401_and_one_that_cannot_be_reviewed_503(
     name: str, function_client: ClientFactory, unreachable_kubeconfig: Path
 ) -> None:
-    client = function_client(name, **settings(name, unreachable_kubeconfig))
+    client = function_client(
+        name, **settings(name, unreachable_kubeconfig, KN_RESCHEDULER_SENDER_AUTH="require")
+    )
     headers, body = cloudevent(PING_EVENT_TYPE, {})
     anonymous = client.post("/", headers=headers, data=body)
     assert anonymous.status_code == 401

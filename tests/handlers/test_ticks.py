@@ -15,17 +15,10 @@ from pathlib import Path
 import pytest
 
 from shared.api.keys import PING_EVENT_TYPE
-from tests.handlers.conftest import ClientFactory, cloudevent
+from tests.handlers.conftest import ClientFactory, cloudevent, settings
 
 TICKED = ("sweep-failures", "assess-nodes", "label-nodes", "annotate-usage", "rebalance-nodes")
 NOT_RUN = "tick not run"
-
-
-def settings(name: str, kubeconfig: Path, **more: str) -> dict[str, str]:
-    env = {"KUBECONFIG": str(kubeconfig), "K_SINK": "http://127.0.0.1:9", **more}
-    if name in ("label-nodes", "annotate-usage", "rebalance-nodes"):
-        env["KN_RESCHEDULER_PROMETHEUS_URL"] = "http://127.0.0.1:9"
-    return env
 
 
 def tick(client: object) -> int:
