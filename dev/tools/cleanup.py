@@ -41,6 +41,7 @@ from shared.api.keys import (
     SUSPECT_TAINT_EFFECT,
     USAGE_ANNOTATION,
 )
+from shared.nodes.assess_nodes.decide import is_our_taint
 from shared.platform import kube
 from shared.platform.kube import Kube
 
@@ -66,10 +67,6 @@ class Cleanup:
     removed: tuple[str, ...]
 
 
-def _ours(taint: Mapping[str, Any]) -> bool:
-    return taint.get("key") == SUSPECT_LABEL and taint.get("effect") == SUSPECT_TAINT_EFFECT
-
-
 def node_cleanup(node: Mapping[str, Any], pressure_key: str = PRESSURE_LABEL_KEY) -> Cleanup | None:
     """The patch taking our marks off a Node, or None when it carries none (pure)."""
     meta = node.get("metadata") or {}
@@ -81,7 +78,7 @@ def node_cleanup(node: Mapping[str, Any], pressure_key: str = PRESSURE_LABEL_KEY
     if PRESSURE_ANNOTATION in annotations and pressure_key in labels:
         gone_labels.append(pressure_key)
     gone_annotations = [k for k in NODE_ANNOTATIONS if k in annotations]
-    kept_taints = [t for t in taints if not _ours(t)]
+    kept_taints = [t for t in taints if not is_our_taint(t)]
     metadata: dict[str, Any] = {}
     if gone_labels:
         metadata["labels"] = dict.fromkeys(gone_labels)

@@ -59,7 +59,7 @@ class BodyLimit:
     def read(self, request: flask.Request) -> bytes | None:
         """The body, or None when it is longer than the limit: refused on its declared length
         before a byte is read, or once more than the limit has arrived (a chunked body)."""
-        if request.content_length is not None and request.content_length > self.max_bytes:
+        if self.declared_too_large(request):
             return None
         pieces: list[bytes] = []
         total = 0

@@ -599,10 +599,12 @@ class NodeFacts:
 
     @property
     def tainted(self) -> bool:
-        return any(_is_our_taint(t) for t in self.taints)
+        return any(is_our_taint(t) for t in self.taints)
 
 
-def _is_our_taint(taint: Mapping[str, Any]) -> bool:
+def is_our_taint(taint: Mapping[str, Any]) -> bool:
+    """The suspect taint: our key with PreferNoSchedule (the same key with another effect is
+    someone else's)."""
     return taint.get("key") == SUSPECT_LABEL and taint.get("effect") == SUSPECT_TAINT_EFFECT
 
 
@@ -823,7 +825,7 @@ def node_patch(
     body: dict[str, Any] = {}
     want_taint = suspect and taint
     if want_taint != node.tainted:
-        others = [dict(t) for t in node.taints if not _is_our_taint(t)]
+        others = [dict(t) for t in node.taints if not is_our_taint(t)]
         if want_taint:
             others.append(
                 {"key": SUSPECT_LABEL, "value": SUSPECT_VALUE, "effect": SUSPECT_TAINT_EFFECT}
