@@ -42,6 +42,7 @@ from dev.localcluster import (
     knative,
     kwok,
     metricsserver,
+    networkpolicies,
     nodeimages,
     pki,
     realnode,
@@ -864,6 +865,36 @@ class Cluster:
         except knative.KnativeError as e:
             raise ClusterError(str(e)) from e
         return directory
+
+    def install_network_policies(self, timeout: float = 300.0) -> None:
+        """kube-network-policies on every real node (networkpolicies.py): from then on the
+        cluster's NetworkPolicies refuse what they do not allow, as a CNI that enforces them
+        does. Real nodes only: a kwok node runs no pod and filters nothing."""
+        if self.realnodes is None or self.registry is None:
+            raise ClusterError("NetworkPolicies are enforced on a cluster of real nodes only")
+        try:
+            networkpolicies.install(
+                self.registry,
+                self.bins_dir / "kubectl",
+                self.kubeconfig,
+                real_nodes_only=bool(self.kwok_nodes),
+                ready=self._network_policies_missing,
+                deadline=time.monotonic() + timeout,
+            )
+        except addons.AddonError as e:
+            raise ClusterError(str(e)) from e
+        self._say("NetworkPolicies enforced (kube-system/kube-network-policies)")
+
+    def _network_policies_missing(self) -> str | None:
+        path = (
+            f"/apis/apps/v1/namespaces/{networkpolicies.NAMESPACE}/daemonsets/"
+            f"{networkpolicies.NAME}"
+        )
+        try:
+            daemonset = self.rest.get(path)
+        except ApiError:
+            daemonset = None  # asked again until the deadline, which names what is missing
+        return networkpolicies.missing_on(daemonset, len(self.real_nodes))
 
     def _coredns_available(self) -> bool:
         try:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dev.localcluster import networkpolicies
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE
 from tests.e2e.conftest import kubectl, needs_real_nodes, real_cluster
@@ -42,11 +43,18 @@ def in_pod(c: Cluster, name: str, *command: str) -> str:
     return kubectl(c, "exec", name, "--", *command)
 
 
-def start_pod(c: Cluster, name: str, node: str, script: str, labels: dict[str, str]) -> None:
+def start_pod(
+    c: Cluster,
+    name: str,
+    node: str,
+    script: str,
+    labels: dict[str, str],
+    namespace: str = "default",
+) -> None:
     manifest: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "nodeName": node,
             "terminationGracePeriodSeconds": 1,
@@ -55,7 +63,7 @@ def start_pod(c: Cluster, name: str, node: str, script: str, labels: dict[str, s
             ],
         },
     }
-    c.rest.post("/api/v1/namespaces/default/pods", manifest)
+    c.rest.post(f"/api/v1/namespaces/{namespace}/pods", manifest)
 
 
 def ready(c: Cluster, name: str) -> bool:
@@ -202,3 +210,86 @@ def test_a_second_cluster_runs_beside_the_first_with_a_network_of_its_own(
     # The first cluster's network is untouched by the second's start and stop.
     body = in_pod(net, "client", "timeout", "10", "wget", "-qO-", f"http://{web}/")
     assert body.strip() == f"served-by-{SERVER_NODE}"
+
+
+STRANGERS = "strangers"
+SLEEPER = "trap 'exit 0' TERM; sleep 3600 & wait"
+
+
+def reaches(c: Cluster, namespace: str, name: str, url: str) -> bool:
+    """Whether pod ``name`` gets an answer from ``url`` (a refused connection is dropped, so
+    wget's own 3 s timeout ends the try)."""
+    done = subprocess.run(
+        [
+            *(str(c.bins_dir / "kubectl"), f"--kubeconfig={c.kubeconfig}"),
+            *("exec", "-n", namespace, name, "--", "wget", "-T", "3", "-qO-", url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def enforced(net: Cluster, web: str) -> Cluster:
+    """kube-network-policies on every node, and two pods of another namespace: one on the web
+    server's node (bridged to it), one on the other node (routed)."""
+    lacking = networkpolicies.kernel_lacks_queue(networkpolicies.kernel_configs())
+    if lacking is not None:
+        pytest.skip(lacking)
+    net.install_network_policies()
+    kubectl(net, "create", "namespace", STRANGERS)
+    for name, node in (("near", SERVER_NODE), ("far", CLIENT_NODE)):
+        start_pod(net, name, node, SLEEPER, {}, namespace=STRANGERS)
+    eventually(
+        lambda: all(
+            any(
+                x["type"] == "Ready" and x["status"] == "True"
+                for x in net.rest.get(f"/api/v1/namespaces/{STRANGERS}/pods/{n}")
+                .get("status", {})
+                .get("conditions", [])
+            )
+            for n in ("near", "far")
+        ),
+        "the strangers' pods to be ready",
+    )
+    return net
+
+
+def test_the_nodes_enforce_a_network_policy_on_pods_of_another_namespace(
+    enforced: Cluster,
+) -> None:
+    c = enforced
+    url = f"http://{pod(c, 'web')['status']['podIP']}:8080/"
+    strangers = [(STRANGERS, "near"), (STRANGERS, "far")]
+    # Without a policy, everything reaches everything.
+    assert all(reaches(c, ns, name, url) for ns, name in strangers)
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "web-from-its-namespace", "namespace": "default"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {}}]}],
+        },
+    }
+    policies = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
+    c.rest.post(policies, policy)
+    try:
+        for ns, name in strangers:
+            eventually(
+                lambda ns=ns, name=name: not reaches(c, ns, name, url),  # type: ignore[misc]
+                f"{ns}/{name} to be refused by the policy",
+            )
+        # Its own namespace still gets through, across nodes.
+        assert reaches(c, "default", "client", url)
+    finally:
+        c.rest.delete(f"{policies}/web-from-its-namespace")
+    for ns, name in strangers:
+        eventually(
+            lambda ns=ns, name=name: reaches(c, ns, name, url),  # type: ignore[misc]
+            f"{ns}/{name} to get through once the policy is gone",
+        )
