@@ -531,7 +531,7 @@ def test_every_pod_we_install_passes_the_restricted_pod_security_profile(
 def test_the_network_policy_admits_only_the_api_server_to_the_webhook_port(
     base: list[Obj], with_network_policy: list[Obj], with_webhook_deployment: list[Obj]
 ) -> None:
-    (policy,) = of_kind(with_network_policy, "NetworkPolicy")
+    policy = find(with_network_policy, "NetworkPolicy", "mutate-admission-from-api-server")
     selector = policy["spec"]["podSelector"]["matchLabels"]
     # It selects the webhook's pods in both variants, and nothing else.
     ksvc_labels = knative_service(base, "mutate-admission")["spec"]["template"]["metadata"][
@@ -550,6 +550,84 @@ def test_the_network_policy_admits_only_the_api_server_to_the_webhook_port(
     assert [p["port"] for p in to_webhook["ports"]] == [webhook_port["containerPort"]]
     assert "from" not in to_queue_proxy
     assert webhook_port["containerPort"] not in {p["port"] for p in to_queue_proxy["ports"]}
+
+
+def selected_by(policy: Obj, labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy's podSelector selects a pod with ``labels`` (the two forms the
+    shipped policies use: matchLabels and In expressions)."""
+    selector = policy["spec"]["podSelector"]
+    if not (selector.get("matchLabels") or {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def pod_labels(objs: list[Obj]) -> dict[str, dict[str, str]]:
+    """Workload name -> its pods' labels, for every pod template in our namespace."""
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"]
+        for o in objs
+        if o["metadata"].get("namespace") == NAMESPACE
+        and "spec" in ((o.get("spec") or {}).get("template") or {})
+    }
+
+
+def event_receivers(objs: list[Obj]) -> set[str]:
+    """Every Service that Knative delivers to: Triggers' subscribers, sources' sinks, and the
+    Broker's and Triggers' dead-letter sinks."""
+    refs = []
+    for o in objs:
+        spec = o.get("spec") or {}
+        refs += [spec.get("subscriber"), spec.get("sink")]
+        refs.append((spec.get("delivery") or {}).get("deadLetterSink"))
+    return {r["ref"]["name"] for r in refs if r and "ref" in r and r["ref"]["kind"] == "Service"}
+
+
+@pytest.mark.parametrize("variant", ["knative-serving", "without-serving"])
+def test_the_functions_knative_delivers_to_take_connections_from_knatives_namespaces_only(
+    variant: str, base: list[Obj], tmp_path: Path
+) -> None:
+    objs = base if variant == "knative-serving" else render(variant, workdir=tmp_path)
+    policy = find(objs, "NetworkPolicy", "event-functions-from-knative")
+    pods = pod_labels(objs)
+    receivers = event_receivers(objs)
+    assert {"detect-failures", "update-annotations", "sweep-failures", "dead-letters"} <= receivers
+    # Every pod Knative delivers to is isolated by it; the webhook and the extender, which the
+    # API server and a scheduler call from addresses we cannot name, are not.
+    assert {n for n, labels in pods.items() if selected_by(policy, labels)} == receivers
+    assert not selected_by(policy, pods["mutate-admission"])
+    assert not selected_by(policy, pods["score-nodes"])
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    assert set(source) == {"namespaceSelector"}  # whole namespaces, not pods or addresses
+    (expression,) = source["namespaceSelector"]["matchExpressions"]
+    # The label the API server sets from the namespace's name, which nobody can change.
+    assert expression["key"] == "kubernetes.io/metadata.name"
+    assert expression["operator"] == "In"
+    assert "knative-eventing" in expression["values"]
+    assert NAMESPACE not in expression["values"]
+    assert "ports" not in rule  # queue-proxy's ports with Serving, the function's without
+
+
+def test_prometheus_may_scrape_the_isolated_functions_and_isolates_nothing_else(
+    base: list[Obj], with_monitoring: list[Obj]
+) -> None:
+    policy = find(with_monitoring, "NetworkPolicy", "functions-metrics-from-prometheus")
+    isolated = find(base, "NetworkPolicy", "event-functions-from-knative")
+    pods = pod_labels(with_monitoring)
+    scraped = {n for n, labels in pods.items() if selected_by(policy, labels)}
+    assert scraped == {n for n, labels in pods.items() if selected_by(isolated, labels)} - {
+        "dead-letters"
+    }
+    assert not scraped & {"mutate-admission", "score-nodes"}
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [
+        container(knative_service(base, "detect-failures"))["ports"][0]["containerPort"]
+    ]
 
 
 # -- bare pods: the per-namespace opt-in -------------------------------------------------------
@@ -796,7 +874,7 @@ def test_the_network_policy_is_accepted_once_its_cidr_is_set_and_refused_before(
 ) -> None:
     _accepted(_dry_run(cluster, with_network_policy), with_network_policy)
     unset = render("webhook-network-policy", workdir=tmp_path)
-    (policy,) = of_kind(unset, "NetworkPolicy")
+    policy = find(unset, "NetworkPolicy", "mutate-admission-from-api-server")
     done = _dry_run(cluster, [policy])
     assert done.returncode != 0, "the placeholder CIDR was accepted"
     assert "cidr" in done.stderr
