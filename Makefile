@@ -52,8 +52,10 @@ adapter-bin:
 e2e: venv cluster-bins adapter-bin
 	$(PY) -m pytest -m e2e -q
 
+# Ends with the 20 slowest tests (setup, call and teardown apart), so that every run, CI's
+# included, shows where the time goes.
 test: venv cluster-bins adapter-bin
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 # Property-based fuzzing of every HTTP entry point and every annotation we parse (tests/fuzz).
 # `make test` runs a short, fixed version; this one runs 1,000 examples a property, random,
