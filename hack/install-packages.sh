@@ -47,6 +47,9 @@ command -v containerd >/dev/null || apt_packages+=" containerd"
 # network namespace), and the nodes' processes are started there with util-linux's nsenter.
 [[ -x /usr/sbin/iptables-restore ]] || apt_packages+=" iptables"
 command -v nsenter >/dev/null || apt_packages+=" util-linux"
+# NetworkPolicies on the real nodes: kube-router's firewall keeps its selectors in ipsets
+# (dev/localcluster/networkpolicies.py).
+command -v ipset >/dev/null || apt_packages+=" ipset"
 # Knative Eventing's images (hack/build-knative-eventing.sh): a registry on loopback for ko's
 # base image, asked with curl, whose base holds the machine's CA certificates.
 command -v curl >/dev/null || apt_packages+=" curl"

@@ -866,35 +866,48 @@ class Cluster:
             raise ClusterError(str(e)) from e
         return directory
 
-    def install_network_policies(self, timeout: float = 300.0) -> None:
-        """kube-network-policies on every real node (networkpolicies.py): from then on the
-        cluster's NetworkPolicies refuse what they do not allow, as a CNI that enforces them
+    def install_network_policies(self, timeout: float = 120.0) -> None:
+        """kube-router's firewall on every real node (networkpolicies.py): from then on the
+        cluster's NetworkPolicies refuse what they do not admit, as a CNI that enforces them
         does. Real nodes only: a kwok node runs no pod and filters nothing."""
-        if self.realnodes is None or self.registry is None:
+        nodes = self.realnodes
+        if nodes is None or nodes.net is None:
             raise ClusterError("NetworkPolicies are enforced on a cluster of real nodes only")
+        if not realnode.bridged_traffic_filtered():
+            raise ClusterError(
+                "NetworkPolicies cannot be enforced here: bridged traffic skips iptables "
+                f"({realnode.BRIDGE_NF_CALL_IPTABLES} is not 1: load br_netfilter), so every "
+                "Service connection leaves with its node's address and no policy can tell "
+                "senders apart"
+            )
+        missing = networkpolicies.missing_tools()
+        if missing:
+            raise ClusterError(
+                f"enforcing NetworkPolicies needs {', '.join(missing)} (Debian: "
+                "hack/install-packages.sh installs them)"
+            )
         try:
-            networkpolicies.install(
-                self.registry,
+            directory = networkpolicies.ensure()
+            manifest = (directory / networkpolicies.RBAC_MANIFEST).read_text()
+            addons.apply(
                 self.bins_dir / "kubectl",
                 self.kubeconfig,
-                real_nodes_only=bool(self.kwok_nodes),
-                ready=self._network_policies_missing,
-                deadline=time.monotonic() + timeout,
+                networkpolicies.rbac_documents(manifest),
             )
         except addons.AddonError as e:
             raise ClusterError(str(e)) from e
-        self._say("NetworkPolicies enforced (kube-system/kube-network-policies)")
-
-    def _network_policies_missing(self) -> str | None:
-        path = (
-            f"/apis/apps/v1/namespaces/{networkpolicies.NAMESPACE}/daemonsets/"
-            f"{networkpolicies.NAME}"
-        )
-        try:
-            daemonset = self.rest.get(path)
-        except ApiError:
-            daemonset = None  # asked again until the deadline, which names what is missing
-        return networkpolicies.missing_on(daemonset, len(self.real_nodes))
+        nodes.start_firewalls(directory / networkpolicies.BINARY)
+        deadline = time.monotonic() + timeout
+        waiting = [n.address for n in nodes.net.nodes]
+        while waiting := [a for a in waiting if not networkpolicies.healthy(a)]:
+            nodes.check_alive()  # a firewall that exited says why, with its log
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"kube-router's firewall is not healthy in time on {waiting}; see its logs "
+                    f"(kube-router-<node>.log) in {self.log_dir}"
+                )
+            time.sleep(0.5)
+        self._say("NetworkPolicies enforced (kube-router's firewall on every real node)")
 
     def _coredns_available(self) -> bool:
         try:

@@ -56,7 +56,7 @@ from typing import Any, Final
 
 import yaml
 
-from dev.localcluster import hostchanges, nodenet, pki
+from dev.localcluster import hostchanges, networkpolicies, nodenet, pki
 from dev.localcluster.nodeimages import (
     IMAGE_HOST,
     KNATIVE_RELEASES_HOST,
@@ -389,10 +389,31 @@ def kubelet_config(
     }
 
 
-def kube_proxy_config(node: NodeLayout, *, cluster_cidr: str) -> dict[str, Any]:
+BRIDGE_NF_CALL_IPTABLES: Final = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+
+
+def bridged_traffic_filtered(sysctl: Path = BRIDGE_NF_CALL_IPTABLES) -> bool:
+    """Whether the kernel passes bridged frames through iptables (br_netfilter loaded and on):
+    then a reply between two pods of one bridge meets the conntrack entry that un-NATs it."""
+    try:
+        return sysctl.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def kube_proxy_config(
+    node: NodeLayout, *, cluster_cidr: str, masquerade_all: bool = False
+) -> dict[str, Any]:
     """kube-proxy in iptables mode, as a DaemonSet's would run, minus what reaches past its node:
     conntrack's table size and timeouts (``nf_conntrack_max`` is machine-wide; 0 leaves each
-    as it is) and its own OOM score."""
+    as it is) and its own OOM score.
+
+    A pod's connection to a Service keeps the pod's address, as in a cluster (kube-proxy
+    masquerades only what comes from outside ``clusterCIDR``): NetworkPolicies select senders
+    by their pod address, and would see every sender as its node otherwise. ``masquerade_all``
+    is for a machine whose bridged traffic skips iptables (no br_netfilter): there a reply from
+    a backend on the sender's own bridge would skip the un-NAT, so every Service connection
+    leaves with the node's address instead, and NetworkPolicies cannot be enforced."""
     leave = "0s"
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
@@ -405,10 +426,7 @@ def kube_proxy_config(node: NodeLayout, *, cluster_cidr: str) -> dict[str, Any]:
         "mode": "iptables",
         "clusterCIDR": cluster_cidr,
         "iptables": {
-            # Every Service connection leaves with the node's address: a reply from a backend
-            # on the same bridge then comes back through the node to be un-NATed, whether or
-            # not the machine passes bridged traffic to iptables (br_netfilter).
-            "masqueradeAll": True,
+            "masqueradeAll": masquerade_all,
             # route_localnet is not set, and NodePorts on 127.0.0.1 need it.
             "localhostNodePorts": False,
             "syncPeriod": "30s",
@@ -509,6 +527,8 @@ class RealNodes:
         self.containerd: dict[str, Proc] = {}
         self.kubelets: dict[str, Proc] = {}
         self.kube_proxies: dict[str, Proc] = {}
+        # kube-router's firewall per node, once start_firewalls ran (networkpolicies.py).
+        self.firewalls: dict[str, Proc] = {}
         self.faults: dict[str, set[str]] = {n: set() for n in names}
         self.record: hostchanges.HostRecord | None = None
         self.net: nodenet.ClusterNet | None = None
@@ -637,7 +657,12 @@ class RealNodes:
         )
         (node.directory / "kube-proxy" / "config.yaml").write_text(
             yaml.safe_dump(
-                kube_proxy_config(node, cluster_cidr=self._require_net().pod_cidr), sort_keys=False
+                kube_proxy_config(
+                    node,
+                    cluster_cidr=self._require_net().pod_cidr,
+                    masquerade_all=not bridged_traffic_filtered(),
+                ),
+                sort_keys=False,
             )
         )
 
@@ -779,8 +804,38 @@ class RealNodes:
             ],
         )
 
+    def start_firewalls(self, binary: Path) -> None:
+        """kube-router's NetworkPolicy firewall on every node, in its network namespace, as the
+        user ``networkpolicies.USER`` (networkpolicies.py): from then on the nodes refuse what
+        the cluster's NetworkPolicies do not admit."""
+        cluster_pki = self._require_pki()
+        ca = pki.KeyPair(cluster_pki.ca_crt.read_bytes(), cluster_pki.ca_key.read_bytes())
+        identity = pki.issue(ca, networkpolicies.USER, client=True)
+        for node in self.layouts.values():
+            if node.name in self.firewalls:
+                continue
+            directory = node.directory / "kube-router"
+            directory.mkdir(parents=True, exist_ok=True)
+            crt, key = identity.write(directory, "client")
+            kubeconfig = directory / "kubeconfig"
+            kubeconfig.write_text(
+                yaml.safe_dump(
+                    _kubeconfig(self.server, cluster_pki.ca_crt, crt, key, networkpolicies.USER)
+                )
+            )
+            self.firewalls[node.name] = self._spawn(
+                node,
+                f"kube-router-{node.name}",
+                networkpolicies.argv(binary, kubeconfig, node.name),
+            )
+
     def check_alive(self) -> None:
-        procs = [*self.containerd.items(), *self.kubelets.items(), *self.kube_proxies.items()]
+        procs = [
+            *self.containerd.items(),
+            *self.kubelets.items(),
+            *self.kube_proxies.items(),
+            *self.firewalls.items(),
+        ]
         for name, proc in procs:
             if "runtime-stopped" in self.faults.get(name, set()) and proc.name.startswith(
                 "containerd"
@@ -793,12 +848,17 @@ class RealNodes:
                 )
 
     def stop(self) -> None:
-        """Kubelets and kube-proxies, then every container, shim and containerd, then what
-        they changed (the network included)."""
-        for proc in [*self.kubelets.values(), *self.kube_proxies.values()]:
+        """Kubelets, kube-proxies and firewalls, then every container, shim and containerd,
+        then what they changed (the network included)."""
+        for proc in [
+            *self.kubelets.values(),
+            *self.kube_proxies.values(),
+            *self.firewalls.values(),
+        ]:
             proc.stop(grace=10.0)
         self.kubelets.clear()
         self.kube_proxies.clear()
+        self.firewalls.clear()
         # Before any shim dies: containerd deletes a dead shim's bundle, where its socket's
         # path is written, and the socket outlives a SIGKILLed shim.
         sockets = hostchanges.shim_sockets(str(self.base)) if self.record is not None else set()

@@ -1,129 +1,73 @@
 """The local cluster's NetworkPolicy implementation (dev/localcluster/networkpolicies.py).
 
-The manifest here is the shape kube-network-policies v0.8.0 ships as install.yaml (its
-DaemonSet, reduced to the fields the changes touch); the kernel configurations are lines as
-a kernel's build writes them to /proc/config.gz or /boot/config-<release>.
+The RBAC manifest is shaped as kube-router v2.1.0's daemonset/generic-kuberouter.yaml ships it
+(a ClusterRole with a namespace set, bound to a ServiceAccount), reduced to two rules.
 """
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dev.localcluster import networkpolicies
 from dev.localcluster.addons import AddonError
 
-INSTALL = """
-kind: ServiceAccount
+GENERIC = """
 apiVersion: v1
-metadata: {name: kube-network-policies, namespace: kube-system}
+kind: ServiceAccount
+metadata: {name: kube-router, namespace: kube-system}
 ---
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: kube-network-policies, namespace: kube-system}
-spec:
-  template:
-    spec:
-      hostNetwork: true
-      nodeSelector: {kubernetes.io/os: linux}
-      containers:
-      - name: kube-network-policies
-        image: registry.k8s.io/networking/kube-network-policies:v0.7.0
-        args: [/bin/netpol, --hostname-override=$(MY_NODE_NAME), --v=2, --nfqueue-id=98]
-        volumeMounts:
-        - {name: nri-plugin, mountPath: /var/run/nri}
-        - {name: netns, mountPath: /var/run/netns, mountPropagation: HostToContainer}
-        - {name: other, mountPath: /other}
-      volumes:
-      - {name: nri-plugin, hostPath: {path: /var/run/nri}}
-      - {name: netns, hostPath: {path: /var/run/netns}}
-      - {name: other, emptyDir: {}}
+kind: ClusterRole
+apiVersion: rbac.authorization.k8s.io/v1
+metadata:
+  name: kube-router
+  namespace: kube-system
+rules:
+  - apiGroups: [""]
+    resources: [namespaces, pods, services, nodes, endpoints]
+    verbs: [list, get, watch]
+  - apiGroups: ["networking.k8s.io"]
+    resources: [networkpolicies]
+    verbs: [list, get, watch]
+---
+kind: ClusterRoleBinding
+apiVersion: rbac.authorization.k8s.io/v1
+metadata: {name: kube-router}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: kube-router}
+subjects: [{kind: ServiceAccount, name: kube-router, namespace: kube-system}]
 """
 
 
-def daemonset_spec(docs: list[dict]) -> dict:  # type: ignore[type-arg]
-    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    spec: dict = ds["spec"]["template"]["spec"]  # type: ignore[type-arg]
-    return spec
+def test_the_modules_cluster_role_is_granted_to_the_firewalls_own_user_only() -> None:
+    role, binding = networkpolicies.rbac_documents(GENERIC)
+    assert role["kind"] == "ClusterRole" and "namespace" not in role["metadata"]
+    assert role["rules"][1]["resources"] == ["networkpolicies"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] == "kube-router"
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-router"}
+    ]
 
 
-def test_the_manifest_runs_the_pinned_build_without_nri_and_keeps_everything_else() -> None:
-    docs = networkpolicies.documents(INSTALL, real_nodes_only=False)
-    spec = daemonset_spec(docs)
-    (container,) = spec["containers"]
-    assert container["image"] == (
-        f"registry.k8s.io/networking/kube-network-policies:{networkpolicies.version()}"
-    )
-    assert (
-        container["args"][:4]
-        == yaml.safe_load(INSTALL.split("---")[1])["spec"]["template"]["spec"]["containers"][0][
-            "args"
-        ]
-    )
-    assert container["args"][-1] == "--disable-nri"
-    assert [m["name"] for m in container["volumeMounts"]] == ["other"]
-    assert [v["name"] for v in spec["volumes"]] == ["other"]
-    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
-    assert [d["kind"] for d in docs] == ["ServiceAccount", "DaemonSet"]
+def test_a_manifest_without_its_cluster_role_is_refused() -> None:
+    with pytest.raises(AddonError, match="0 ClusterRoles"):
+        networkpolicies.rbac_documents(GENERIC.replace("kind: ClusterRole\n", "kind: Role\n"))
 
 
-def test_beside_kwok_nodes_it_runs_on_the_real_nodes_only() -> None:
-    spec = daemonset_spec(networkpolicies.documents(INSTALL, real_nodes_only=True))
-    assert spec["nodeSelector"] == {
-        "kubernetes.io/os": "linux",
-        "kn-rescheduler.local/real-node": "true",
-    }
+def test_only_the_firewall_runs_beside_the_nodes_own_cni_and_proxy() -> None:
+    argv = networkpolicies.argv(Path("/bin/kube-router"), Path("/n/kubeconfig"), "real-1")
+    assert argv[0] == "/bin/kube-router"
+    flags = dict(a.removeprefix("--").split("=", 1) for a in argv[1:])
+    assert flags["run-firewall"] == "true"
+    assert flags["run-router"] == flags["run-service-proxy"] == flags["enable-cni"] == "false"
+    assert flags["hostname-override"] == "real-1"
+    assert flags["kubeconfig"] == "/n/kubeconfig"
+    assert flags["health-port"] == str(networkpolicies.HEALTH_PORT)
 
 
-def test_a_manifest_that_no_longer_starts_netpol_is_refused_not_patched() -> None:
-    changed = INSTALL.replace("[/bin/netpol,", "[/bin/other,")
-    with pytest.raises(AddonError, match="no longer starts"):
-        networkpolicies.documents(changed, real_nodes_only=False)
+def test_the_pinned_version_is_read_from_the_go_module() -> None:
+    assert networkpolicies.version().startswith("v2.")
 
 
-@pytest.mark.parametrize(
-    ("config", "gzipped", "lacking"),
-    [
-        ("CONFIG_NF_TABLES=y\n# CONFIG_NFT_QUEUE is not set\n", True, True),
-        ("CONFIG_NF_TABLES=y\nCONFIG_NFT_QUEUE=m\n", False, False),
-        ("CONFIG_NF_TABLES=y\nCONFIG_NFT_QUEUE=y\n", True, False),
-        # CONFIG_NFT_QUEUE_X is another option, not this one.
-        ("CONFIG_NFT_QUEUE_X=y\n", False, True),
-    ],
-)
-def test_the_kernel_is_asked_for_the_nftables_queue(
-    tmp_path: Path, config: str, gzipped: bool, lacking: bool
-) -> None:
-    path = tmp_path / ("config.gz" if gzipped else "config-6.1.0")
-    path.write_bytes(gzip.compress(config.encode()) if gzipped else config.encode())
-    why = networkpolicies.kernel_lacks_queue([tmp_path / "absent", path])
-    assert (why is not None) == lacking
-    if why is not None:
-        assert "CONFIG_NFT_QUEUE" in why and str(path) in why
-
-
-def test_without_a_kernel_configuration_the_install_is_tried(tmp_path: Path) -> None:
-    assert networkpolicies.kernel_lacks_queue([tmp_path / "absent"]) is None
-
-
-@pytest.mark.parametrize(
-    ("status", "generation", "missing"),
-    [
-        ({"observedGeneration": 1, "numberReady": 2}, 1, None),
-        ({"observedGeneration": 1, "numberReady": 1}, 1, "1 of 2 nodes ready"),
-        ({"observedGeneration": 1, "numberReady": 2}, 2, "its controller has not seen"),
-        ({}, 1, "its controller has not seen"),
-    ],
-)
-def test_it_is_ready_once_its_controller_saw_the_spec_and_every_node_runs_it(
-    status: dict,
-    generation: int,
-    missing: str | None,  # type: ignore[type-arg]
-) -> None:
-    ds = {"metadata": {"generation": generation}, "status": status}
-    answer = networkpolicies.missing_on(ds, 2)
-    assert answer == missing if missing is None else answer is not None and missing in answer
-    assert networkpolicies.missing_on(None, 2) == "no DaemonSet yet"
+def test_nothing_listening_is_not_healthy() -> None:
+    assert networkpolicies.healthy("127.0.0.1") is False  # nothing on the health port here

@@ -116,6 +116,25 @@ def test_kube_proxy_writes_iptables_and_leaves_machine_wide_conntrack_alone() ->
     assert config["clientConnection"]["kubeconfig"].startswith(f"{layout(index=1).directory}/")
 
 
+def test_a_pods_service_connection_keeps_its_address_where_bridged_traffic_is_filtered(
+    tmp_path: Path,
+) -> None:
+    # NetworkPolicies select senders by pod address: masquerading every Service connection
+    # would make each sender its node. Only a machine without br_netfilter needs it.
+    config = realnode.kube_proxy_config(layout(index=1), cluster_cidr="10.200.0.0/16")
+    assert config["iptables"]["masqueradeAll"] is False
+    forced = realnode.kube_proxy_config(
+        layout(index=1), cluster_cidr="10.200.0.0/16", masquerade_all=True
+    )
+    assert forced["iptables"]["masqueradeAll"] is True
+    on, off = tmp_path / "on", tmp_path / "off"
+    on.write_text("1\n")
+    off.write_text("0\n")
+    assert realnode.bridged_traffic_filtered(on) is True
+    assert realnode.bridged_traffic_filtered(off) is False
+    assert realnode.bridged_traffic_filtered(tmp_path / "absent") is False
+
+
 def test_memory_pressure_stays_below_capacity_so_the_kubelet_accepts_it() -> None:
     threshold = realnode.pressure_thresholds("memory-pressure")["memory.available"]
     assert threshold.endswith("Ki")
