@@ -369,7 +369,7 @@ def dispatch(event: Event, handler: Handler, *, function: str) -> flask.Response
     except (kube.Transient, kube.Conflict) as exc:
         log.warning("transient failure, asking for redelivery: %s", exc)
         return failure(503, _see_log("a transient failure, worth a redelivery", event))
-    except (kube.Forbidden, kube.Invalid, MustNotAct) as exc:
+    except (kube.Forbidden, kube.Invalid, kube.Unconfigured, MustNotAct) as exc:
         log.error("cannot act, needs a person: %s", exc)
         return failure(500, _see_log("cannot act, needs a person", event))
     except Exception:

@@ -108,6 +108,11 @@ class Gone(KubeError):
     """410: a watch's resourceVersion is older than the API server keeps; list again."""
 
 
+class Unconfigured(KubeError):
+    """No credentials to reach the API server with (no ServiceAccount token mounted in the
+    pod, no kubeconfig): a deployment problem, which no retry fixes."""
+
+
 class Transient(KubeError):
     """Worth another try later: 429, 5xx, timeouts, connection failures."""
 
@@ -274,14 +279,19 @@ class Kube:
     ) -> Kube:
         """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
         configuration = k8s_client.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        else:
-            # The client reads $KUBECONFIG once, at import; read it now instead.
-            k8s_config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None,
-                client_configuration=configuration,
-            )
+        try:
+            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            else:
+                # The client reads $KUBECONFIG once, at import; read it now instead.
+                k8s_config.load_kube_config(
+                    config_file=os.environ.get("KUBECONFIG") or None,
+                    client_configuration=configuration,
+                )
+        except (k8s_config.ConfigException, OSError) as exc:
+            # A pod whose ServiceAccount mounts no token (automountServiceAccountToken: false)
+            # has KUBERNETES_SERVICE_HOST but nothing to authenticate with.
+            raise Unconfigured(f"no credentials for the API server: {exc}") from exc
         # Handlers run many threads (gunicorn gthread); the default pool of 4 makes them queue.
         configuration.connection_pool_maxsize = 32
         return cls(

@@ -7,6 +7,7 @@ review itself, on the real API server: tests/e2e/test_sender_authentication.py.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -47,6 +48,31 @@ def test_an_event_without_a_token_is_refused_401_and_one_that_cannot_be_reviewed
         "/", headers={**headers, "Authorization": f"Bearer {token}"}, data=body
     )
     assert unreviewed.status_code == 503
+
+
+def test_a_pod_without_a_token_of_its_own_answers_503_and_says_why_instead_of_crashing(
+    function_client: ClientFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a pod whose ServiceAccount mounts no token (detect-failures' in the base), the API
+    server cannot be asked: the in-cluster configuration finds no token file. Seen on the
+    installed cluster before the component mounted one: every event was a 500 traceback."""
+    if Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists():
+        pytest.skip("this machine is a pod with a token of its own")
+    client = function_client(
+        "detect-failures",
+        KUBERNETES_SERVICE_HOST="127.0.0.1",
+        KUBERNETES_SERVICE_PORT="9",
+        KN_RESCHEDULER_SENDER_AUTH="require",
+    )
+    headers, body = cloudevent(PING_EVENT_TYPE, {})
+    token = jwt(aud=[audience_of("detect-failures")], exp=time.time() + 600)
+    caplog.set_level("WARNING", logger="shared.platform.senders")
+    logging.getLogger("shared.platform.senders").addHandler(caplog.handler)
+    answer = client.post("/", headers={**headers, "Authorization": f"Bearer {token}"}, data=body)
+    assert answer.status_code == 503
+    assert "Traceback" not in answer.get_data(as_text=True)
+    said = {r.getMessage() for r in caplog.records}
+    assert any("no credentials for the API server" in m for m in said), said
 
 
 def test_a_typo_in_the_setting_stops_the_function_at_start_up(
