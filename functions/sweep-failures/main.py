@@ -15,7 +15,7 @@ from shared.platform import events, logs
 from shared.platform.bodies import EVENT_MAX_BODY, BodyLimit
 from shared.platform.config import Config, describe
 from shared.platform.kube import Kube
-from shared.platform.senders import Senders
+from shared.platform.senders import Senders, sink_token
 from shared.platform.ticks import TickGate
 from shared.pods.sweep_failures.handler import Sweeper
 
@@ -44,7 +44,9 @@ def sweeper() -> Sweeper:
         sink = os.environ.get("K_SINK")
         if not sink:
             raise RuntimeError("K_SINK is not set: where should failing-pod events go?")
-        _sweeper = Sweeper(Kube.from_environment(dry_run=CONFIG.dry_run), CONFIG, sink)
+        _sweeper = Sweeper(
+            Kube.from_environment(dry_run=CONFIG.dry_run), CONFIG, sink, token=sink_token()
+        )
     return _sweeper
 
 

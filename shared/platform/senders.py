@@ -46,6 +46,31 @@ REMEMBER_SECONDS: Final = 60.0
 REMEMBER_MAX: Final = 1024
 
 
+# Where a function that posts to the Broker (sweep-failures) finds its own token for the
+# Broker's audience: a projected ServiceAccount token the kubelet writes and rotates
+# (knative/sweep-failures.yaml). With Eventing's OIDC on, the Broker's ingress asks every
+# sender for one and an EventPolicy names who may send; with it off, the header is ignored.
+SINK_TOKEN_PATH: Final = "/var/run/secrets/kn-rescheduler/sink/token"
+
+
+def sink_token(path: str = SINK_TOKEN_PATH) -> Callable[[], str | None]:
+    """A reader of the token at ``path``, read again for every post (the kubelet replaces the
+    file before the token expires); None when there is none (not mounted, or empty)."""
+
+    def read() -> str | None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("could not read the sink token %s: %s; posting without it", path, exc)
+            return None
+        return token or None
+
+    return read
+
+
 def audience_of(function: str) -> str:
     """The audience a function's senders must request their token for."""
     return AUDIENCE_PREFIX + function

@@ -630,6 +630,30 @@ def test_prometheus_may_scrape_the_isolated_functions_and_isolates_nothing_else(
     ]
 
 
+def test_with_sender_authentication_only_our_namespaces_identities_may_send_to_the_broker(
+    base: list[Obj], tmp_path: Path
+) -> None:
+    objs = render("sender-authentication", workdir=tmp_path)
+    policy = find(objs, "EventPolicy", "broker-senders")
+    assert policy["apiVersion"] == "eventing.knative.dev/v1alpha1"
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    (to,) = policy["spec"]["to"]
+    broker = find(base, "Broker", "default")
+    assert to["ref"] == {
+        "apiVersion": broker["apiVersion"],
+        "kind": "Broker",
+        "name": broker["metadata"]["name"],
+    }
+    # Subjects only, and only ours: a trailing * is the one wildcard Eventing matches.
+    assert policy["spec"]["from"] == [{"sub": f"system:serviceaccount:{NAMESPACE}:*"}]
+    # sweep-failures, the one function posting to the Broker, sends a token for its audience.
+    sweep = container(knative_service(objs, "sweep-failures"))
+    (mount,) = sweep["volumeMounts"]
+    assert mount["mountPath"] == "/var/run/secrets/kn-rescheduler/sink"
+    assert container(knative_service(base, "sweep-failures"))["volumeMounts"] == [mount]
+    assert names(base, "EventPolicy") == set()  # EventPolicy needs Eventing 1.15: opt-in
+
+
 # -- bare pods: the per-namespace opt-in -------------------------------------------------------
 
 

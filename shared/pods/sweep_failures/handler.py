@@ -148,6 +148,7 @@ class Sweeper:
         sink: str,
         *,
         post: Post = requests.post,
+        token: Callable[[], str | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         page_size: int = 500,
     ) -> None:
@@ -155,6 +156,8 @@ class Sweeper:
         self.cfg = cfg
         self.sink = sink
         self.post = post
+        # Its own identity toward the sink (shared.platform.senders.sink_token), if mounted.
+        self.token = token
         self.clock = clock
         self.page_size = page_size
 
@@ -217,6 +220,8 @@ class Sweeper:
             "datacontenttype": "application/json",
         }
         headers, body = to_binary(CloudEvent(attributes, item.to_data()))
+        if (token := self.token()) is not None:
+            headers = {**headers, "Authorization": f"Bearer {token}"}
         try:
             response = self.post(self.sink, data=body, headers=headers, timeout=10)
         except requests.RequestException as exc:
