@@ -43,17 +43,17 @@ def kubectl_command(c: Cluster) -> str:
     return f"{c.bins_dir / 'kubectl'} --kubeconfig={c.kubeconfig}"
 
 
-def deploy_variables(c: Cluster, work: str) -> dict[str, str]:
+def deploy_variables(c: Cluster, work: str, components: str = COMPONENT) -> dict[str, str]:
     """What the deploy targets take here: the cluster's plain-HTTP registry and its kubectl.
 
     ``work`` is the deploy targets' KNR_WORK, two levels under the repository (their overlays
-    refer to ``../../../knative``).
+    refer to ``../../../knative``); ``components``, the COMPONENTS they add.
     """
     if c.registry is None:
         raise InstallError("the cluster has no registry: start it with real nodes")
     return {
         "REGISTRY": f"{c.registry.host}/kn-rescheduler",
-        "COMPONENTS": COMPONENT,
+        "COMPONENTS": components,
         "SKOPEO_FLAGS": "--dest-tls-verify=false",
         "KUBECTL": kubectl_command(c),
         "KNR_WORK": work,
@@ -109,12 +109,14 @@ def install(
     work: str,
     say: Callable[[str], None] = lambda _: None,
     timeout: float = 480.0,
+    components: str = COMPONENT,
 ) -> None:
     """docs/install.md's steps on ``c`` (Knative Eventing already installed): build and push
-    the images, apply knative/ with the component, make the webhook's certificate; then wait
-    until every function runs and the Broker and the source are Ready."""
-    variables = deploy_variables(c, work)
-    say("make deploy-all COMPONENTS=without-serving (the images built, pushed, pinned by digest)")
+    the images, apply knative/ with the components, make the webhook's certificate; then wait
+    until every function runs and the Broker and the source are Ready. Run again with other
+    components, it applies the change the same way."""
+    variables = deploy_variables(c, work, components)
+    say(f"make deploy-all COMPONENTS={components!r} (the images built, pushed, pinned by digest)")
     make("deploy-all", variables)
     say("make webhook-cert (a self-signed certificate for the webhook)")
     make(

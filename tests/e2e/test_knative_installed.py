@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from dev.localcluster import knative, networkpolicies, realnode
+from dev.localcluster import knative, realnode
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE, IMAGE_HOST
 from dev.stack import installed as installed_rescheduler
@@ -54,10 +54,9 @@ NS = "demo"
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path]]:
     with real_cluster(tmp_path_factory.mktemp("knative") / "cluster") as c:
-        # Where the kernel allows it, the nodes enforce NetworkPolicies (knative/'s are among
-        # them), so the move below is carried through them.
-        if unenforced() is None:
-            c.install_network_policies()
+        # The nodes enforce NetworkPolicies (knative/'s are among them): the move below is
+        # carried through them.
+        c.install_network_policies()
         directory = c.install_knative_eventing()
         kubectl(c, "create", "namespace", NS)
         kubectl(c, "apply", "-n", NS, "-f", str(directory / knative.EVENT_DISPLAY))
@@ -496,25 +495,18 @@ def test_the_users_own_trigger_received_the_move(rescheduler: Cluster) -> None:
     assert BROKEN in log
 
 
-def unenforced() -> str | None:
-    """Why this machine's nodes cannot enforce NetworkPolicies, or None."""
-    return networkpolicies.kernel_lacks_queue(networkpolicies.kernel_configs())
-
-
 def test_a_pod_of_another_namespace_reaches_no_function_knative_delivers_to(
     rescheduler: Cluster,
 ) -> None:
     """knative/network-policies.yaml, enforced by the nodes: the functions Knative delivers to
-    refuse a connection from a user's namespace, while the pod reaches a Service of the same
-    namespace that no policy isolates (the user's event-display)."""
+    refuse a connection from a user's namespace, while the same pod reaches score-nodes in the
+    same namespace, which no policy isolates (a scheduler calls it)."""
     c = rescheduler
     policy = c.rest.get(
         f"/apis/networking.k8s.io/v1/namespaces/{SYSTEM}/networkpolicies/"
         "event-functions-from-knative"
     )
     assert policy["spec"]["policyTypes"] == ["Ingress"]  # applied with the install
-    if (lacking := unenforced()) is not None:
-        pytest.skip(lacking)
     start_pod(c, "stranger", HEALTHY, SLEEPER, {}, namespace=SHOP)
     eventually(lambda: is_ready(pod_in(c, SHOP, "stranger")), "the stranger's pod to be ready")
 
@@ -522,7 +514,7 @@ def test_a_pod_of_another_namespace_reaches_no_function_knative_delivers_to(
         service = c.rest.get(f"/api/v1/namespaces/{SYSTEM}/services/{name}")
         return f"http://{service['spec']['clusterIP']}/healthz"
 
-    assert reaches(c, SHOP, "stranger", address("event-display").replace("/healthz", "/"))
+    assert reaches(c, SHOP, "stranger", address("score-nodes"))
     for function in ("detect-failures", "update-annotations", "sweep-failures", "assess-nodes"):
         assert not reaches(c, SHOP, "stranger", address(function)), function
 
