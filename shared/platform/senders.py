@@ -30,6 +30,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -53,20 +54,34 @@ REMEMBER_MAX: Final = 1024
 SINK_TOKEN_PATH: Final = "/var/run/secrets/kn-rescheduler/sink/token"
 
 
+# A JWT is base64url segments and dots; a projected token is about a kilobyte. Anything else
+# is not sent: a stray character would make the HTTP library raise an error quoting the header,
+# token and all, into the log.
+SINK_TOKEN_MAX: Final = 16384
+_JWT_CHARS: Final = re.compile(r"[A-Za-z0-9._-]+")
+
+
 def sink_token(path: str = SINK_TOKEN_PATH) -> Callable[[], str | None]:
     """A reader of the token at ``path``, read again for every post (the kubelet replaces the
-    file before the token expires); None when there is none (not mounted, or empty)."""
+    file before the token expires); None when there is none (not mounted, or empty) or when the
+    file holds something that is not a token (logged, without its content)."""
 
     def read() -> str | None:
         try:
-            with open(path, encoding="utf-8") as f:
-                token = f.read().strip()
+            with open(path, "rb") as f:
+                raw = f.read(SINK_TOKEN_MAX + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.warning("could not read the sink token %s: %s; posting without it", path, exc)
             return None
-        return token or None
+        token = raw.strip()
+        if not token:
+            return None
+        if len(raw) > SINK_TOKEN_MAX or not _JWT_CHARS.fullmatch(token.decode("latin-1")):
+            log.warning("the sink token %s is not a token; posting without it", path)
+            return None
+        return token.decode("ascii")
 
     return read
 
@@ -203,6 +218,10 @@ class Senders:
             if self._client is None:
                 self._client = self._api()
             review = self._client.review_token(token, [self.audience])
+        except kube.Unconfigured as exc:
+            # No token of its own to ask with: a deployment error no redelivery fixes.
+            log.error("cannot review a sender's token, needs a person: %s", exc)
+            return SenderVerdict(False, 500, "this function cannot ask the API server")
         except kube.KubeError as exc:
             log.warning("cannot review a sender's token: %s", exc)
             return SenderVerdict(False, 503, "the API server could not review the token")

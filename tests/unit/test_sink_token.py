@@ -9,9 +9,12 @@ bearer token; without one mounted it posts as before.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
+import requests
 import yaml
 
 from shared.platform.config import Config
@@ -85,3 +88,45 @@ def test_the_token_is_read_where_the_manifest_mounts_it_for_the_brokers_audience
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
     namespace, broker = env["K_SINK"].rstrip("/").split("/")[-2:]
     assert token["audience"] == f"eventing.knative.dev/broker/{namespace}/{broker}"
+
+
+def test_what_is_not_a_token_is_not_sent_and_not_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="shared.platform.senders")
+    logging.getLogger("shared.platform.senders").addHandler(caplog.handler)
+    cases = {
+        "crlf": b"eyJ.secret\r\nX-Injected: yes",
+        "latin": b"eyJ.\xff\xfe.sig",
+        "huge": b"a" * 20000,
+    }
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert sink_token(str(path))() is None, name
+        assert "Authorization" not in sent_with(sink_token(str(path)))
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "secret" not in logged and "Injected" not in logged
+    assert "is not a token" in logged
+
+
+def test_the_sweep_posts_to_the_sink_alone_without_the_environments_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy set in the environment (the settings ConfigMap reaches every function) would
+    receive the Authorization header: the sweep's own poster ignores it."""
+    seen: dict[str, Any] = {}
+
+    def send(self: requests.Session, request: Any, **kwargs: Any) -> Any:
+        seen["proxies"] = kwargs.get("proxies")
+        seen["allow_redirects"] = kwargs.get("allow_redirects")
+        seen["trust_env"] = self.trust_env
+        return type("Answer", (), {"status_code": 202})()
+
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setattr(requests.Session, "send", send)
+    sweeper = Sweeper(None, Config(), "http://broker.invalid/", token=lambda: "eyJ.a.b")  # type: ignore[arg-type]
+    assert sweeper._send(failing())
+    assert seen["trust_env"] is False
+    assert not seen["proxies"]
+    assert seen["allow_redirects"] is False

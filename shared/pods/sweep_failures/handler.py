@@ -140,6 +140,15 @@ def _may_be_pulling(pod: Pod) -> bool:
     )
 
 
+def _direct_post(url: str, *, data: bytes, headers: dict[str, str], timeout: float) -> Any:
+    """A POST straight to the sink, carrying its token to it alone: no proxy or .netrc from
+    the environment (settings reach the pod through a shared ConfigMap, and a proxy would
+    receive the Authorization header), no redirect followed."""
+    with requests.Session() as session:
+        session.trust_env = False
+        return session.post(url, data=data, headers=headers, timeout=timeout, allow_redirects=False)
+
+
 class Sweeper:
     def __init__(
         self,
@@ -147,7 +156,7 @@ class Sweeper:
         cfg: Config,
         sink: str,
         *,
-        post: Post = requests.post,
+        post: Post | None = None,
         token: Callable[[], str | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         page_size: int = 500,
@@ -155,7 +164,7 @@ class Sweeper:
         self.api = api
         self.cfg = cfg
         self.sink = sink
-        self.post = post
+        self.post = post if post is not None else _direct_post
         # Its own identity toward the sink (shared.platform.senders.sink_token), if mounted.
         self.token = token
         self.clock = clock
