@@ -14,7 +14,9 @@
 #
 # Each function is then the project's Dockerfile built on that base with `buildah bud` (with
 # --layers, so the dependency layer is built once for all the functions) and written as an OCI
-# archive that `podman load`, `skopeo copy` or a cluster's importer take as is.
+# archive that `podman load`, `skopeo copy` or a cluster's importer take as is, with its bill of
+# materials beside it: DIR/FUNCTION.spdx.json, SPDX 2.3, read from the archive by
+# dev/tools/sbom.py (the Debian packages and Python distributions it holds, and its digest).
 #
 # Reproducible: two builds of one commit are the same images, digest for digest, whatever the
 # times of the files in the checkout and whatever buildah's layer cache holds
@@ -188,6 +190,14 @@ pip_args=(--secret "id=pipconf,src=$build_tmp/pip.conf")
 cache_args=()
 if [[ -n "${KNR_NO_CACHE:-}" ]]; then cache_args+=(--no-cache); fi
 
+# The bill of materials needs only Python's standard library: the project's venv, else the
+# host's python3 (3.11 or newer).
+python=${PYTHON:-$root/.venv/bin/python}
+[[ -x "$python" ]] || python=python3
+write_sbom() {
+  PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$python" -m dev.tools.sbom "$1" >/dev/null
+}
+
 mkdir -p "$out"
 for fn in "${functions[@]}"; do
   [[ -f "$root/functions/$fn/main.py" ]] || { echo "no function $fn" >&2; exit 2; }
@@ -212,10 +222,11 @@ for fn in "${functions[@]}"; do
   # archive already holds this very image under this tag.
   id=$(buildah inspect --type image --format '{{.FromImageID}}' "$image")
   if [[ -s "$out/$fn.tar" ]] && [[ "$(cat "$out/$fn.id" 2>/dev/null)" == "$id $tag" ]]; then
+    [[ -s "$out/$fn.spdx.json" ]] || write_sbom "$out/$fn.tar"
     log "$fn: $out/$fn.tar unchanged ($((SECONDS - start)) s)"
     continue
   fi
-  rm -f "$out/$fn.tar" "$out/$fn.id"
+  rm -f "$out/$fn.tar" "$out/$fn.id" "$out/$fn.spdx.json"
   # An OCI layout first, then its tar with the files in name order and fixed times and owners:
   # buildah's own oci-archive stamps each file with the time it was written.
   rm -rf "$build_tmp/layout"
@@ -225,6 +236,7 @@ for fn in "${functions[@]}"; do
     oci-layout index.json blobs
   mv "$out/$fn.tar.partial" "$out/$fn.tar"
   rm -rf "$build_tmp/layout"
+  write_sbom "$out/$fn.tar"
   echo "$id $tag" >"$out/$fn.id"
-  log "$fn: $out/$fn.tar ($(du -h "$out/$fn.tar" | cut -f1)) in $((SECONDS - start)) s"
+  log "$fn: $out/$fn.tar ($(du -h "$out/$fn.tar" | cut -f1)) and $fn.spdx.json in $((SECONDS - start)) s"
 done

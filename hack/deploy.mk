@@ -1,7 +1,9 @@
 # Images and Knative deployment of the functions. Included from the Makefile.
 #
-#   make image FN=detect-failures                 build one function's image (.local/images/FN.tar)
+#   make image FN=detect-failures                 build one function's image (.local/images/FN.tar,
+#                                                 its bill of materials .local/images/FN.spdx.json)
 #   make images                                   build every function's image
+#   make sbom                                     the bills of materials of the archives again
 #   make deploy FN=detect-failures REGISTRY=r     build, push, deploy that function only
 #   make deploy-all REGISTRY=r                    every function, plus everything else in knative/
 #   make undeploy FN=detect-failures              remove that function's Service
@@ -44,7 +46,7 @@ KNR_IMAGES := .local/images
 # The daemonless build: the default engine, or buildah named by its path.
 knr_daemonless = $(filter buildah,$(notdir $(CONTAINER)))
 
-.PHONY: image images deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
+.PHONY: image images sbom deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
 	knr-check-fn knr-check-registry knr-check-engine
 
 knr-check-fn:
@@ -87,6 +89,12 @@ image: knr-check-fn knr-check-engine
 
 images: knr-check-engine
 	$(call knr_build,$(KNR_FUNCTIONS))
+
+# The daemonless build writes each archive's SPDX document beside it (dev/tools/sbom.py, read
+# from the archive itself); this writes them again, e.g. after a change to the tool.
+sbom:
+	@ls $(KNR_IMAGES)/*.tar >/dev/null 2>&1 || { echo "no archives in $(KNR_IMAGES): make images" >&2; exit 1; }
+	$(if $(wildcard .venv/bin/python),.venv/bin/python,python3) -m dev.tools.sbom $(KNR_IMAGES)/*.tar
 
 # Build, push and write the pushed digest (registry/name@sha256:...) to $(KNR_WORK)/FN.digest.
 # Daemonless: skopeo copies the archive to the registry (its credentials: skopeo login or
