@@ -42,7 +42,8 @@ RUN --mount=type=secret,id=pipconf,target=/etc/pip.conf \
 
 # The code every function shares, byte-compiled here: the root filesystem is read-only at run
 # time, and a cold start should not compile anything. Checked against the source's hash, like
-# the dependencies': the time in the byte code would be the checkout's.
+# the dependencies': the time in the byte code would be the copied file's, which is the
+# checkout's in a docker build (buildah's --timestamp sets it, hack/build-image.sh).
 COPY shared/ shared/
 COPY functions/gunicorn.conf.py functions/gunicorn.conf.py
 RUN python -m compileall -q --invalidation-mode checked-hash shared functions
