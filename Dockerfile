@@ -10,7 +10,11 @@
 # The image holds the runtime dependencies (requirements.lock, hashed), shared/, the one function and
 # the gunicorn settings every function uses, nothing else. It starts the function exactly as
 # dev/stack/functions.py::command() does locally (tests/e2e/test_function_commands.py compares).
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# The stock base by digest (Docker's official python image, 3.11.16 on bookworm: the index of
+# every platform it is built for). A tag moves with every rebuild upstream; a digest names one
+# image.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:fe556eaffd0d96abd8685b83bb8a69addd0dc730fa193669a7df0d49ddcfac02
 FROM ${PYTHON_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

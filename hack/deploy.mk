@@ -18,6 +18,10 @@
 # .local/images/, which deploy pushes with skopeo. CONTAINER=docker (or podman) builds and pushes
 # with that engine instead, as before.
 #
+# DEAD_LETTERS_IMAGE=NAME@sha256:DIGEST runs that image as the dead-letter sink (Knative's
+# event_display, pinned in knative/dead-letters.yaml to the digest of one release): the
+# event_display of the Eventing release you run.
+#
 # COMPONENTS adds kustomize components of knative/ to what is rendered and applied, e.g.
 # COMPONENTS="cert-manager monitoring" (names: the folders of knative/components, and
 # monitoring). A per-function deploy applies that function's Service (and the config it reads),
@@ -39,6 +43,8 @@ CONTAINER ?= buildah
 SKOPEO_FLAGS ?=
 KUBECTL ?= kubectl
 COMPONENTS ?=
+DEAD_LETTERS_IMAGE ?=
+KNR_EVENT_DISPLAY := gcr.io/knative-releases/knative.dev/eventing/cmd/event_display
 # Where the generated overlays and digests go (ignored by git).
 KNR_WORK := .local/deploy
 KNR_CERT_DIR ?= .local/webhook-cert
@@ -119,7 +125,8 @@ knr_push = \
 
 # Writes the overlay $(KNR_WORK)/$(1)/kustomization.yaml: knative/ plus COMPONENTS, with the
 # image of each function in $(2) set to its pushed digest (or to REGISTRY/FN:TAG if there is
-# no digest file). Relative paths: kustomize refuses absolute ones in some versions.
+# no digest file), and the dead-letter sink's to DEAD_LETTERS_IMAGE if given. Relative paths:
+# kustomize refuses absolute ones in some versions.
 knr_overlay = \
 	mkdir -p $(KNR_WORK)/$(1) && \
 	{ echo "apiVersion: kustomize.config.k8s.io/v1beta1"; \
@@ -140,7 +147,15 @@ knr_overlay = \
 	    else \
 	      echo "    newName: $(if $(REGISTRY),$(REGISTRY),kn-rescheduler)/$$f"; echo "    newTag: $(TAG)"; \
 	    fi; \
-	  done; } > $(KNR_WORK)/$(1)/kustomization.yaml
+	  done; \
+	  if [ -n "$(DEAD_LETTERS_IMAGE)" ]; then \
+	    ref='$(DEAD_LETTERS_IMAGE)'; \
+	    case "$$ref" in *@sha256:*) ;; *) \
+	      echo "DEAD_LETTERS_IMAGE must name a digest: NAME@sha256:... (got $$ref)" >&2; exit 2;; \
+	    esac; \
+	    echo "  - name: $(KNR_EVENT_DISPLAY)"; \
+	    echo "    newName: $${ref%@*}"; echo "    digest: $${ref\#*@}"; \
+	  fi; } > $(KNR_WORK)/$(1)/kustomization.yaml
 
 deploy: knr-check-fn knr-check-registry knr-check-engine
 	@$(call knr_push,$(FN))
