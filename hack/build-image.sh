@@ -20,14 +20,18 @@
 #
 # Reproducible: two builds of one commit are the same images, digest for digest, whatever the
 # times of the files in the checkout and whatever buildah's layer cache holds
-# (tests/e2e/test_image_reproducible.py builds one twice without the cache and compares):
-# - every time an image carries (its files', its creation's, its history's) is
+# (tests/e2e/test_image_reproducible.py builds one with the cache, and again without it from
+# another checkout, and compares):
+# - every time an image carries (its files', its creation's) is
 #   SOURCE_DATE_EPOCH, 0 (1970-01-01) unless set. Not the commit's time: buildah's layer cache
 #   does not compare times, so a layer cached at one commit keeps that commit's time at the
 #   next, and the digest would depend on what this machine built before;
 # - byte code is checked against its source's hash, not its time (the Dockerfile);
 # - pip's index and CA bundle reach the build as build secrets, not as build arguments, which
-#   buildah writes into the image's history: a host with a mirror would build another image;
+#   buildah writes into the history of the cached layers (an index URL's credentials with it),
+#   and which would key them by host;
+# - no build history, and base annotations naming the base: both would carry the IDs of the
+#   intermediate images the layer cache hands back, which depend on what was built before;
 # - the archive is written with its files in name order and fixed times.
 # The base is made by mmdebstrap and buildah in their reproducible modes, at a fixed time: the
 # same Debian packages make the same base. It is cached, so one machine keeps building on the
@@ -170,6 +174,9 @@ fi
 if [[ -n "$built_base" ]] || ! buildah inspect --type image "$base_ref" >/dev/null 2>&1; then
   skopeo copy --quiet "oci-archive:$base_archive" "containers-storage:$base_ref"
 fi
+# The base's manifest digest, for the images' base annotations (below).
+base_digest=$(tar -xOf "$base_archive" index.json | grep -o '"digest":"sha256:[0-9a-f]*"' |
+  head -n 1 | cut -d'"' -f4)
 
 # pip in the build trusts what the host trusts: on a host behind a TLS-intercepting proxy the
 # index's certificate is signed by a CA only the host's bundle holds. The bundle and the index
@@ -211,9 +218,16 @@ for fn in "${functions[@]}"; do
   # label and variable it sets. buildah 1.28's layer cache does not tell a LABEL or ENV step
   # from the same step with another ARG value, and would hand a new tag the previous tag's
   # image; the flags are applied to the final image and make it tag-specific.
-  # --timestamp: the time of every file in the new layers, of the image and of its history.
+  # --timestamp: the time of every file in the new layers and of the image. A cached build
+  # and an uncached one of the same commit must not differ either, and buildah's layer cache
+  # hands back intermediate images made by earlier builds, whose IDs depend on what those were
+  # (the version flags below are in their configs). Those IDs reach the image twice: in its
+  # history (each step names its intermediate: --omit-history), and in the manifest's base
+  # annotations, which a cached build points at an intermediate (set here: the base itself).
   buildah bud --quiet --layers "${cache_args[@]}" --force-rm --pull=never --isolation chroot \
-    --network host --format oci --timestamp "$epoch" \
+    --network host --format oci --timestamp "$epoch" --omit-history \
+    --annotation org.opencontainers.image.base.name="$base_ref" \
+    --annotation org.opencontainers.image.base.digest="$base_digest" \
     --build-arg PYTHON_IMAGE="$base_ref" --build-arg FUNCTION="$fn" --build-arg VERSION="$tag" \
     --label org.opencontainers.image.version="$tag" --env KN_RESCHEDULER_VERSION="$tag" \
     "${pip_args[@]}" \

@@ -1,12 +1,13 @@
 """The same commit builds the same images, digest for digest (hack/build-image.sh's header says
 how, docs/security.md how to check it by hand).
 
-Built with buildah's layer cache, a second build gets the first one's layers back and would be
-the same whatever leaked into them; so each build here is made without the cache
-(KNR_NO_CACHE=1): every layer of the function's image really built twice, pip installing the
-lock each time. The second build is from a copy of the build's inputs whose files all have
-other times, as a second clone's would. The base, cached, is built twice as well, each into a
-cache of its own, from the Debian mirror.
+One build is made as ``make images`` makes it, with buildah's layer cache, after a build of
+the same function as another version (as on a machine that built an earlier commit: the cache
+then holds intermediate images whose configs carry that version). The other is made without
+the cache (KNR_NO_CACHE=1), every layer built again, pip installing the lock again, from a copy
+of the build's inputs whose files all have other times, as a second clone's would. So a time,
+a checkout or the cache's history leaking into the image makes them differ. The base, cached,
+is built twice as well, each into a cache of its own, from the Debian mirror.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ pytestmark = [
 
 FUNCTION = "score-nodes"
 TAG = "reproducible-test"
+EARLIER_TAG = "reproducible-test-earlier"
 # What a build reads: the Dockerfile and its context, the script, and the bill of materials'
 # tool. A file missing here makes the copy's build fail, not pass.
 BUILD_INPUTS = (
@@ -55,10 +57,11 @@ BUILD_INPUTS = (
 A_DAY = 86_400
 
 
-def build(tree: Path, out: Path, *args: str, extra_env: Mapping[str, str] | None = None) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
-    env.update({"KNR_IMAGE_TAG": TAG, "KNR_NO_CACHE": "1", "PYTHON": sys.executable})
-    env.update(extra_env or {})
+def build(tree: Path, out: Path, *args: str, tag: str = TAG, cache: bool = True) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("SOURCE_DATE_EPOCH", "KNR_NO_CACHE")}
+    env.update({"KNR_IMAGE_TAG": tag, "PYTHON": sys.executable})
+    if not cache:
+        env["KNR_NO_CACHE"] = "1"
     subprocess.run(
         ["bash", str(tree / "hack" / "build-image.sh"), "--out", str(out), *args],
         cwd=tree,
@@ -95,23 +98,27 @@ def copy_with_other_times(tree: Path) -> None:
 
 
 @pytest.fixture
-def cleanup_tag() -> Iterator[None]:
+def cleanup_tags() -> Iterator[None]:
     yield
-    subprocess.run(
-        ["buildah", "rmi", f"localhost/kn-rescheduler/{FUNCTION}:{TAG}"],
-        capture_output=True,
-        check=False,
-    )
+    for tag in (TAG, EARLIER_TAG):
+        subprocess.run(
+            ["buildah", "rmi", f"localhost/kn-rescheduler/{FUNCTION}:{tag}"],
+            capture_output=True,
+            check=False,
+        )
 
 
-@pytest.mark.usefixtures("cleanup_tag")
-def test_a_function_built_twice_from_two_checkouts_is_the_same_image(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("cleanup_tags")
+def test_a_function_built_from_the_cache_and_from_another_checkout_is_the_same_image(
+    tmp_path: Path,
+) -> None:
     tree = tmp_path / "second-checkout"
     copy_with_other_times(tree)
     assert (tree / "Dockerfile").stat().st_mtime - (ROOT / "Dockerfile").stat().st_mtime > 3600
 
+    build(ROOT, tmp_path / "earlier", FUNCTION, tag=EARLIER_TAG)
     build(ROOT, tmp_path / "first", FUNCTION)
-    build(tree, tmp_path / "second", FUNCTION)
+    build(tree, tmp_path / "second", FUNCTION, cache=False)
 
     first, second = (tmp_path / d / f"{FUNCTION}.tar" for d in ("first", "second"))
     assert manifest_digest(first) == manifest_digest(second)
