@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,8 +40,11 @@ pytestmark = [
 ]
 
 FUNCTION = "score-nodes"
-TAG = "reproducible-test"
-EARLIER_TAG = "reproducible-test-earlier"
+# Tags of this run only: buildah's cache compares an image's steps, not the flags that made
+# it, and would hand back a final image of the same tag that another version of
+# hack/build-image.sh made.
+TAG = f"reproducible-{uuid.uuid4().hex[:8]}"
+EARLIER_TAG = f"{TAG}-earlier"
 # What a build reads: the Dockerfile and its context, the script, and the bill of materials'
 # tool. A file missing here makes the copy's build fail, not pass.
 BUILD_INPUTS = (
