@@ -1,7 +1,9 @@
 # Images and Knative deployment of the functions. Included from the Makefile.
 #
-#   make image FN=detect-failures                 build one function's image (.local/images/FN.tar)
+#   make image FN=detect-failures                 build one function's image (.local/images/FN.tar,
+#                                                 its bill of materials .local/images/FN.spdx.json)
 #   make images                                   build every function's image
+#   make sbom                                     the bills of materials of the archives again
 #   make deploy FN=detect-failures REGISTRY=r     build, push, deploy that function only
 #   make deploy-all REGISTRY=r                    every function, plus everything else in knative/
 #   make undeploy FN=detect-failures              remove that function's Service
@@ -15,6 +17,10 @@
 # base made by mmdebstrap, then the Dockerfile with buildah) into OCI archives under
 # .local/images/, which deploy pushes with skopeo. CONTAINER=docker (or podman) builds and pushes
 # with that engine instead, as before.
+#
+# DEAD_LETTERS_IMAGE=NAME@sha256:DIGEST runs that image as the dead-letter sink (Knative's
+# event_display, pinned in knative/dead-letters.yaml to the digest of one release): the
+# event_display of the Eventing release you run.
 #
 # COMPONENTS adds kustomize components of knative/ to what is rendered and applied, e.g.
 # COMPONENTS="cert-manager monitoring" (names: the folders of knative/components, and
@@ -37,6 +43,8 @@ CONTAINER ?= buildah
 SKOPEO_FLAGS ?=
 KUBECTL ?= kubectl
 COMPONENTS ?=
+DEAD_LETTERS_IMAGE ?=
+KNR_EVENT_DISPLAY := gcr.io/knative-releases/knative.dev/eventing/cmd/event_display
 # Where the generated overlays and digests go (ignored by git).
 KNR_WORK := .local/deploy
 KNR_CERT_DIR ?= .local/webhook-cert
@@ -44,7 +52,7 @@ KNR_IMAGES := .local/images
 # The daemonless build: the default engine, or buildah named by its path.
 knr_daemonless = $(filter buildah,$(notdir $(CONTAINER)))
 
-.PHONY: image images deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
+.PHONY: image images sbom deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
 	knr-check-fn knr-check-registry knr-check-engine
 
 knr-check-fn:
@@ -88,6 +96,12 @@ image: knr-check-fn knr-check-engine
 images: knr-check-engine
 	$(call knr_build,$(KNR_FUNCTIONS))
 
+# The daemonless build writes each archive's SPDX document beside it (dev/tools/sbom.py, read
+# from the archive itself); this writes them again, e.g. after a change to the tool.
+sbom:
+	@ls $(KNR_IMAGES)/*.tar >/dev/null 2>&1 || { echo "no archives in $(KNR_IMAGES): make images" >&2; exit 1; }
+	$(if $(wildcard .venv/bin/python),.venv/bin/python,python3) -m dev.tools.sbom $(KNR_IMAGES)/*.tar
+
 # Build, push and write the pushed digest (registry/name@sha256:...) to $(KNR_WORK)/FN.digest.
 # Daemonless: skopeo copies the archive to the registry (its credentials: skopeo login or
 # REGISTRY_AUTH_FILE) and writes the digest of the manifest it pushed.
@@ -111,7 +125,8 @@ knr_push = \
 
 # Writes the overlay $(KNR_WORK)/$(1)/kustomization.yaml: knative/ plus COMPONENTS, with the
 # image of each function in $(2) set to its pushed digest (or to REGISTRY/FN:TAG if there is
-# no digest file). Relative paths: kustomize refuses absolute ones in some versions.
+# no digest file), and the dead-letter sink's to DEAD_LETTERS_IMAGE if given. Relative paths:
+# kustomize refuses absolute ones in some versions.
 knr_overlay = \
 	mkdir -p $(KNR_WORK)/$(1) && \
 	{ echo "apiVersion: kustomize.config.k8s.io/v1beta1"; \
@@ -132,7 +147,15 @@ knr_overlay = \
 	    else \
 	      echo "    newName: $(if $(REGISTRY),$(REGISTRY),kn-rescheduler)/$$f"; echo "    newTag: $(TAG)"; \
 	    fi; \
-	  done; } > $(KNR_WORK)/$(1)/kustomization.yaml
+	  done; \
+	  if [ -n "$(DEAD_LETTERS_IMAGE)" ]; then \
+	    ref='$(DEAD_LETTERS_IMAGE)'; \
+	    case "$$ref" in *@sha256:*) ;; *) \
+	      echo "DEAD_LETTERS_IMAGE must name a digest: NAME@sha256:... (got $$ref)" >&2; exit 2;; \
+	    esac; \
+	    echo "  - name: $(KNR_EVENT_DISPLAY)"; \
+	    echo "    newName: $${ref%@*}"; echo "    digest: $${ref\#*@}"; \
+	  fi; } > $(KNR_WORK)/$(1)/kustomization.yaml
 
 deploy: knr-check-fn knr-check-registry knr-check-engine
 	@$(call knr_push,$(FN))

@@ -165,6 +165,9 @@ class Cluster:
         self.nodes = [*self.kwok_nodes, *self.real_nodes]
         self.realnodes: realnode.RealNodes | None = None
         self.registry: registry.LocalRegistry | None = None
+        # Knative's event-display as installed with Eventing (install_knative_eventing): its
+        # release name at the digest the registry holds.
+        self.event_display: str | None = None
         self._node_images = Path()
         self.timing = timing or Timing()
         self.components = list(components)
@@ -853,7 +856,7 @@ class Cluster:
             raise ClusterError("Knative Eventing installs on a cluster of real nodes only")
         try:
             directory = knative.ensure_eventing()  # may build: several minutes the first time
-            knative.install(
+            self.event_display = knative.install(
                 self.registry,
                 self.bins_dir / "kubectl",
                 self.kubeconfig,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dev.localcluster.bins import REPO_ROOT, BinsError, run_build_script
-from dev.localcluster.nodeimages import IMAGE_HOST
+from dev.localcluster.nodeimages import IMAGE_HOST, KNATIVE_RELEASES_HOST
 from dev.localcluster.registry import LocalRegistry, RegistryError
 
 BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-knative-eventing.sh"
@@ -94,16 +94,26 @@ def push_images(registry: LocalRegistry, directory: Path) -> list[str]:
 EVENT_DISPLAY_RELEASE: Final = "knative-releases/knative.dev/eventing/cmd/event_display"
 
 
+def event_display_reference(digest: str) -> str:
+    """The release name of event-display at ``digest`` (pure): how kn-rescheduler's
+    dead-letters sink names it, pinned to the Eventing built here."""
+    return f"{KNATIVE_RELEASES_HOST}/{EVENT_DISPLAY_RELEASE}@{digest}"
+
+
 def push_event_display_release(registry: LocalRegistry, directory: Path) -> str:
-    """ko's event-display also as ``gcr.io/<EVENT_DISPLAY_RELEASE>:latest`` (nodes mirror
-    gcr.io to the local registry): what kn-rescheduler's dead-letters sink runs."""
+    """ko's event-display also under its release name, by digest and as ``latest`` (nodes
+    mirror gcr.io to the local registry); returns that name at its digest. knative/ pins the
+    sink to a released digest, which the registry here cannot hold (it holds only what was
+    built here): a deploy here names this one instead (``DEAD_LETTERS_IMAGE``), as a user names
+    the event_display of the Eventing release they run."""
     (image,) = images((directory / EVENT_DISPLAY).read_text())
     try:
-        return registry.push_from_layout(
+        registry.push_from_layout(
             directory / "images", EVENT_DISPLAY_RELEASE, image.digest, tag="latest"
         )
     except RegistryError as err:
         raise KnativeError(f"event-display as {EVENT_DISPLAY_RELEASE}: {err}") from err
+    return event_display_reference(image.digest)
 
 
 def kubectl_apply(kubectl: Path, kubeconfig: Path, manifest: Path) -> None:
@@ -138,11 +148,12 @@ def install(
     deployments: Callable[[], list[dict[str, Any]]],
     deadline: float,
     say: Callable[[str], None] = lambda _: None,
-) -> None:
+) -> str:
     """Pushes the images, then applies each manifest once the Deployments of the ones before
-    are available (``deployments()`` lists knative-eventing's)."""
+    are available (``deployments()`` lists knative-eventing's). Returns event-display's
+    release name at the digest pushed (push_event_display_release)."""
     pushed = push_images(registry, directory)
-    push_event_display_release(registry, directory)
+    event_display = push_event_display_release(registry, directory)
     say(f"Knative Eventing: {len(pushed)} images pushed to {registry.host}")
     for name in MANIFESTS:
         # The webhook may still be starting after the previous file: apply again until it
@@ -165,3 +176,4 @@ def install(
                 )
             time.sleep(1.0)
         say(f"Knative Eventing: {name} applied and available")
+    return event_display

@@ -47,17 +47,22 @@ def deploy_variables(c: Cluster, work: str, components: str = COMPONENT) -> dict
     """What the deploy targets take here: the cluster's plain-HTTP registry and its kubectl.
 
     ``work`` is the deploy targets' KNR_WORK, two levels under the repository (their overlays
-    refer to ``../../../knative``); ``components``, the COMPONENTS they add.
+    refer to ``../../../knative``); ``components``, the COMPONENTS they add. The dead-letter
+    sink runs the event-display of the Eventing installed here (DEAD_LETTERS_IMAGE), by digest:
+    the released one knative/ pins is not in the cluster's registry.
     """
     if c.registry is None:
         raise InstallError("the cluster has no registry: start it with real nodes")
-    return {
+    variables = {
         "REGISTRY": f"{c.registry.host}/kn-rescheduler",
         "COMPONENTS": components,
         "SKOPEO_FLAGS": "--dest-tls-verify=false",
         "KUBECTL": kubectl_command(c),
         "KNR_WORK": work,
     }
+    if c.event_display is not None:
+        variables["DEAD_LETTERS_IMAGE"] = c.event_display
+    return variables
 
 
 def make(target: str, variables: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:

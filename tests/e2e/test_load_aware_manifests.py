@@ -201,7 +201,10 @@ def test_the_second_scheduler_runs_the_shipped_configuration_with_its_own_accoun
     assert spec["serviceAccountName"] == SCHEDULER
     assert find(with_scheduler, "ServiceAccount", SCHEDULER)["metadata"]["namespace"] == NAMESPACE
     c = container(deployment)
-    assert c["image"] == f"registry.k8s.io/kube-scheduler:{_cluster_version()}"
+    # The cluster's version, pinned by digest (docs/security.md: every image we name by digest).
+    name, _, digest = c["image"].partition("@")
+    assert name == f"registry.k8s.io/kube-scheduler:{_cluster_version()}"
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), c["image"]
     (config_flag,) = [a for a in c["command"] if a.startswith("--config=")]
     config_path = PurePosixPath(config_flag.removeprefix("--config="))
     (mount,) = c["volumeMounts"]

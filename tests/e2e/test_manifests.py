@@ -35,6 +35,7 @@ from shared.platform import metrics
 from shared.platform.config import Config
 from shared.platform.senders import audience_of
 from tests.e2e.knative_manifests import (
+    COMPONENTS,
     KNATIVE_CRDS,
     KNATIVE_DIR,
     KSVC,
@@ -526,6 +527,36 @@ def test_every_pod_we_install_passes_the_restricted_pod_security_profile(
             continue
         problems = restricted_violations(pod_spec(obj))
         assert not problems, f"{obj['kind']} {obj['metadata']['name']}: {problems}"
+
+
+def container_images(obj: Any) -> list[str]:
+    """Every container's and init container's image anywhere in ``obj`` (pod templates of any
+    kind, pods, Knative Services)."""
+    found: list[str] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in ("containers", "initContainers") and isinstance(value, list):
+                found += [c["image"] for c in value if isinstance(c, dict) and "image" in c]
+            else:
+                found += container_images(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            found += container_images(item)
+    return found
+
+
+@pytest.mark.parametrize("component", [None, *COMPONENTS])
+def test_every_image_not_built_here_is_named_by_its_digest(
+    component: str | None, tmp_path: Path
+) -> None:
+    # A tag is whatever its registry serves that day; a digest is one image (docs/security.md).
+    # Ours (kn-rescheduler/FN) are pinned by the deploy targets, to the digest they pushed.
+    objs = render(component, workdir=tmp_path / "overlay") if component else render()
+    images = container_images(objs)
+    others = [i for i in images if not i.startswith("kn-rescheduler/")]
+    assert len(images) > len(others) > 0  # the functions', and at least the dead-letter sink's
+    unpinned = [i for i in others if not re.search(r"@sha256:[0-9a-f]{64}$", i)]
+    assert not unpinned, f"named by tag only: {unpinned}"
 
 
 def test_the_network_policy_admits_only_the_api_server_to_the_webhook_port(

@@ -6,9 +6,15 @@ tests/e2e/test_knative_installed.py runs the install on a cluster of real nodes.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from dev.localcluster import knative
+from dev.stack import installed
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
@@ -74,3 +80,40 @@ def test_a_step_waits_for_every_deployment_that_wants_a_replica() -> None:
     ]
     assert knative.unavailable(deployments) == ["eventing-webhook", "job-sink"]
     assert knative.unavailable([deployment("eventing-webhook", 1, 1)]) == []
+
+
+# -- the dead-letter sink on the cluster here ---------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_sink_here_runs_the_event_display_installed_here_under_its_release_name() -> None:
+    here = knative.event_display_reference(DIGEST_A)
+    # knative/ names the sink by its release name and the digest of a released image, which
+    # the registry here cannot hold: the same name, another digest.
+    for manifest in (
+        REPO / "knative" / "dead-letters.yaml",
+        REPO / "knative" / "components" / "without-serving" / "functions.yaml",
+    ):
+        (pinned,) = re.findall(r"image: (\S+event_display\S*)", manifest.read_text())
+        assert pinned.partition("@")[0] == here.partition("@")[0], manifest
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", pinned.partition("@")[2]), manifest
+        assert pinned != here
+    # And the deploy targets' override replaces exactly that name.
+    (name,) = re.findall(
+        r"^KNR_EVENT_DISPLAY := (\S+)$", (REPO / "hack" / "deploy.mk").read_text(), re.M
+    )
+    assert name == here.partition("@")[0]
+
+
+@pytest.mark.parametrize("event_display", [None, knative.event_display_reference(DIGEST_B)])
+def test_a_deploy_here_pins_the_sink_once_eventing_is_installed(event_display: str | None) -> None:
+    cluster: Any = SimpleNamespace(
+        registry=SimpleNamespace(host="127.0.0.1:5000"),
+        event_display=event_display,
+        bins_dir=Path("/bins"),
+        kubeconfig=Path("/kubeconfig"),
+    )
+    variables = installed.deploy_variables(cluster, ".local/deploy-test")
+    assert variables.get("DEAD_LETTERS_IMAGE") == event_display
+    assert variables["REGISTRY"] == "127.0.0.1:5000/kn-rescheduler"

@@ -1,4 +1,5 @@
-"""requirements.lock: what the images install, pinned and hashed, and true to requirements.txt.
+"""requirements.lock: what the images install, pinned and hashed, and true to requirements.txt;
+and the stock base they are built on otherwise, by digest.
 
 The Dockerfile installs the lock with ``--require-hashes --no-deps``: a package missing from it
 fails the build, a file whose hash it does not list is refused. These checks catch the lock
@@ -58,8 +59,17 @@ def test_every_locked_package_has_its_hashes() -> None:
 
 def test_the_images_install_the_lock_and_nothing_else() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    installs = [line.strip() for line in dockerfile.splitlines() if "pip install" in line]
+    # SOURCE_DATE_EPOCH: hash-checked byte code, the same in every build (hack/build-image.sh).
     assert installs == [
-        "RUN pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock"
+        "SOURCE_DATE_EPOCH=0 pip install --no-cache-dir --require-hashes --no-deps "
+        "-r requirements.lock"
     ]
     assert "--find-links" not in (ROOT / "requirements.lock").read_text()
+
+
+def test_the_stock_base_is_named_by_digest() -> None:
+    # docker builds start from it (hack/build-image.sh passes its own Debian base instead).
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    (default,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, flags=re.MULTILINE)
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", default), default
