@@ -191,13 +191,23 @@ class Senders:
     @classmethod
     def from_config(cls, function: str, config: Config) -> Senders:
         """A function's check as its settings say (KN_RESCHEDULER_SENDER_AUTH), reviewing with
-        its own credentials, built when the first token comes."""
-        return cls(
-            function,
-            config.namespace,
-            required=config.sender_auth == "require",
-            api=kube.Kube.from_environment,
-        )
+        its own credentials, built when the first token comes. Says at start which protection
+        is active, so that a reader of the log need not infer it from the settings."""
+        required = config.sender_auth == "require"
+        if required:
+            log.info(
+                "sender authentication on: only a Knative OIDC token for audience %s, of a "
+                "ServiceAccount of namespace %s, is let in (TokenReview)",
+                audience_of(function),
+                config.namespace,
+            )
+        else:
+            log.info(
+                "sender authentication off (KN_RESCHEDULER_SENDER_AUTH=off): whoever reaches "
+                "this function is heard; the NetworkPolicy event-functions-from-knative limits "
+                "who reaches it where the cluster enforces NetworkPolicies"
+            )
+        return cls(function, config.namespace, required=required, api=kube.Kube.from_environment)
 
     def check(self, headers: Mapping[str, str]) -> SenderVerdict:
         if not self.required:

@@ -7,10 +7,12 @@ the requested audience carries the user and the audiences; a refused one only ``
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
+from shared.platform.config import Config
 from shared.platform.senders import Senders, audience_of, bearer, judge, precheck
 from tests.builders import jwt
 
@@ -135,3 +137,21 @@ def test_a_verdict_is_remembered_until_the_token_expires_and_an_error_never() ->
     clock[0] += 2  # past the token's own expiry (20 s), well before a minute
     assert senders.check(token).status == 401  # refused by its claim, without a review
     assert reviews.asked == 2
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("require", "sender authentication on: only a Knative OIDC token for audience "
+         "kn-rescheduler/detect-failures"),
+        ("off", "sender authentication off (KN_RESCHEDULER_SENDER_AUTH=off)"),
+    ],
+)  # fmt: skip
+def test_each_function_says_at_start_which_protection_is_active(
+    setting: str, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="shared.platform.senders")
+    logging.getLogger("shared.platform.senders").addHandler(caplog.handler)
+    senders = Senders.from_config("detect-failures", Config(sender_auth=setting))
+    assert senders.required is (setting == "require")
+    assert any(said in r.getMessage() for r in caplog.records), caplog.records
