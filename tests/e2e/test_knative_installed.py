@@ -83,6 +83,14 @@ def ready(c: Cluster, kind: str, name: str, ns: str = NS) -> bool:
     return out.strip() == "True"
 
 
+def broker_ingress_ip(c: Cluster) -> str:
+    """The ClusterIP of Eventing's Broker ingress (busybox's static wget resolves no names)."""
+    return kubectl(
+        c, "get", "service", "broker-ingress", "-n", knative.NAMESPACE,
+        "-o", "jsonpath={.spec.clusterIP}",
+    )  # fmt: skip
+
+
 def displayed(c: Cluster) -> str:
     return kubectl(c, "logs", "-n", NS, "deployment/event-display", check=False)
 
@@ -159,16 +167,7 @@ def test_an_event_sent_to_the_broker_reaches_the_triggers_subscriber(
 ) -> None:
     # A pod posts a CloudEvent to the Broker's address, as any event producer in the cluster:
     # by the ingress's ClusterIP (busybox's static wget resolves no names).
-    ingress = kubectl(
-        cluster,
-        "get",
-        "service",
-        "broker-ingress",
-        "-n",
-        knative.NAMESPACE,
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    )
+    ingress = broker_ingress_ip(cluster)
     path = broker.split(".cluster.local", 1)[1]
     command = (
         f"wget -q -O- --header 'Ce-Id: hello-1' --header 'Ce-Specversion: 1.0' "

@@ -29,6 +29,7 @@ from tests.e2e.test_knative_installed import (
     SETTLE,
     SHOP,
     SYSTEM,
+    broker_ingress_ip,
     is_ready,
     needy_deployment,
     pod_in,
@@ -50,16 +51,7 @@ BROKER_AUDIENCE = f"eventing.knative.dev/broker/{SYSTEM}/default"
 def post_to_broker(c: Cluster, pod: str, token: str | None) -> str:
     """What the Broker's ingress answers a CloudEvent posted from ``pod`` of SHOP (wget prints
     the status line of an error answer)."""
-    ingress = kubectl(
-        c,
-        "get",
-        "service",
-        "broker-ingress",
-        "-n",
-        knative.NAMESPACE,
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    )
+    ingress = broker_ingress_ip(c)
     headers = [
         "Ce-Id: forged-1",
         "Ce-Specversion: 1.0",
