@@ -40,6 +40,7 @@ from shared.platform import logs
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import classify
+from tests.builders import jwt
 from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (
     NAMESPACE,
@@ -120,11 +121,21 @@ class Started:
 
 
 def volume_files(manifests: list[Obj], volume: Obj, webhook_secret: Path, directory: Path) -> Path:
-    """The files a volume of a function's pod shows: the webhook's Secret, or a ConfigMap of
-    knative/ written out key by key (a ConfigMap volume's files are world-readable too)."""
+    """The files a volume of a function's pod shows: the webhook's Secret, a ConfigMap of
+    knative/ written out key by key (a ConfigMap volume's files are world-readable too), or a
+    projected ServiceAccount token, here a JWT of that shape for its audience (only the Broker
+    it is sent to would check it)."""
     if "secret" in volume:
         assert volume["secret"]["secretName"] == "mutate-admission-tls", volume
         return webhook_secret
+    if "projected" in volume:
+        directory.mkdir(mode=0o755)
+        for source in volume["projected"]["sources"]:
+            token = source["serviceAccountToken"]
+            minted = jwt(aud=[token["audience"]], exp=time.time() + token["expirationSeconds"])
+            (directory / token["path"]).write_text(minted)
+            (directory / token["path"]).chmod(0o644)
+        return directory
     config_map = find(manifests, "ConfigMap", volume["configMap"]["name"])
     directory.mkdir(mode=0o755)
     for key, value in config_map["data"].items():
@@ -435,6 +446,9 @@ def test_sweep_failures_image_sends_the_failing_pod_it_lists_to_k_sink_on_a_ping
     headers, data = sent[0]
     assert headers["ce-type"] == EVENT_POD_FAILING
     assert (data["node"], data["reason"]) == (node, "OOMKilled")
+    # Its own token for the Broker, read where the manifest mounts it in the image.
+    token = (start.tmp_path / "sink-token" / "token").read_text()
+    assert headers["authorization"] == f"Bearer {token}"
 
 
 def test_update_annotations_image_reads_the_failing_pod_through_its_own_service_account(
