@@ -37,7 +37,7 @@ lint: venv
 	@for f in functions/*/main.py; do $(PY) -m mypy $$f || exit 1; done
 
 unit: venv
-	$(PY) -m pytest -m "not e2e" -q
+	$(PY) -m pytest -m "not e2e" -q -n 2
 
 cluster-bins:
 	bash hack/install-packages.sh
@@ -50,12 +50,20 @@ adapter-bin:
 	bash hack/build-adapter.sh
 
 e2e: venv cluster-bins adapter-bin
-	$(PY) -m pytest -m e2e -q
+	$(PY) -m pytest -m e2e -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-# Ends with the 20 slowest tests (setup, call and teardown apart), so that every run, CI's
-# included, shows where the time goes.
+# On TEST_WORKERS pytest-xdist workers (tests/conftest.py says what runs where): the end-to-end
+# tests mostly wait on controllers and clocks, so three workers use two cores. Ends with the 20
+# slowest tests (setup, call and teardown apart) and the slowest files, fixtures included
+# (JUnit XML in .local/test-results.xml), so that every run, CI's included, shows where the
+# time goes. TEST_WORKERS=0 runs it all in one process.
+TEST_WORKERS ?= 3
+TEST_RESULTS ?= .local/test-results.xml
 test: venv cluster-bins adapter-bin
-	$(PY) -m pytest -q --durations=20
+	@mkdir -p $(dir $(TEST_RESULTS))
+	@status=0; $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=20 \
+	  --junitxml=$(TEST_RESULTS) $(TEST_ARGS) || status=$$?; \
+	$(PY) -m dev.tools.durations $(TEST_RESULTS) || true; exit $$status
 
 # Property-based fuzzing of every HTTP entry point and every annotation we parse (tests/fuzz).
 # `make test` runs a short, fixed version; this one runs 1,000 examples a property, random,

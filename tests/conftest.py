@@ -14,12 +14,14 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 
 from dev.localcluster import Cluster
 from dev.localcluster.rest import ApiError
+from dev.tools import durations
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +84,60 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 REAL_NODES_FULL_ENV = "KN_RESCHEDULER_REAL_NODES"
 
 
+# `make test` runs on pytest-xdist's workers (`-n`, `--dist loadgroup`): each worker is a
+# session of its own, with its own control plane started on demand. An end-to-end file stays on
+# one worker, so its module fixtures (a Stack, a cluster, Knative's install) start once. Every
+# real-node file runs on one worker, one file after the other, as in a run without xdist: they
+# share the machine's iptables, sysctls, node image cache and the record of real clusters that
+# test_real_nodes.py checks is left as it was. The unit, handler and fuzz tests go one by one
+# to whichever worker is free.
+REAL_NODES_GROUP = "real-nodes"
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("real_nodes") is not None:
+        return REAL_NODES_GROUP
+    if item.get_closest_marker("e2e") is not None:
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+# The last run's JUnit XML (make test writes it): the files that took longest start first, so
+# that none of them is the last one left running (`--no-loadscope-reorder` keeps this order).
+LAST_RESULTS = Path(__file__).resolve().parents[1] / ".local" / "test-results.xml"
+
+
+def last_seconds_per_group(items: list[pytest.Item]) -> dict[str, float]:
+    """Each group's seconds in the last run (none when there was none or it cannot be read:
+    the order then is the real-node group, the other end-to-end files, the rest)."""
+    try:
+        run = durations.read(LAST_RESULTS)
+    except durations.ResultsError:
+        return {}
+    group_of = {i.nodeid.split("::", 1)[0]: g for i in items if (g := xdist_group(i)) is not None}
+    seconds: dict[str, float] = {}
+    for path, entry in run.files.items():
+        if path in group_of:
+            seconds[group_of[path]] = seconds.get(group_of[path], 0.0) + entry.seconds
+    return seconds
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    last = last_seconds_per_group(items)
+
+    def start_order(item: pytest.Item) -> tuple[int, float]:
+        group = xdist_group(item)
+        if group is None:
+            return (2, 0.0)
+        if group == REAL_NODES_GROUP and not last:
+            return (0, 0.0)
+        return (1, -last.get(group, 0.0))
+
+    items.sort(key=start_order)  # stable: a file's tests keep their order
     if os.environ.get(REAL_NODES_FULL_ENV) == "full":
         return
     skip = pytest.mark.skip(reason="the full real-node suite only: make real-nodes")

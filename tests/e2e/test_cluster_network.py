@@ -22,7 +22,7 @@ from dev.localcluster.nodeimages import BUSYBOX_IMAGE
 from tests.e2e.conftest import kubectl, needs_real_nodes, real_cluster
 from tests.e2e.test_real_nodes import eventually, iptables, pod
 
-pytestmark = [pytest.mark.e2e, needs_real_nodes]
+pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes]
 
 CLIENT_NODE, SERVER_NODE = "real-0", "real-1"
 

@@ -22,7 +22,12 @@ from tests.e2e.conftest import needs_real_nodes, run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes_full]
+pytestmark = [
+    pytest.mark.e2e,
+    needs_real_nodes,
+    pytest.mark.real_nodes,
+    pytest.mark.real_nodes_full,
+]
 
 
 @pytest.fixture(scope="module")

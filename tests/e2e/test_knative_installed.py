@@ -46,7 +46,7 @@ from tests.e2e.test_real_nodes import eventually
 # (images built and pushed, then up to 480 s for every function, the Broker and the source to
 # be Ready, then the receiver's rollout, up to 180 s). The default 300 s per test cut that off
 # on a loaded machine before the install's own deadline could say what was missing.
-pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes, pytest.mark.timeout(900)]
 
 NS = "demo"
 

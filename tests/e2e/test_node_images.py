@@ -32,8 +32,10 @@ from dev.localcluster.registry import LocalRegistry
 TOOLS = ("buildah", "skopeo", "gcc", "docker-registry", "busybox")
 MISSING = [t for t in TOOLS if shutil.which(t) is None]
 
+# With the real-node files: they build and read the same node images on this machine.
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.real_nodes,
     pytest.mark.skipif(
         bool(MISSING), reason=f"node images need {', '.join(MISSING)} (hack/install-packages.sh)"
     ),

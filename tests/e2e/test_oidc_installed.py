@@ -38,7 +38,7 @@ from tests.e2e.test_knative_installed import (
 )
 from tests.e2e.test_real_nodes import eventually
 
-pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = ".local/e2e-install-oidc"

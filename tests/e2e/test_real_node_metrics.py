@@ -27,7 +27,7 @@ from shared.api.usage import UsageRecord
 from tests.e2e.conftest import needs_real_nodes
 from tests.handlers.conftest import ON_DEMAND_TICKS, cloudevent
 
-pytestmark = [pytest.mark.e2e, needs_real_nodes]
+pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes]
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from tests import builders
 from tests.e2e.conftest import needs_real_nodes, preferring, state_of, wait_for
 from tests.e2e.test_rescheduling import only, pods, ready
 
-pytestmark = [pytest.mark.e2e, needs_real_nodes]
+pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes]
 
 BROKEN, HEALTHY = "real-0", "real-1"
 # The real back-off: pulls retried after 10 s, 20 s, 40 s ...; a move, a real grace period.
@@ -323,7 +323,8 @@ def test_a_pod_whose_configmap_does_not_exist_is_never_moved_by_the_sweep(
     # Past pending_stuck_after (45 s here): the status alone would have been moved.
     time.sleep(50)
     assert stack.sweep_now() in (200, 202)
-    time.sleep(3)
+    # Every event the sweep sent has been through the pipeline: nothing moved.
+    assert stack.wait_idle(30)
     assert moves_of(stack, namespace) == []
     (pod,) = pods(api, namespace)
     assert (
@@ -347,7 +348,12 @@ def test_two_workloads_crashing_on_a_real_node_make_it_suspect(
     assert {"key": SUSPECT_LABEL, "value": "true", "effect": "PreferNoSchedule"} in [
         {k: t.get(k) for k in ("key", "value", "effect")} for t in node["spec"].get("taints") or []
     ]
-    suspected = [e["data"]["node"] for e in stack.archived() if e["type"] == EVENT_NODE_SUSPECTED]
+    # assess-nodes labels the node before its reply leaves for the Broker: wait for the reply.
+    suspected = wait_for(
+        "the reply io.kn-rescheduler.node.suspected",
+        lambda: [e["data"]["node"] for e in stack.archived() if e["type"] == EVENT_NODE_SUSPECTED],
+        timeout=10,
+    )
     assert suspected == [BROKEN]
     assert HEALTHY not in suspected
     settled_on_healthy(api, namespace, 2)

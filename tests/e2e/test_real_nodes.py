@@ -32,7 +32,7 @@ from tests.e2e.conftest import needs_real_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.e2e, needs_real_nodes]
+pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes]
 
 BROKEN, HEALTHY = "real-0", "real-1"
 PODS = "/api/v1/namespaces/default/pods"
