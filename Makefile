@@ -5,7 +5,7 @@ VENV_STAMP := .venv/.installed
 
 lock_cmd = pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: lock cleanup cleanup-dry-run venv lint typecheck unit test e2e cluster-bins adapter-bin up down demo replay archive bench bench-quick clean fuzz chaos soak real-nodes images-reproducible
+.PHONY: lock cleanup cleanup-dry-run venv lint typecheck unit test e2e cluster-bins demo-bins adapter-bin up down demo replay archive bench bench-quick clean fuzz chaos soak real-nodes images-reproducible
 
 venv: $(VENV_STAMP)
 $(VENV_STAMP): requirements.txt requirements-dev.txt
@@ -44,6 +44,13 @@ cluster-bins:
 	bash hack/build-bins.sh
 	bash hack/build-metrics-server.sh
 
+# What a cluster of kwok nodes runs (make demo, make up): the control plane, no kubelet,
+# kube-proxy or metrics-server, which a first demo would otherwise wait for. With REAL_NODES,
+# the real nodes' kubelet and kube-proxy too.
+demo-bins:
+	bash hack/install-packages.sh
+	bash hack/build-bins.sh control-plane $(if $(filter-out 0,$(REAL_NODES)),nodes)
+
 # Knative Eventing's data plane from its Go module: the ApiServerSource receive adapter (pod
 # events) and the Broker's ingress, filter and in-memory channel dispatcher, with their CRDs.
 adapter-bin:
@@ -74,7 +81,7 @@ fuzz: venv
 
 # The control plane and the whole pipeline (functions, Knative's Broker, event source, webhook), in
 # the background; `make down` stops it all.
-up: venv cluster-bins adapter-bin
+up: venv demo-bins adapter-bin
 	$(PY) -m dev.localcluster up --dir .local --nodes $(or $(NODES),4) --real-nodes $(or $(REAL_NODES),0) --with dev.stack.up:components
 	@echo "pipeline (broker URL, function URLs, event archive, logs):"
 	@cat .local/stack.json
@@ -147,5 +154,5 @@ include hack/deploy.mk
 # DEMO_ARGS passes options, e.g. DEMO_ARGS="--existing" for the cluster in $KUBECONFIG.
 # INSTALL=1: Knative Eventing and kn-rescheduler installed from their manifests on real nodes,
 # as a platform team installs them (docs/demo.md, "Installed").
-demo: venv cluster-bins adapter-bin
+demo: venv demo-bins adapter-bin
 	$(PY) -m dev.stack.demo $(if $(REAL_NODES),--real-nodes $(REAL_NODES)) $(if $(INSTALL),--install) $(DEMO_ARGS)

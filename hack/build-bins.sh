@@ -3,6 +3,13 @@
 # kube-scheduler, kubectl), the kubelet and kube-proxy of the real nodes, and kwok from their
 # Go modules, into a cache keyed by version, so that a second run builds nothing. The first
 # build takes a while on 2 cores; it says so.
+#
+#   hack/build-bins.sh                  everything (make cluster-bins)
+#   hack/build-bins.sh control-plane    what a cluster of kwok nodes runs (make demo, make up)
+#   hack/build-bins.sh nodes            the real nodes' kubelet and kube-proxy
+#
+# The Kubernetes binaries missing are built by one `go build`: the packages they share compile
+# once and both cores stay busy to the last link.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,41 +30,74 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-build() { # name package
-  local name=$1 pkg=$2
-  if [[ -x "$out/$name" ]]; then
-    log "$name: cached"
-    return
+want_control_plane=0 want_nodes=0
+(($# == 0)) && set -- control-plane nodes
+for part in "$@"; do
+  case $part in
+    control-plane) want_control_plane=1 ;;
+    nodes) want_nodes=1 ;;
+    *) echo "build-bins: unknown part '$part' (control-plane, nodes)" >&2; exit 2 ;;
+  esac
+done
+
+declare -A packages=()
+if ((want_control_plane)); then
+  packages[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
+  packages[kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
+  packages[kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+  packages[kubectl]=k8s.io/kubernetes/cmd/kubectl
+fi
+if ((want_nodes)); then
+  # The real nodes' kubelet (docs/local-cluster.md, "Real nodes"). CGO_ENABLED=0 as for the
+  # rest: it then talks to the container runtime only over CRI, which is all they use.
+  packages[kubelet]=k8s.io/kubernetes/cmd/kubelet
+  # Each real node's kube-proxy (iptables mode, in the node's network namespace): Services.
+  packages[kube-proxy]=k8s.io/kubernetes/cmd/kube-proxy
+fi
+
+if ((want_control_plane)); then
+  if [[ -x "$out/etcd" ]]; then
+    log "etcd: cached"
+  else
+    # Its binary would be named after the module's last element (v3): a build of its own.
+    log "etcd: building go.etcd.io/etcd/server/v3"
+    start=$SECONDS
+    (cd "$here/bins" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3)
+    mv "$out/etcd.tmp" "$out/etcd"
+    log "etcd: built in $((SECONDS - start)) s"
   fi
-  log "$name: building $pkg (first build compiles Kubernetes: several minutes)"
-  local start=$SECONDS
-  (cd "$here/bins" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$pkg")
-  mv "$out/$name.tmp" "$out/$name"
-  log "$name: built in $((SECONDS - start)) s"
-}
+fi
 
-build etcd go.etcd.io/etcd/server/v3
-build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
-build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
-build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
-build kubectl k8s.io/kubernetes/cmd/kubectl
-# The real nodes' kubelet (docs/local-cluster.md, "Real nodes"). CGO_ENABLED=0 as above: it
-# then talks to the container runtime only over CRI, which is all the real nodes use.
-build kubelet k8s.io/kubernetes/cmd/kubelet
-# Each real node's kube-proxy (iptables mode, in the node's network namespace): Services.
-build kube-proxy k8s.io/kubernetes/cmd/kube-proxy
-
-if [[ -x "$out/kwok" ]]; then
-  log "kwok: cached"
-else
-  # kwok is built from its own go.mod (go install pkg@version), not ours.
-  log "kwok: building sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+missing=()
+for name in "${!packages[@]}"; do
+  if [[ -x "$out/$name" ]]; then log "$name: cached"; else missing+=("$name"); fi
+done
+if ((${#missing[@]})); then
+  log "${missing[*]}: building (a first build compiles Kubernetes: several minutes)"
   start=$SECONDS
-  tmp=$(mktemp -d)
-  GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-  mv "$tmp/kwok" "$out/kwok"
+  tmp="$out/.build"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  pkgs=()
+  for name in "${missing[@]}"; do pkgs+=("${packages[$name]}"); done
+  (cd "$here/bins" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}")
+  for name in "${missing[@]}"; do mv "$tmp/$name" "$out/$name"; done
   rm -rf "$tmp"
-  log "kwok: built in $((SECONDS - start)) s"
+  log "${missing[*]}: built in $((SECONDS - start)) s"
+fi
+
+if ((want_control_plane)); then
+  if [[ -x "$out/kwok" ]]; then
+    log "kwok: cached"
+  else
+    # kwok is built from its own go.mod (go install pkg@version), not ours.
+    log "kwok: building sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    start=$SECONDS
+    tmp=$(mktemp -d)
+    GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    mv "$tmp/kwok" "$out/kwok"
+    rm -rf "$tmp"
+    log "kwok: built in $((SECONDS - start)) s"
+  fi
 fi
 
 echo "$out"

@@ -2,8 +2,9 @@
 
 ``hack/build-bins.sh`` compiles etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 kubectl and kwok from their pinned Go modules into a cache keyed by version and prints that
-directory; a second call answers at once. Its progress goes to our stderr, because the first
-build takes minutes and a silent wait looks like a hang.
+directory; a second call answers at once. The real nodes' kubelet and kube-proxy are built only
+for a cluster that has real nodes: a first ``make demo`` does not wait for them. Its progress
+goes to our stderr, because the first build takes minutes and a silent wait looks like a hang.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ BINARIES: Final = (
     "kubectl",
     "kwok",
 )
+NODE_BINARIES: Final = ("kubelet", "kube-proxy")
 # Points at an existing directory of binaries and skips the build (for machines that have them).
 ENV_BINS_DIR: Final = "KN_RESCHEDULER_BINS"
 
@@ -33,18 +35,19 @@ class BinsError(RuntimeError):
     """The binaries could not be built or are incomplete."""
 
 
-def missing(directory: Path) -> list[str]:
+def missing(directory: Path, *, real_nodes: bool = False) -> list[str]:
     """The binaries absent (or not executable) in ``directory``."""
-    return [b for b in BINARIES if not os.access(directory / b, os.X_OK)]
+    wanted = BINARIES + NODE_BINARIES if real_nodes else BINARIES
+    return [b for b in wanted if not os.access(directory / b, os.X_OK)]
 
 
-def run_build_script(script: Path) -> str:
+def run_build_script(script: Path, *args: str) -> str:
     """Runs one of hack/'s build scripts, its progress on our stderr, and returns the last line
     it prints (the path of what it built or found cached). Raises BinsError on failure, with
     the script's last lines of progress (in a long build's output the cause is easy to miss)."""
     tail: deque[str] = deque(maxlen=20)
     with subprocess.Popen(
-        ["bash", str(script)],
+        ["bash", str(script), *args],
         cwd=REPO_ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -70,11 +73,13 @@ def run_build_script(script: Path) -> str:
     return lines[-1]
 
 
-def ensure_bins() -> Path:
-    """The directory holding every binary; builds them first when needed."""
+def ensure_bins(*, real_nodes: bool = False) -> Path:
+    """The directory holding the control plane's binaries, and the real nodes' with
+    ``real_nodes``; builds what is missing first."""
     override = os.environ.get(ENV_BINS_DIR)
-    directory = Path(override) if override else Path(run_build_script(BUILD_SCRIPT))
-    absent = missing(directory)
+    parts = ("control-plane", "nodes") if real_nodes else ("control-plane",)
+    directory = Path(override) if override else Path(run_build_script(BUILD_SCRIPT, *parts))
+    absent = missing(directory, real_nodes=real_nodes)
     if absent:
         raise BinsError(f"{directory} lacks {', '.join(absent)}")
     return directory

@@ -213,7 +213,7 @@ class Cluster:
     @property
     def bins_dir(self) -> Path:
         if self._bins_dir is None:
-            self._bins_dir = ensure_bins()
+            self._bins_dir = ensure_bins(real_nodes=bool(self.real_nodes))
         return self._bins_dir
 
     @property
