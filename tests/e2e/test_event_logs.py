@@ -176,7 +176,7 @@ def test_the_pipelines_function_logs_replay_every_event_that_led_to_an_action(
             return len(live) == 2 and all(ready(p) and p["spec"]["nodeName"] != bad for p in live)
 
         wait_for("2 web pods Ready off the faulty node", settled, timeout=90, every=0.5)
-        stack.wait_idle(10)
+        assert stack.wait_idle(10)
         archive = [e for e in stack.archived() if namespace in e.get("subject", "")]
 
     detect_log = (log_dir / "detect-failures.log").read_text().splitlines()

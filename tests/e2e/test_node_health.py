@@ -877,8 +877,17 @@ def test_two_workloads_crash_looping_on_one_node_move_before_the_threshold_and_m
     ]
     # Counted against the node (the replies say node-fixable): two workloads, suspect. Nothing
     # else could mark it, with no failure at the threshold there.
-    replies = [e for e in patient_stack.archived() if e["type"] == EVENT_POD_RESCHEDULED]
-    assert {r["data"]["kind"] for r in replies if r["data"]["node"] == bad} == {"node-fixable"}
+    # The replies come through the Broker after the Events the wait above saw: wait for them.
+    replies = wait_for(
+        "both moves' replies archived",
+        lambda: [
+            e
+            for e in patient_stack.archived()
+            if e["type"] == EVENT_POD_RESCHEDULED and e["data"]["node"] == bad
+        ],
+        timeout=10,
+    )
+    assert {r["data"]["kind"] for r in replies} == {"node-fixable"}
     wait_for("the node turns suspect", lambda: suspect(node_of(api, bad)), timeout=60)
 
 

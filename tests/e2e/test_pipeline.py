@@ -102,6 +102,8 @@ def test_a_deployment_with_one_faulty_node_moves_and_settles_on_healthy_nodes(
     rs = only(api, "ReplicaSet", namespace)["metadata"]["name"]
     state = state_of(api, "ReplicaSet", namespace, rs)
     assert state.excluded_nodes == (bad,)
+    # The state and the Event are written before the reply leaves for the Broker.
+    assert stack.wait_idle(10)
     moved = replies_for(stack, namespace, EVENT_POD_RESCHEDULED)
     assert state.moves == len(moved) >= 1
     assert all(r["data"]["node"] == bad for r in moved)
@@ -123,6 +125,7 @@ def test_statefulset_pods_keep_separate_exclusions(
     live = settled(api, namespace, 2, healthy_nodes(cluster, {bad}), "db-0 and db-1 Ready")
     assert sorted(p["metadata"]["name"] for p in live) == ["db-0", "db-1"]
     state = state_of(api, "StatefulSet", namespace, "db")
+    assert stack.wait_idle(10)
     moved_names = {r["data"]["name"] for r in replies_for(stack, namespace, EVENT_POD_RESCHEDULED)}
     assert moved_names, "at least one StatefulSet pod was placed on the faulty node and moved"
     for name in moved_names:
@@ -239,7 +242,7 @@ def test_daemonsets_and_workloads_without_the_policy_are_left_alone(
         return looping if len(looping) == 2 else None
 
     before = {p["metadata"]["uid"] for p in wait_for("both crash-looping", crash_looping_on_bad)}
-    stack.wait_idle(10)
+    assert stack.wait_idle(10)
     after = {p["metadata"]["uid"] for p in pods(api, namespace) if p["spec"].get("nodeName") == bad}
     assert before <= after
     failing = [e for e in stack.archived() if e["type"] == EVENT_POD_FAILING]
@@ -300,7 +303,7 @@ def test_replaying_a_scenario_with_dry_run_decides_the_same_and_changes_nothing(
         workload("Deployment", "web", pod_template({"app": "web"}, bad), replicas=2),
     )
     settled(api, namespace, 2, healthy_nodes(cluster, {bad}), "the scenario to settle")
-    stack.wait_idle(10)
+    assert stack.wait_idle(10)
     archive = tmp_path / "scenario.jsonl"
     recorded = [e for e in stack.archived() if namespace in e.get("subject", "")]
     archive.write_text("".join(json.dumps(e) + "\n" for e in recorded))

@@ -408,7 +408,7 @@ def test_replicas_on_two_faulty_nodes_are_each_moved_exactly_once(
         )
         settled(api, namespace, REPLICAS, good, f"{REPLICAS} pods Ready on good nodes", SETTLE)
         took = time.monotonic() - started
-        stack.wait_idle(10)
+        assert stack.wait_idle(10)
         created, node_of = bindings.snapshot()
 
     originals = set(created[:REPLICAS])

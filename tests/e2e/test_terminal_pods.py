@@ -171,6 +171,17 @@ def test_an_evicted_statefulset_pod_is_recorded_although_its_controller_deleted_
     # admitted without the exclusion.
     successor = wait_for("db-0 recreated by its StatefulSet", namesake)
     assert bad not in excluded_stamp(successor)
+    # update-annotations records the failure only on the kubelet's own Evicted Event, which a
+    # kubelet writes after the pod's Failed status: wait for it as the pipeline's delay would.
+    uid = failed["metadata"]["uid"]
+    wait_for(
+        "the kubelet's Evicted Event for the failed pod",
+        lambda: [
+            e
+            for e in api.list_all("Event", namespace, field_selector=f"involvedObject.uid={uid}")
+            if e.get("reason") == "Evicted"
+        ],
+    )
 
     reply = loop.deliver(event)
     assert reply is not None and reply.type == "io.kn-rescheduler.pod.rescheduled"
