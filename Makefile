@@ -57,7 +57,7 @@ adapter-bin:
 	bash hack/build-adapter.sh
 
 e2e: venv cluster-bins adapter-bin
-	$(PY) -m pytest -m e2e -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -m e2e -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # On TEST_WORKERS pytest-xdist workers (tests/conftest.py says what runs where): the end-to-end
 # tests mostly wait on controllers and clocks, so three workers use two cores. Ends with the 20
@@ -68,7 +68,7 @@ TEST_WORKERS ?= 3
 TEST_RESULTS ?= .local/test-results.xml
 test: venv cluster-bins adapter-bin
 	@mkdir -p $(dir $(TEST_RESULTS))
-	@status=0; $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=20 \
+	@status=0; $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=20 \
 	  --junitxml=$(TEST_RESULTS) $(TEST_ARGS) || status=$$?; \
 	$(PY) -m dev.tools.durations $(TEST_RESULTS) || true; exit $$status
 

@@ -8,6 +8,7 @@ is kept under pytest's basetemp for post-mortems. ``KN_RESCHEDULER_NODES`` sets 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -84,22 +86,65 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 REAL_NODES_FULL_ENV = "KN_RESCHEDULER_REAL_NODES"
 
 
-# `make test` runs on pytest-xdist's workers (`-n`, `--dist loadgroup`): each worker is a
-# session of its own, with its own control plane started on demand. An end-to-end file stays on
-# one worker, so its module fixtures (a Stack, a cluster, Knative's install) start once. Every
-# real-node file runs on one worker, one file after the other, as in a run without xdist: they
-# share the machine's iptables, sysctls, node image cache and the record of real clusters that
-# test_real_nodes.py checks is left as it was. The unit, handler and fuzz tests go one by one
-# to whichever worker is free.
+# `make test` runs on pytest-xdist's workers (`-n`): each worker is a session of its own, with
+# its own control plane started on demand. An end-to-end file stays on one worker, so its module
+# fixtures (a Stack, a cluster, Knative's install) start once. Every real-node file runs on one
+# worker, one file after the other, as in a run without xdist: they share the machine's
+# iptables, sysctls, node image cache and the record of real clusters that test_real_nodes.py
+# checks is left as it was. The unit, handler and fuzz tests go one by one to whichever worker
+# is free. The scheduler sees only test ids, so the real-node files are named here; collection
+# checks that this list and the files marked `real_nodes` are the same.
 REAL_NODES_GROUP = "real-nodes"
+REAL_NODE_FILES = frozenset(
+    f"tests/e2e/{name}.py"
+    for name in (
+        "test_cluster_network",
+        "test_demo_installed",
+        "test_demo_real_nodes",
+        "test_knative_installed",
+        "test_node_images",
+        "test_oidc_installed",
+        "test_real_node_metrics",
+        "test_real_node_pipeline",
+        "test_real_nodes",
+    )
+)
 
 
-def xdist_group(item: pytest.Item) -> str | None:
-    if item.get_closest_marker("real_nodes") is not None:
+def xdist_group(nodeid: str) -> str:
+    """The unit of work a test belongs to: its real-node group, its end-to-end file, or itself."""
+    path = nodeid.split("::", 1)[0]
+    if path in REAL_NODE_FILES:
         return REAL_NODES_GROUP
-    if item.get_closest_marker("e2e") is not None:
-        return item.nodeid.split("::", 1)[0]
-    return None
+    if path.startswith("tests/e2e/"):
+        return path
+    return nodeid
+
+
+if importlib.util.find_spec("xdist") is not None:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):  # type: ignore[misc]
+        """pytest-xdist's scope scheduling with our units (``xdist_group``); handed out in the
+        order of collection (``--no-loadscope-reorder``). pytest-xdist's own ``loadgroup``
+        names groups by rewriting test ids, which pytest 9 no longer allows."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Groups:
+        return Groups(config, log)
+
+
+def check_real_node_files(items: list[pytest.Item]) -> None:
+    marked = {i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("real_nodes")}
+    collected = {i.nodeid.split("::", 1)[0] for i in items}
+    listed = REAL_NODE_FILES & collected
+    if marked != listed:
+        raise pytest.UsageError(
+            "tests/conftest.py REAL_NODE_FILES and the files marked real_nodes differ: "
+            f"marked only {sorted(marked - listed)}, listed only {sorted(listed - marked)}"
+        )
 
 
 # The last run's JUnit XML (make test writes it): the files that took longest start first, so
@@ -107,31 +152,28 @@ def xdist_group(item: pytest.Item) -> str | None:
 LAST_RESULTS = Path(__file__).resolve().parents[1] / ".local" / "test-results.xml"
 
 
-def last_seconds_per_group(items: list[pytest.Item]) -> dict[str, float]:
+def last_seconds_per_group() -> dict[str, float]:
     """Each group's seconds in the last run (none when there was none or it cannot be read:
     the order then is the real-node group, the other end-to-end files, the rest)."""
     try:
         run = durations.read(LAST_RESULTS)
     except durations.ResultsError:
         return {}
-    group_of = {i.nodeid.split("::", 1)[0]: g for i in items if (g := xdist_group(i)) is not None}
     seconds: dict[str, float] = {}
     for path, entry in run.files.items():
-        if path in group_of:
-            seconds[group_of[path]] = seconds.get(group_of[path], 0.0) + entry.seconds
+        if path.startswith("tests/e2e/"):
+            group = xdist_group(path)
+            seconds[group] = seconds.get(group, 0.0) + entry.seconds
     return seconds
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    last = last_seconds_per_group(items)
+    check_real_node_files(items)
+    last = last_seconds_per_group()
 
     def start_order(item: pytest.Item) -> tuple[int, float]:
-        group = xdist_group(item)
-        if group is None:
+        group = xdist_group(item.nodeid)
+        if group == item.nodeid:
             return (2, 0.0)
         if group == REAL_NODES_GROUP and not last:
             return (0, 0.0)
