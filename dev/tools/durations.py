@@ -7,8 +7,8 @@ costs the suite, fixtures included, which is what decides where the time goes. A
 fixture (the shared control plane) lands in whichever file asks for it first: the table says
 which file that was by its first test's time.
 
-    python -m dev.tools.durations .local/test-results.xml              the 15 slowest files
-    python -m dev.tools.durations before.xml --compare after.xml       side by side, per file
+    python -m dev.tools.durations .local/test-results*.xml             the 15 slowest files
+    python -m dev.tools.durations before.xml --compare after*.xml      side by side, per file
     python -m dev.tools.durations results.xml --all --markdown         every file, for the docs
 """
 
@@ -66,29 +66,32 @@ def file_of(classname: str) -> str:
     return "/".join(parts) + ".py"
 
 
-def read(path: Path) -> Run:
-    """A run from pytest's JUnit XML (any ``junit_family``); a clear error for anything else."""
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError) as exc:
-        raise ResultsError(f"cannot read {path}: {exc}") from exc
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    if not suites:
-        raise ResultsError(f"{path} holds no <testsuite>: not pytest's JUnit XML")
+def read(*paths: Path) -> Run:
+    """A run from pytest's JUnit XML (any ``junit_family``), or from the files of runs made one
+    after the other (make test's parallel part and what runs alone): their times add up. A
+    clear error for anything else."""
     files: dict[str, FileTime] = {}
     total = 0.0
-    for suite in suites:
-        total += float(suite.get("time", "0") or 0)
-        for case in suite.iter("testcase"):
-            name = case.get("file") or file_of(case.get("classname", ""))
-            entry = files.setdefault(name, FileTime(name))
-            seconds = float(case.get("time", "0") or 0)
-            entry.seconds += seconds
-            entry.tests += 1
-            entry.skipped += case.find("skipped") is not None
-            entry.failed += case.find("failure") is not None or case.find("error") is not None
-            if seconds > entry.slowest[0]:
-                entry.slowest = (seconds, case.get("name", ""))
+    for path in paths:
+        try:
+            root = ET.parse(path).getroot()
+        except (OSError, ET.ParseError) as exc:
+            raise ResultsError(f"cannot read {path}: {exc}") from exc
+        suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+        if not suites:
+            raise ResultsError(f"{path} holds no <testsuite>: not pytest's JUnit XML")
+        for suite in suites:
+            total += float(suite.get("time", "0") or 0)
+            for case in suite.iter("testcase"):
+                name = case.get("file") or file_of(case.get("classname", ""))
+                entry = files.setdefault(name, FileTime(name))
+                seconds = float(case.get("time", "0") or 0)
+                entry.seconds += seconds
+                entry.tests += 1
+                entry.skipped += case.find("skipped") is not None
+                entry.failed += case.find("failure") is not None or case.find("error") is not None
+                if seconds > entry.slowest[0]:
+                    entry.slowest = (seconds, case.get("name", ""))
     return Run(files, total)
 
 
@@ -183,16 +186,20 @@ def render(rows: Sequence[Sequence[str]], markdown: bool) -> list[str]:
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dev.tools.durations", description=__doc__)
-    parser.add_argument("results", type=Path, help="pytest's JUnit XML (--junitxml)")
-    parser.add_argument("--compare", type=Path, metavar="AFTER", help="a later run, per file")
+    parser.add_argument(
+        "results", type=Path, nargs="+", help="pytest's JUnit XML (--junitxml), one run's files"
+    )
+    parser.add_argument(
+        "--compare", type=Path, nargs="+", metavar="AFTER", help="a later run's files, per file"
+    )
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="files shown (default 15)")
     parser.add_argument("--all", action="store_true", help="every file")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
     args = parser.parse_args(list(argv) if argv is not None else None)
     try:
-        before = read(args.results)
+        before = read(*args.results)
         if args.compare is not None:
-            lines = compare(before, read(args.compare), args.markdown)
+            lines = compare(before, read(*args.compare), args.markdown)
         else:
             lines = table(before, None if args.all else args.top, args.markdown)
     except ResultsError as exc:

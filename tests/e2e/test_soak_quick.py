@@ -28,7 +28,10 @@ import pytest
 
 from dev.bench.soak.invariants import INVARIANTS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+# By itself, after the parallel part of make test: run beside it, its Deployments' replacements
+# met the three crash-looping nodes before assess-nodes' blame steered them away, and the stop
+# rule held two of them there (docs/testing.md).
+pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
 

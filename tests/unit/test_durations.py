@@ -76,3 +76,12 @@ def test_a_file_that_is_not_junit_xml_is_a_clear_error(
         durations.read(tmp_path / "missing.xml")
     assert durations.main([str(bad)]) == 2
     assert "holds no <testsuite>: not pytest's JUnit XML" in capsys.readouterr().err
+
+
+def test_runs_made_one_after_the_other_add_up(results: Path, tmp_path: Path) -> None:
+    alone = tmp_path / "alone.xml"
+    alone.write_text(RECORDED.replace("tests.unit.test_quantity", "tests.e2e.test_soak_quick"))
+    run = durations.read(results, alone)
+    assert run.seconds == pytest.approx(261.0)
+    assert run.files["tests/e2e/test_moves.py"].tests == 6
+    assert run.files["tests/e2e/test_soak_quick.py"].skipped == 1
