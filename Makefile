@@ -63,18 +63,14 @@ e2e: venv cluster-bins adapter-bin
 # tests mostly wait on controllers and clocks, so three workers use two cores. Ends with the 20
 # slowest tests (setup, call and teardown apart) and the slowest files, fixtures included
 # (JUnit XML in .local/test-results.xml), so that every run, CI's included, shows where the
-# time goes. TEST_WORKERS=0 runs it all in one process. Tests marked `alone` (the quick soak,
-# whose world is timed against the wall clock) run after the rest, by themselves: beside the
-# parallel part its replacements met the bad nodes' blame too late (docs/testing.md).
+# time goes. TEST_WORKERS=0 runs it all in one process.
 TEST_WORKERS ?= 3
 TEST_RESULTS ?= .local/test-results.xml
-TEST_RESULTS_ALONE ?= .local/test-results-alone.xml
 test: venv cluster-bins adapter-bin
 	@mkdir -p $(dir $(TEST_RESULTS))
-	@status=0; $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not alone" \
+	@status=0; $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 	  --durations=20 --junitxml=$(TEST_RESULTS) $(TEST_ARGS) || status=$$?; \
-	$(PY) -m pytest -q -m alone --durations=5 --junitxml=$(TEST_RESULTS_ALONE) $(TEST_ARGS) || status=$$?; \
-	$(PY) -m dev.tools.durations $(TEST_RESULTS) $(TEST_RESULTS_ALONE) || true; exit $$status
+	$(PY) -m dev.tools.durations $(TEST_RESULTS) || true; exit $$status
 
 # Property-based fuzzing of every HTTP entry point and every annotation we parse (tests/fuzz).
 # `make test` runs a short, fixed version; this one runs 1,000 examples a property, random,

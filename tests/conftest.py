@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from kubernetes import client as k8s
@@ -152,6 +152,16 @@ def check_real_node_files(items: list[pytest.Item]) -> None:
 LAST_RESULTS = Path(__file__).resolve().parents[1] / ".local" / "test-results.xml"
 
 
+# Without a last run (a fresh clone, CI): the real-node unit and the runs of a whole world, the
+# longest units by far (docs/testing.md), then the rest in the order of collection.
+FIRST_WITHOUT_A_LAST_RUN: Final = (
+    REAL_NODES_GROUP,
+    "tests/e2e/test_bench_quick.py",
+    "tests/e2e/test_soak_quick.py",
+    "tests/e2e/test_chaos_quick.py",
+)
+
+
 def last_seconds_per_group() -> dict[str, float]:
     """Each group's seconds in the last run (none when there was none or it cannot be read:
     the order then is the real-node group, the other end-to-end files, the rest)."""
@@ -175,8 +185,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist_group(item.nodeid)
         if group == item.nodeid:
             return (2, 0.0)
-        if group == REAL_NODES_GROUP and not last:
-            return (0, 0.0)
+        if not last and group in FIRST_WITHOUT_A_LAST_RUN:
+            return (0, float(FIRST_WITHOUT_A_LAST_RUN.index(group)))
         return (1, -last.get(group, 0.0))
 
     items.sort(key=start_order)  # stable: a file's tests keep their order
