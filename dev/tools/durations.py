@@ -18,7 +18,7 @@ import argparse
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -35,7 +35,6 @@ class FileTime:
     skipped: int = 0
     failed: int = 0
     slowest: tuple[float, str] = (0.0, "")
-    names: list[str] = field(default_factory=list)
 
     @property
     def ran(self) -> int:
@@ -122,7 +121,9 @@ def table(run: Run, top: int | None, markdown: bool) -> list[str]:
     rows = [
         (
             f.path,
-            str(f.ran) + (f" (+{f.skipped} skipped)" if f.skipped else ""),
+            str(f.ran)
+            + (f" (+{f.skipped} skipped)" if f.skipped else "")
+            + (f", {f.failed} failed" if f.failed else ""),
             minutes(f.seconds),
             f"{100 * f.seconds / summed:.1f}%" if summed else "-",
             f"{f.slowest[0]:.0f} s {f.slowest[1]}",

@@ -51,6 +51,7 @@ def test_the_table_ranks_files_by_time_and_ends_with_the_layers(
     assert durations.main([str(results), "--top", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("tests/e2e/test_moves.py") and "2:00" in out[1]
+    assert "3, 1 failed" in out[1]
     assert out[2] == "... 1 more files, 0:10 together"
     assert out[3] == (
         "4 tests, 2:10 from start to end, 2:10 of tests' own time: "
