@@ -109,13 +109,10 @@ archive: venv
 
 # Benchmarks against the peers (vanilla, the descheduler) on the local control plane (issue 6):
 # dev/bench/results/<date>.json, plots, dev/bench/RESULTS.md. bench-quick: tiny sizes, for CI.
-# The full real-node suite (docs/testing.md): every test on real kubelets, about 28 minutes;
-# make test runs the short one (about 17).
+# The full real-node suite (docs/testing.md): every test marked real_nodes, the full ones
+# included, about 32 minutes; make test runs the short one (about 16, on one of its workers).
 real-nodes: venv cluster-bins adapter-bin
-	KN_RESCHEDULER_REAL_NODES=full $(PY) -m pytest -q -m e2e tests/e2e/test_real_nodes.py \
-		tests/e2e/test_cluster_network.py tests/e2e/test_knative_installed.py \
-		tests/e2e/test_real_node_pipeline.py tests/e2e/test_real_node_metrics.py \
-		tests/e2e/test_demo_real_nodes.py tests/e2e/test_demo_installed.py tests/e2e/test_node_images.py
+	KN_RESCHEDULER_REAL_NODES=full $(PY) -m pytest -q -m "e2e and real_nodes" tests/e2e
 
 # The images' reproducibility in full (docs/security.md): a function built with the layer
 # cache and again without it from a copy with other file times, and the Debian base built

@@ -111,7 +111,7 @@ REAL_NODE_FILES = frozenset(
 )
 
 
-def xdist_group(nodeid: str) -> str:
+def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its real-node group, its end-to-end file, or itself."""
     path = nodeid.split("::", 1)[0]
     if path in REAL_NODE_FILES:
@@ -125,12 +125,12 @@ if importlib.util.find_spec("xdist") is not None:
     from xdist.scheduler import LoadScopeScheduling
 
     class Groups(LoadScopeScheduling):  # type: ignore[misc]
-        """pytest-xdist's scope scheduling with our units (``xdist_group``); handed out in the
+        """pytest-xdist's scope scheduling with our units (``unit_of``); handed out in the
         order of collection (``--no-loadscope-reorder``). pytest-xdist's own ``loadgroup``
         names groups by rewriting test ids, which pytest 9 no longer allows."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return xdist_group(nodeid)
+            return unit_of(nodeid)
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Groups:
         return Groups(config, log)
@@ -163,8 +163,7 @@ FIRST_WITHOUT_A_LAST_RUN: Final = (
 
 
 def last_seconds_per_group() -> dict[str, float]:
-    """Each group's seconds in the last run (none when there was none or it cannot be read:
-    the order then is the real-node group, the other end-to-end files, the rest)."""
+    """Each unit's seconds in the last run; none when there was none or it cannot be read."""
     try:
         run = durations.read(LAST_RESULTS)
     except durations.ResultsError:
@@ -172,7 +171,7 @@ def last_seconds_per_group() -> dict[str, float]:
     seconds: dict[str, float] = {}
     for path, entry in run.files.items():
         if path.startswith("tests/e2e/"):
-            group = xdist_group(path)
+            group = unit_of(path)
             seconds[group] = seconds.get(group, 0.0) + entry.seconds
     return seconds
 
@@ -182,7 +181,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     last = last_seconds_per_group()
 
     def start_order(item: pytest.Item) -> tuple[int, float]:
-        group = xdist_group(item.nodeid)
+        group = unit_of(item.nodeid)
         if group == item.nodeid:
             return (2, 0.0)
         if not last and group in FIRST_WITHOUT_A_LAST_RUN:
