@@ -212,11 +212,15 @@ def plan_workloads(faulty: Sequence[str], healthy: Sequence[str]) -> list[Worklo
     """Who prefers which faulty node, so that each kind of owner meets a different fault.
 
     The Deployment prefers the first faulty node and, less, the second: once it is kept off the
-    first, the scheduler still picks a bad one, and the exclusions grow. The StatefulSet prefers
-    the third, then the second: each of its pods fails on the third in turn, since its
-    exclusions are kept per pod, and a pod kept off the third tries the second, where the Job
-    fails too. So the second faulty node breaks pods of at least two workloads and turns
-    suspect (or, if another did first, the cap holds it back, and says so).
+    first, the scheduler still picks a bad one, and the exclusions grow. The StatefulSet and the
+    Job prefer the second: the first pod of each fails there first, so the second faulty node
+    breaks pods of two workloads that failed nowhere else and turns suspect. A failure counts
+    against a node only when its workload did not fail elsewhere too (an application broken
+    everywhere looks like that: docs/node-health.md), so the Deployment, which meets the first
+    and the second at once, cannot be relied on for it: whether its failure there counts
+    depends on which of its pods failed first. The StatefulSet's second preference is the
+    third: a pod kept off the second tries it, and its exclusions are kept per pod. Other
+    faulty nodes that qualify later are held back by the cap, which says so.
 
     The Job prefers the second and may only run on a node pool of that node and two healthy
     ones. A Job's controller waits 10s, 20s, 40s ... before it replaces a failed pod, and an
@@ -240,7 +244,7 @@ def plan_workloads(faulty: Sequence[str], healthy: Sequence[str]) -> list[Worklo
     pool = tuple(sorted({*good, *([job_node] if job_node else [])}))
     return [
         Workload("Deployment", "web", 3, prefs(pick(0), pick(1))),
-        Workload("StatefulSet", "db", 2, prefs(pick(2), pick(1))),
+        Workload("StatefulSet", "db", 2, prefs(pick(1), pick(2))),
         Workload("Job", "report", 1, prefs(job_node), pool=pool),
     ]
 

@@ -100,10 +100,13 @@ def test_every_replica_ends_ready_on_a_good_node_within_its_budget(demo: dict[st
     web = by_workload["Deployment/web"]
     assert {r["budget"] for r in web} == {9}
     assert 1 <= web[0]["workload_moves"] == sum(r["moves"] for r in web) <= 9
-    # Each StatefulSet pod fails first on the node it prefers and keeps its own count.
-    for row in by_workload["StatefulSet/db"]:
-        assert row["nodes"][0] == "node-5" and row["budget"] == 3
-        assert row["workload_moves"] == row["moves"] >= 1
+    # The StatefulSet's first pod fails first on the node it prefers; each pod keeps its own
+    # count. (Where db-1, created once db-0 is Ready, goes first depends on whether node-3 is
+    # suspect by then: the scheduler's choice.)
+    db = {row["pod"]: row for row in by_workload["StatefulSet/db"]}
+    assert db["db-0"]["nodes"][0] == "node-3" and db["db-0"]["moves"] >= 1
+    for row in db.values():
+        assert row["budget"] == 3 and row["workload_moves"] == row["moves"]
     # The Job fails once on its pool's bad node, then completes on a good one of its pool.
     (job,) = by_workload["Job/report"]
     assert job["nodes"][0] == "node-3" and job["moves"] == job["workload_moves"] == 1
@@ -120,7 +123,6 @@ def test_the_output_tells_the_story_as_it_happens(demo: dict[str, Any]) -> None:
         "failing on node-3: OOMKilled",
         "[detect-failures]",
         "[update-annotations]",
-        "the webhook kept it off node-5",
         "[assess-nodes]",
         "Warning Event NodeSuspected",
         "act 2: node pressure",
@@ -130,6 +132,8 @@ def test_the_output_tells_the_story_as_it_happens(demo: dict[str, Any]) -> None:
         "summary",
     ):
         assert expected in out, f"{expected!r} not in the output:\n{out[-4000:]}"
+    # Which nodes a replacement is kept off depends on its path (the scheduler's choice).
+    assert re.search(r"the webhook kept it off node-\d", out), out[-4000:]
     # A failed image pull is written under two waiting reasons by where the kubelet's retry
     # stands (ErrImagePull, then ImagePullBackOff during its back-off); the event that reports
     # it carries whichever the status had when it was written, which under load may be either.
