@@ -201,6 +201,7 @@ def _pipelines(cluster: Cluster, workdir: Path) -> Iterator[dict[str, Pipeline]]
         ).start()
         stack.callback(hook.stop)
         webhook_setup.register(cluster.api_client(), webhook_setup.configuration(hook.url, ca))
+        webhook_setup.wait_until_called(cluster.api_client())
         stack.callback(webhook_setup.unregister, cluster.api_client())
         out: dict[str, Pipeline] = {}
         for mode in MODES:

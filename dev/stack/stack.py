@@ -211,6 +211,7 @@ class Stack:
         ).start()
         self.broker_url = self.broker.url
         webhook_setup.register(self.api_client, webhook_setup.configuration(hook.url, ca))
+        webhook_setup.wait_until_called(self.api_client)
         # What the cluster's ApiServerSource watches, label selector included: only pods the
         # webhook labelled as opted in produce events.
         # The adapter runs beside the Broker in its network namespace, as the ApiServerSource's

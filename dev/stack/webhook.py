@@ -12,6 +12,7 @@ from it (what the API server's AdmissionConfiguration kubeconfig presents).
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -19,7 +20,7 @@ from typing import Any, Final
 from kubernetes import client as k8s
 
 from dev.localcluster.pki import issue, make_ca
-from shared.api.keys import DEFAULT_NAMESPACE, OPT_OUT_LABEL
+from shared.api.keys import DEFAULT_NAMESPACE, OPT_OUT_LABEL, OPTED_IN_LABEL, OPTED_IN_VALUE
 
 NAME: Final = "kn-rescheduler-mutate-admission"
 # The identity the API server presents to the webhook (a name, no groups: the webhook checks
@@ -120,6 +121,44 @@ def register(api_client: k8s.ApiClient, body: dict[str, Any]) -> None:
         if exc.status != 404:
             raise
     api.create_mutating_webhook_configuration(body)  # type: ignore[arg-type]
+
+
+# A namespace every cluster has and the registration's namespaceSelector does not leave out: a
+# dry-run create there writes nothing.
+PROBE_NAMESPACE: Final = "kube-public"
+
+
+def called_by_the_api_server(api_client: k8s.ApiClient, namespace: str = PROBE_NAMESPACE) -> bool:
+    """Whether a pod created now goes through the webhook: a dry-run create of an opted-in pod
+    comes back with the opt-in label the webhook sets. Nothing is written."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "webhook-probe-", "annotations": {"scheduling-retries": "1"}},
+        "spec": {"containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10"}]},
+    }
+    api = k8s.CoreV1Api(api_client)
+    made = api.create_namespaced_pod(namespace, pod, dry_run="All")  # type: ignore[arg-type]
+    labels = (made.metadata.labels if made.metadata else None) or {}
+    return labels.get(OPTED_IN_LABEL) == OPTED_IN_VALUE
+
+
+def wait_until_called(
+    api_client: k8s.ApiClient, timeout: float = 30.0, namespace: str = PROBE_NAMESPACE
+) -> None:
+    """Wait until the API server calls the webhook just registered.
+
+    The API server's admission plugin reads registrations from an informer, so a pod created
+    the moment after the registration may be admitted without the call, and failurePolicy
+    Ignore hides that: whatever a test or the demo creates next would miss the webhook."""
+    deadline = time.monotonic() + timeout
+    while not called_by_the_api_server(api_client, namespace):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the API server did not call the webhook within {timeout:.0f}s of its "
+                f"registration (a dry-run pod in {namespace} came back without the opt-in label)"
+            )
+        time.sleep(0.1)
 
 
 def unregister(api_client: k8s.ApiClient, name: str = NAME) -> None:

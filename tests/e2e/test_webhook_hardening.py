@@ -346,24 +346,34 @@ def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_w
         webhook_setup.register(cluster.api_client(), body)
         try:
             # The session's API server has no AdmissionConfiguration: the handshake fails,
-            # failurePolicy Ignore admits the pod, and the webhook answered nothing.
+            # failurePolicy Ignore admits the pod, and the webhook answered nothing. Its
+            # admission plugin follows registrations with a lag, so a pod is created until its
+            # call shows in the log.
             plain = k8s.CoreV1Api(cluster.api_client())
-            plain.create_namespaced_pod(
-                namespace, builders.bare_pod("without-certificate", retries="2")
-            )
-            assert admissions(server) == 0
+            url = f"127.0.0.1:{server.port}"
+            tried = 0
+
+            def failed_call() -> list[str]:
+                nonlocal tried
+                tried += 1
+                plain.create_namespaced_pod(
+                    namespace, builders.bare_pod(f"without-certificate-{tried}", retries="2")
+                )
+                return failed_calls(cluster.log_dir / "kube-apiserver.log", url)
+
             # Which error Go's client reports depends on when the server's refusal reaches it:
             # with TLS 1.3 the client's side of the handshake completes before the server checks
             # the certificate, so the alert ("certificate required", "bad certificate") or only
             # the closed connection may be what it reads. The refusal itself is proved by
             # test_without_a_client_certificate_the_tls_handshake_is_refused; here, that this
             # API server called the webhook and failed, on this webhook's own address.
-            url = f"127.0.0.1:{server.port}"
             wait_for(
                 f"the API server to log its failed call to {url}",
-                lambda: failed_calls(cluster.log_dir / "kube-apiserver.log", url),
+                failed_call,
                 timeout=15,
+                every=0.5,
             )
+            assert admissions(server) == 0
 
             # An API server of the same control plane started with the AdmissionConfiguration
             # of docs/install.md presents the client certificate and gets its answer.
