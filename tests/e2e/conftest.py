@@ -95,22 +95,71 @@ def kubectl(c: Cluster, *args: str, stdin: str | None = None, check: bool = True
     return done.stdout
 
 
+# How the end-to-end tests wait. Whatever they read was written by something else (the
+# kubelet, a controller, the scheduler, the Broker, one of our functions), on its own watch and
+# a moment after the thing that caused it: a read right after the trigger is a race. So:
+#
+# - ``wait_for`` until what is read says what the test expects, and fail with what it saw;
+# - ``holds`` for what must stay true over a quiet period (nothing more is moved), checked all
+#   along, not once at the end;
+# - ``let_time_pass`` only where a rule of ours or of Kubernetes counts time (a window, a
+#   threshold, timestamps with whole seconds), saying which.
+#
+# tests/unit/test_e2e_waits.py refuses any other sleep in tests/e2e.
+
+
 def wait_for(
-    what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.25
+    what: str,
+    check: Callable[[], Any],
+    timeout: float = 60.0,
+    every: float = 0.25,
+    seen: Callable[[], Any] | None = None,
 ) -> Any:
-    """Poll ``check`` every ``every`` seconds until it returns something truthy; fail the test
-    with ``what`` and the last answer (its first 2,000 characters) if not within ``timeout``.
-    The e2e tests' one wait: files that wait differently bind their timeout and interval."""
+    """Poll ``check`` every ``every`` seconds until it returns something truthy, and return
+    that; fail the test with ``what``, the last answer and, with ``seen``, what else there was
+    to see (a node's conditions and taints), if not within ``timeout``. Each is shown up to
+    2,000 characters. Files that wait differently bind their timeout and interval."""
     deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
+    while True:
         last = check()
         if last:
             return last
+        if time.monotonic() >= deadline:
+            extra = f"; saw {seen()!r:.2000}" if seen is not None else ""
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r:.2000}){extra}"
+            )
         time.sleep(every)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r:.2000})"
-    )
+
+
+def holds(
+    what: str,
+    check: Callable[[], Any],
+    seconds: float,
+    every: float = 0.25,
+    seen: Callable[[], Any] | None = None,
+) -> None:
+    """Check ``check`` every ``every`` seconds for ``seconds``; fail at the first answer that
+    is not truthy, with ``what``, that answer and, with ``seen``, what else there was to see.
+    For what must not happen: a check once at the end misses what happened and was undone in
+    between."""
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = check()
+        if not answer:
+            extra = f"; saw {seen()!r:.2000}" if seen is not None else ""
+            raise AssertionError(f"no longer {what} (answered {answer!r:.2000}){extra}")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(every)
+
+
+def let_time_pass(seconds: float, why: str) -> None:
+    """Sleep, where a rule counts time rather than waits for a write: ``why`` says which (it
+    is there for the reader; a wait for a write is ``wait_for``)."""
+    assert why, "say which rule counts the time"
+    if seconds > 0:
+        time.sleep(seconds)
 
 
 def earlier_tests_gone(cluster: Cluster, namespace: str, timeout: float = 60.0) -> None:
@@ -132,11 +181,7 @@ def earlier_tests_gone(cluster: Cluster, namespace: str, timeout: float = 60.0) 
             and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
         ]
 
-    deadline = time.monotonic() + timeout
-    while left := holding():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"pods of earlier tests still on the nodes: {left[:10]}")
-        time.sleep(0.25)
+    wait_for("no pod of earlier tests on the nodes", lambda: not holding(), timeout, seen=holding)
 
 
 @dataclass
@@ -152,6 +197,7 @@ class Webhook:
     def register(self) -> None:
         body = webhook_setup.configuration(self.url, self.ca_file, name=self.name)
         webhook_setup.register(self.api_client, body)
+        webhook_setup.wait_until_called(self.api_client)
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,6 @@ nodes have 8 CPUs and 7800m allocatable, so a CPU busy at 90 % is 92.3 % of allo
 
 from __future__ import annotations
 
-import time
-
 import flask.testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +17,7 @@ from dev.localcluster import Cluster
 from shared.api.keys import LOAD_LABEL, MAINTENANCE_LABEL, PING_EVENT_TYPE, USAGE_ANNOTATION
 from shared.api.usage import UsageRecord
 from shared.platform.kube import Kube
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import let_time_pass, wait_for
 from tests.e2e.test_label_nodes import cpu_by_node, reads
 from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent
 
@@ -213,7 +211,7 @@ def test_with_prometheus_down_buckets_go_once_the_records_are_stale(
         assert {n: usage_of(cluster, n)[0] for n in cluster.nodes} == stamps
         assert all(usage_of(cluster, n)[1] for n in cluster.nodes)
 
-        time.sleep(STALE_AFTER + 0.5)
+        let_time_pass(STALE_AFTER + 0.5, "the records are older than usage-stale-after")
         ping(annotate_usage)
         assert [usage_of(cluster, n)[1] for n in cluster.nodes] == [None] * len(cluster.nodes)
         # The records stay, with their time, for people to read.

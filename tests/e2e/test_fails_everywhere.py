@@ -12,7 +12,6 @@ one Warning says why, and once a pod of the workload is healthy somewhere they r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ from shared.api.keys import REASON_MOVES_STOPPED, REASON_RETRIES_EXHAUSTED
 from shared.api.state import WorkloadState
 from shared.platform.kube import Kube
 from tests import builders
-from tests.e2e.conftest import Loop, state_of, wait_for
+from tests.e2e.conftest import Loop, holds, state_of, wait_for
 from tests.e2e.test_rescheduling import events_for, only, pods, ready
 
 pytestmark = pytest.mark.e2e
@@ -45,6 +44,14 @@ def pump_until(
     wait_for(what, sent, timeout=timeout, every=1.0)
 
 
+def unmoved(
+    loop: Loop, namespace: str, state: Callable[[], WorkloadState], stopped: WorkloadState
+) -> bool:
+    """Deliver every failing pod's event again; whether no move was made since ``stopped``."""
+    loop.pump(namespace)
+    return state().moves == stopped.moves
+
+
 def test_a_deployment_crash_looping_on_every_node_stops_being_moved_until_a_pod_is_healthy(
     cluster: Any, namespace: str, api: Kube, loop: Loop, faults: Callable[..., None]
 ) -> None:
@@ -61,10 +68,9 @@ def test_a_deployment_crash_looping_on_every_node_stops_being_moved_until_a_pod_
     pump_until(loop, namespace, "the moves to stop", lambda: state().stopped is not None, 240)
     stopped = state()
     # Nothing more happens however often the failing pods are sent.
-    deadline = time.monotonic() + QUIET
-    while time.monotonic() < deadline:
-        loop.pump(namespace)
-        time.sleep(1.0)
+    holds(
+        "stopped, with no move since", lambda: unmoved(loop, namespace, state, stopped), QUIET, 1.0
+    )
     after = state()
     print(
         f"\nstopped after {stopped.moves} moves: {stopped.stopped}; excluded {after.excluded_nodes}"
@@ -115,10 +121,10 @@ def test_a_lone_pod_whose_image_pulls_nowhere_stops_on_its_third_node(
         return state_of(api, "ReplicaSet", namespace, name)
 
     pump_until(loop, namespace, "the moves to stop", lambda: state().stopped is not None, 120)
-    deadline = time.monotonic() + QUIET
-    while time.monotonic() < deadline:
-        loop.pump(namespace)
-        time.sleep(1.0)
+    stopped = state()
+    holds(
+        "stopped, with no move since", lambda: unmoved(loop, namespace, state, stopped), QUIET, 1.0
+    )
     after = state()
 
     assert after.stopped is not None

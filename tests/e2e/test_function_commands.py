@@ -23,7 +23,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -249,16 +248,15 @@ def running(
     tls_ca = tls_dir / "ca.crt" if mounts and tls_dir is not None else None
     server = Running(function, port, proc, tls_ca, env)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def answers() -> bool:
             assert proc.alive(), f"{function} exited:\n{proc.log_tail()}"
             try:
-                if server.request("GET", "/metrics")[0] == 200:
-                    break
+                return server.request("GET", "/metrics")[0] == 200
             except OSError:
-                pass
-            assert time.monotonic() < deadline, f"{function} never answered:\n{proc.log_tail()}"
-            time.sleep(0.2)
+                return False
+
+        wait_for(f"{function} to answer", answers, 60, every=0.2, seen=proc.log_tail)
         yield server
     finally:
         proc.stop(grace=5.0)

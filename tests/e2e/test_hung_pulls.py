@@ -31,7 +31,7 @@ from shared.platform.kube import Kube
 from shared.pods.sweep_failures.handler import Sweeper
 from shared.pods.update_annotations.handler import Rescheduler
 from tests import builders
-from tests.e2e.conftest import LOCAL, wait_for
+from tests.e2e.conftest import LOCAL, let_time_pass, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -115,7 +115,7 @@ def hung_beside_a_sibling(api: Kube, namespace: str, hung: str, other: str, imag
     # Kubernetes writes times to the second: the sibling starts in a later second than the
     # hung pod's sandbox came up, or its download could not be told to be after it.
     since = sandbox_up(stuck)
-    time.sleep(max(0.0, since.timestamp() + 1.1 - time.time()))
+    let_time_pass(since.timestamp() + 1.1 - time.time(), "timestamps have whole seconds")
     api.merge_patch("ReplicaSet", namespace, "web", {"spec": {"replicas": 2}})
     wait_for(
         "the second pod to run on the other node",
@@ -127,7 +127,7 @@ def hung_beside_a_sibling(api: Kube, namespace: str, hung: str, other: str, imag
     # Past the threshold a download beside it allows: the longest of pending_stuck_after (3 s
     # here), three times the sibling's pull (0.5 s) and the image's size at 10 MiB/s (the fake
     # kubelet's 48 MB: 4.6 s).
-    time.sleep(max(0.0, since.timestamp() + 6 - time.time()))
+    let_time_pass(since.timestamp() + 6 - time.time(), "past the hung-pull threshold")
     return stuck
 
 

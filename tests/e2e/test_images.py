@@ -209,16 +209,18 @@ class Starter:
         )
         ca = webhook_secret / "ca.crt" if webhook_secret in mounts else None
         started = Started(function, port, running, ca)
-        deadline = time.monotonic() + 60
-        while True:
+
+        def answers() -> bool:
             try:
                 if started.request("GET", "/metrics")[0] == 200:
-                    return started
+                    return True
             except OSError:
                 pass
             assert running.running(), f"{function} exited:\n{running.logs()}"
-            assert time.monotonic() < deadline, f"{function} never answered:\n{running.logs()}"
-            time.sleep(0.1)
+            return False
+
+        wait_for(f"{function} to answer", answers, 60, every=0.1, seen=running.logs)
+        return started
 
 
 @pytest.fixture

@@ -111,8 +111,9 @@ def watch_replacement(api: Kube, namespace: str, bad: str) -> Replaced:
     removed_at: float | None = None
     backoff_left = 0.0
     last = first
-    deadline = time.monotonic() + SETTLE
-    while time.monotonic() < deadline:
+
+    def replaced() -> Replaced | None:
+        nonlocal removed_at, backoff_left, last
         live = pods(api, namespace)
         mine = [p for p in live if p["metadata"]["uid"] == uid]
         if mine:
@@ -122,14 +123,15 @@ def watch_replacement(api: Kube, namespace: str, bad: str) -> Replaced:
             left = ready_false_since(last) + JOB_POD_FAILURE_BACKOFF - time.time()
             backoff_left = max(0.0, left)
         others = [p for p in live if p["metadata"]["uid"] != uid]
-        if removed_at is not None and others:
-            return Replaced(
-                time.monotonic() - removed_at,
-                str(others[0]["spec"].get("nodeName") or ""),
-                backoff_left,
-            )
-        time.sleep(0.1)
-    raise AssertionError("no replacement appeared after the move")
+        if removed_at is None or not others:
+            return None
+        node = str(others[0]["spec"].get("nodeName") or "")
+        return Replaced(time.monotonic() - removed_at, node, backoff_left)
+
+    found: Replaced = wait_for(
+        "a replacement after the move", replaced, SETTLE, every=0.1, seen=lambda: last
+    )
+    return found
 
 
 def test_a_job_with_backoff_limit_0_that_ignores_disruptions_completes_after_a_free_move(

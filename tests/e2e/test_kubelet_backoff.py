@@ -17,6 +17,7 @@ import pytest
 from dev.localcluster import Cluster
 from dev.localcluster.kubelet import Timing
 from dev.localcluster.rest import ApiError
+from tests.e2e.conftest import let_time_pass
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +66,7 @@ def restarts_of(cluster: Cluster, name: str, upto: int, timeout: float) -> list[
                 if upto in seen:
                     break
         except ApiError:
-            time.sleep(0.2)
+            let_time_pass(0.2, "the watch failed: watch again after a pause")
     return [seen[k] for k in sorted(seen)]
 
 

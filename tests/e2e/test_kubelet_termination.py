@@ -74,7 +74,7 @@ class PodWatch:
                     if self.stopped.is_set():
                         return
             except ApiError:
-                time.sleep(0.2)
+                e2e.let_time_pass(0.2, "the watch failed: watch again after a pause")
 
     def stop(self) -> None:
         self.stopped.set()
@@ -253,9 +253,14 @@ def test_a_deleted_pod_stays_terminal_while_a_finalizer_holds_it(
         "the kubelet's final delete",
         lambda: cluster.rest.get(path)["metadata"].get("deletionGracePeriodSeconds") == 0,
     )
-    time.sleep(1.0)
-    still = cluster.rest.get(path)
-    assert still["metadata"]["uid"] == uid and phase(still) == "Failed"
+    # The finalizer holds it, Failed, however long.
+    e2e.holds(
+        "held by the finalizer, Failed",
+        lambda: (
+            (still := cluster.rest.get(path))["metadata"]["uid"] == uid and phase(still) == "Failed"
+        ),
+        1.0,
+    )
 
     cluster.rest.patch(path, {"metadata": {"finalizers": None}})
     wait_for("the pod to be gone", lambda: watch.gone(uid), timeout=15)

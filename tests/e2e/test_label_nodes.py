@@ -39,7 +39,7 @@ from shared.platform import kube as kubeapi
 from shared.platform.config import Config
 from shared.platform.kube import Kube
 from shared.platform.prometheus import Prometheus
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import let_time_pass, wait_for
 from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent
 
 pytestmark = pytest.mark.e2e
@@ -307,7 +307,7 @@ def test_with_prometheus_killed_labels_stay_until_stale_then_go_and_status_says_
     assert shown["name"] == node and shown["stale_at"] is not None
 
     # Past the staleness limit after the last confirmation (and the record's second precision).
-    time.sleep(max(0.0, seen + STALE_AFTER + 1.5 - time.monotonic()))
+    let_time_pass(seen + STALE_AFTER + 1.5 - time.monotonic(), "the confirmation goes stale")
     ping(label_nodes)
     assert labelled(cluster) == set()
     assert record_of(cluster, node) is None

@@ -54,6 +54,23 @@ def stack(cluster: Any, tmp_path: Any, load_aware_scheduler: int) -> Iterator[St
         yield running
 
 
+def refused(stack: Stack, *names: str) -> dict[str, str]:
+    """The nodes score-nodes' filter fails for a pod of the load-aware scheduler, with why."""
+    pod = {
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {
+            "schedulerName": LOAD_AWARE_SCHEDULER_NAME,
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "100m"}}}],
+        },
+    }
+    answer = requests.post(
+        stack.servers["score-nodes"].url + "/filter",
+        json={"Pod": pod, "NodeNames": list(names)},
+        timeout=5,
+    ).json()
+    return dict(answer.get("FailedAndUnresolvableNodes") or {})
+
+
 def extender_calls(stack: Stack) -> float:
     text = requests.get(stack.servers["score-nodes"].url + "/metrics", timeout=5).text
     total = 0.0
@@ -77,6 +94,9 @@ def test_pods_for_the_load_aware_scheduler_stay_off_a_node_prometheus_reads_over
         ),
         timeout=30,
     )
+    # score-nodes decides from its own watch of the Nodes, which follows the API a moment
+    # later: ask it, as the scheduler will, until it fails the hot node.
+    wait_for("score-nodes to fail the hot node", lambda: hot in refused(stack, hot), timeout=30)
     before = extender_calls(stack)
 
     names = [f"web-{i}" for i in range(6)]

@@ -276,7 +276,13 @@ def test_prometheus_stopped_then_started_again_serves_on_the_same_url_with_its_d
     cluster.start_prometheus()
 
     assert cluster.prometheus_url == url
-    assert {r["metric"]["node"] for r in query(url, "up == 1")} == set(cluster.nodes)
+    # A target's health turns "up" when it is scraped, a moment before the sample is
+    # committed to the TSDB: wait for the query to see it.
+    wait_for(
+        "every node up in PromQL",
+        lambda: {r["metric"]["node"] for r in query(url, "up == 1")} == set(cluster.nodes),
+        timeout=15,
+    )
     # The same TSDB: what was scraped before the outage is still there.
     assert float(query(url, samples)[0]["value"][1]) >= before
 
@@ -358,8 +364,14 @@ def test_a_second_scrape_job_of_the_same_node_exporter_doubles_nothing_annotate_
     twice.start(deadline)
     try:
         twice.wait_scraped(cluster.nodes, deadline)
-        scrapes = per_node(twice.url, "count by (node) (up == 1)")
-        assert scrapes == {n: 2 for n in cluster.nodes}, scrapes
+        # Both jobs' samples, committed (the targets' health turns "up" a moment before).
+        wait_for(
+            "two jobs' scrapes of every node in PromQL",
+            lambda: (
+                per_node(twice.url, "count by (node) (up == 1)") == {n: 2 for n in cluster.nodes}
+            ),
+            timeout=15,
+        )
 
         busy = cluster.nodes[0]
         cluster.set_node_usage(busy, cpu=0.6, memory=0.45)

@@ -15,7 +15,6 @@ import copy
 import json
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from shared.nodes.score_nodes import handler as extender_http
 from shared.platform import metrics
 from shared.platform.config import Config
 from shared.platform.senders import audience_of
+from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (
     COMPONENTS,
     KNATIVE_CRDS,
@@ -865,11 +865,13 @@ def knative_crds(cluster: Any) -> Iterator[list[str]]:
             else:
                 raise
         installed.append(name)
-    deadline = time.monotonic() + 60
-    for name in installed:
-        while not _established(api, name):
-            assert time.monotonic() < deadline, f"CRD {name} never became Established"
-            time.sleep(0.2)
+    wait_for(
+        "every CRD Established",
+        lambda: [n for n in installed if not _established(api, n)] == [],
+        timeout=60,
+        every=0.2,
+        seen=lambda: [n for n in installed if not _established(api, n)],
+    )
     yield installed
 
 

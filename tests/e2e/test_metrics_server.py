@@ -30,6 +30,7 @@ from shared.api.keys import (
     USAGE_ANNOTATION,
 )
 from shared.api.usage import UsageRecord
+from tests.e2e.conftest import wait_for
 from tests.handlers.conftest import ON_DEMAND_TICKS, cloudevent
 
 pytestmark = pytest.mark.e2e
@@ -163,10 +164,7 @@ def test_reading_node_metrics_needs_a_role_as_on_a_cluster_with_metrics_servers_
         return bool(review["status"].get("allowed"))
 
     # The controller manager aggregates the rule into `view` within moments of its creation.
-    deadline = time.monotonic() + 10
-    while can_list() != allowed and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert can_list() == allowed
+    wait_for(f"list nodes.metrics.k8s.io to be {allowed}", lambda: can_list() == allowed, 10)
 
 
 def test_a_nodes_usage_follows_set_node_usage_without_spikes_or_gaps(
@@ -184,17 +182,20 @@ def test_a_nodes_usage_follows_set_node_usage_without_spikes_or_gaps(
         want = {n: expected(cluster, n) for n in settings}
         t0 = time.monotonic()
         seen: dict[str, ms.NodeUsage] = {}
-        while time.monotonic() - t0 < FOLLOW_TIMEOUT:
+
+        def shown() -> bool:
             metrics = node_metrics(cluster)
             assert sorted(metrics) == sorted(cluster.nodes), "a node dropped out of the API"
-            seen = {n: ms.reported_usage(metrics[n]) for n in cluster.nodes}
+            seen.update({n: ms.reported_usage(metrics[n]) for n in cluster.nodes})
             for n, usage in seen.items():
                 assert usage.cpu_cores <= allocatable[n].cpu_cores * 1.02, (n, usage)
                 assert usage.memory_bytes <= allocatable[n].memory_bytes * 1.02, (n, usage)
-            if all(ms.within(seen[n], want[n]) for n in settings):
-                return time.monotonic() - t0
-            time.sleep(0.5)
-        raise AssertionError(f"after {FOLLOW_TIMEOUT}s the API shows {seen}, expected {want}")
+            return all(ms.within(seen[n], want[n]) for n in settings)
+
+        wait_for(
+            f"the API to show {want}", shown, FOLLOW_TIMEOUT, every=0.5, seen=lambda: dict(seen)
+        )
+        return time.monotonic() - t0
 
     # Up: 90 % on one node (7.02 cores of 7.8), 10 % on the other.
     follow({busy: (0.9, 0.9), quiet: (0.1, 0.1)})
@@ -250,19 +251,24 @@ def test_a_node_registered_later_is_listed_with_its_usage_and_dropped_once_delet
     }
     cluster.rest.post("/api/v1/nodes", node)
     try:
-        deadline = time.monotonic() + 3 * ms.RESOLUTION_SECONDS + 10
-        while name not in node_metrics(cluster) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        reported = ms.reported_usage(node_metrics(cluster)[name])
+        listed = wait_for(
+            f"metrics-server to list {name}",
+            lambda: node_metrics(cluster).get(name),
+            timeout=3 * ms.RESOLUTION_SECONDS + 10,
+            every=0.5,
+        )
+        reported = ms.reported_usage(listed)
         # Half of 3800m; memory at the quiet default, 20 % of 15Gi.
         assert ms.within(reported, ms.NodeUsage(1.9, 0.2 * 15 * 1024**3)), reported
     finally:
         cluster.rest.delete(f"/api/v1/nodes/{name}")
 
-    deadline = time.monotonic() + 15
-    while name in node_metrics(cluster) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert sorted(node_metrics(cluster)) == sorted(cluster.nodes)
+    wait_for(
+        f"metrics-server to drop {name}",
+        lambda: sorted(node_metrics(cluster)) == sorted(cluster.nodes),
+        timeout=15,
+        every=0.5,
+    )
 
 
 # -- annotate-usage with the Metrics API as its source ----------------------------------------
@@ -286,10 +292,7 @@ def test_annotate_usage_reads_the_metrics_api_when_told_to(
             for n in (busy, quiet)
         )
 
-    deadline = time.monotonic() + FOLLOW_TIMEOUT
-    while not follows():
-        assert time.monotonic() < deadline, "the Metrics API did not follow the usage"
-        time.sleep(0.5)
+    wait_for("the Metrics API to follow the usage", follows, FOLLOW_TIMEOUT, every=0.5)
 
     client = function_client(
         "annotate-usage",

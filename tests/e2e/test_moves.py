@@ -120,9 +120,24 @@ def grant(api: Kube, namespace: str, account_name: str, role: str, rules: list[d
         },
         write=True,
     )
+    # The RBAC authorizer reads Roles and bindings from informers: a request sent the moment
+    # after may still be refused. Return once every verb granted shows.
+    wanted = [
+        (verb, resource, group)
+        for rule in rules
+        for verb in rule["verbs"]
+        for resource in rule["resources"]
+        for group in rule.get("apiGroups") or [""]
+    ]
+    wait_for(
+        f"the grant of {role} to reach the authorizer",
+        lambda: [w for w in wanted if not allowed(api, namespace, account_name, *w)] == [],
+    )
 
 
-def allowed(api: Kube, namespace: str, account_name: str, verb: str, resource: str) -> bool:
+def allowed(
+    api: Kube, namespace: str, account_name: str, verb: str, resource: str, group: str = ""
+) -> bool:
     review = api.request(
         "POST",
         "/apis/authorization.k8s.io/v1/subjectaccessreviews",
@@ -131,7 +146,12 @@ def allowed(api: Kube, namespace: str, account_name: str, verb: str, resource: s
             "kind": "SubjectAccessReview",
             "spec": {
                 "user": f"system:serviceaccount:{namespace}:{account_name}",
-                "resourceAttributes": {"namespace": namespace, "verb": verb, "resource": resource},
+                "resourceAttributes": {
+                    "namespace": namespace,
+                    "verb": verb,
+                    "resource": resource,
+                    "group": group,
+                },
             },
         },
         write=True,
@@ -389,7 +409,6 @@ def test_a_bare_pod_whose_namespace_did_not_opt_in_to_replacement_is_not_charged
         "replace-bare-pods",
         [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
     )
-    wait_for("the grant", lambda: allowed(api, namespace, "mover", "create", "pods"))
     response = post(client, event)
     assert response.status_code == 200
     meta = pod["metadata"]

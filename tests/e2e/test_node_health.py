@@ -10,7 +10,6 @@ knative/, every function, the webhook the API server calls) with crash-looping n
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -40,7 +39,7 @@ from shared.platform.kube import Kube
 from shared.pods.failing import FailingPod
 from shared.workloads.classify import Failure, FailureKind, classify
 from tests import builders
-from tests.e2e.conftest import LOCAL, Webhook, pod_template, wait_for
+from tests.e2e.conftest import LOCAL, Webhook, let_time_pass, pod_template, wait_for
 from tests.e2e.test_pipeline import workload as workload_body
 from tests.handlers.conftest import ON_DEMAND_TICKS, ClientFactory, cloudevent, reply_of
 
@@ -255,7 +254,7 @@ def test_a_suspicion_expires_when_its_window_passes_without_a_failure(
     assert suspect(node_of(api, bad))
     assert ping(client).status_code == 202
     assert suspect(node_of(api, bad)), "still inside the window"
-    time.sleep(4.5)
+    let_time_pass(4.5, "the 4 s suspect window passes")
     assert ping(client).status_code == 202
     node = node_of(api, bad)
     assert not suspect(node) and our_taints(node) == []
@@ -635,7 +634,7 @@ def test_a_node_says_how_many_workloads_fail_there_until_their_failures_age_out(
     # Two workloads, one fewer than the three that make it suspect here: counted, not marked.
     assert failing_workloads(node) == "2"
     assert not suspect(node) and our_taints(node) == []
-    time.sleep(4.5)
+    let_time_pass(4.5, "the suspect window passes")
     assert ping(client).status_code == 202
     assert failing_workloads(node_of(api, bad)) is None
     assert [n for n in cluster.nodes if failing_workloads(node_of(api, n))] == []
@@ -992,7 +991,7 @@ def test_an_unreadable_record_on_one_node_does_not_stop_the_others_expiring(
     assert post(client, moves.reply(bad, "api", "api-1", now)).status_code == 200
     garbage = {"metadata": {"annotations": {NODE_HEALTH_ANNOTATION: "{not json"}}}
     api.merge_patch("Node", None, broken, garbage)
-    time.sleep(3.5)
+    let_time_pass(3.5, "the 3 s suspect window passes")
     # The review skips the record it cannot read (logged), leaves it as it is, and still
     # expires the other node's suspicion.
     assert ping(client).status_code == 202

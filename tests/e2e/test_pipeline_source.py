@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -241,7 +240,9 @@ def test_with_a_label_selector_only_matching_pods_are_sent_and_one_losing_its_la
         )
         core.patch_namespaced_pod("opted", ns, {"metadata": {"annotations": {"n": "2"}}})
         core.patch_namespaced_pod("plain", ns, {"metadata": {"annotations": {"n": "2"}}})
-        time.sleep(2)
+        e2e.holds(
+            "nothing archived for the pod never watched", lambda: archived("plain") == [], 2.0
+        )
         assert broker.wait_idle(10)
         assert archived("plain") == []
         # Added, updated (the scheduler, the kubelet, our patch), then gone from the watch.

@@ -17,6 +17,7 @@ built-in roles the Kubernetes docs give a second scheduler, and nothing beyond t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from kubernetes import client as k8s
 from dev.stack.functions import FUNCTIONS
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
 from shared.pods.update_annotations import handler as reschedule
+from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import (
     KNATIVE_DIR,
     NAMESPACE,
@@ -416,7 +418,18 @@ def authorization(
         "--force-conflicts",
     )
     assert done.returncode == 0, done.stderr
-    return k8s.AuthorizationV1Api(cluster.api_client())
+    api = k8s.AuthorizationV1Api(cluster.api_client())
+    # The RBAC authorizer reads Roles and bindings from informers: a review sent the moment
+    # after the apply may not see them yet. Wait until what is granted shows; a grant that never
+    # shows fails its own test below, by name.
+    with contextlib.suppress(AssertionError):
+        wait_for(
+            "every grant to reach the authorizer",
+            lambda: all(allowed(api, case) for case in ALLOWED),
+            timeout=30,
+            every=0.5,
+        )
+    return api
 
 
 def allowed(api: k8s.AuthorizationV1Api, case: Can) -> bool:

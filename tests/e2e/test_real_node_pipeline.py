@@ -30,7 +30,14 @@ from shared.api.keys import (
 )
 from shared.platform.kube import Kube
 from tests import builders
-from tests.e2e.conftest import needs_real_nodes, preferring, state_of, wait_for
+from tests.e2e.conftest import (
+    holds,
+    let_time_pass,
+    needs_real_nodes,
+    preferring,
+    state_of,
+    wait_for,
+)
 from tests.e2e.test_rescheduling import only, pods, ready
 
 pytestmark = [pytest.mark.e2e, needs_real_nodes, pytest.mark.real_nodes]
@@ -321,7 +328,7 @@ def test_a_pod_whose_configmap_does_not_exist_is_never_moved_by_the_sweep(
 
     wait_for("a FailedMount Event", mount_failed, timeout=60, every=1.0)
     # Past pending_stuck_after (45 s here): the status alone would have been moved.
-    time.sleep(50)
+    let_time_pass(50, "past pending-stuck-after (45 s here)")
     assert stack.sweep_now() in (200, 202)
     # Every event the sweep sent has been through the pipeline: nothing moved.
     assert stack.wait_idle(30)
@@ -380,7 +387,7 @@ def test_a_moved_pod_held_by_a_finalizer_is_replaced_at_once_and_moved_once(
     assert (old["spec"]["nodeName"], new["spec"]["nodeName"]) == (BROKEN, HEALTHY)
     # The kubelet stops the held pod's containers within its grace period and keeps writing
     # its status while the finalizer holds the object: it is not moved again.
-    time.sleep(15)
+    holds("one move, no more", lambda: len(moves_of(stack, namespace)) == 1, 15, every=1.0)
     (move,) = moves_of(stack, namespace)
     assert move["data"]["name"] == old["metadata"]["name"]
     still = api.get("Pod", namespace, old["metadata"]["name"])
@@ -450,7 +457,7 @@ def test_a_pull_that_never_ends_is_moved_once_a_sibling_pulled_the_image_elsewhe
         every=0.5,
     )
     # Kubernetes writes times to the second: the replacement's pull starts a second later.
-    time.sleep(1.1)
+    let_time_pass(1.1, "timestamps have whole seconds")
     api.delete("Pod", namespace, first["metadata"]["name"], uid=first["metadata"]["uid"])
 
     def both_on_healthy() -> list[dict[str, Any]] | None:

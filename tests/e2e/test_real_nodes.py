@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE
 from dev.localcluster.procs import pid_alive
 from dev.localcluster.rest import ApiError
-from tests.e2e.conftest import needs_real_nodes
+from tests.e2e.conftest import holds, needs_real_nodes, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -283,19 +282,8 @@ def eventually(
     timeout: float = 60.0,
     seen: Callable[[], Any] | None = None,
 ) -> Any:
-    """Poll ``check`` until it answers something truthy; the failure says what it last
-    answered and, with ``seen``, what else there was to see (a node's conditions and taints)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            extra = f"; saw {seen()!r:.2000}" if seen is not None else ""
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what} (last: {result!r}){extra}"
-            )
-        time.sleep(0.5)
+    """``wait_for`` as this file waits: every half second, a minute by default."""
+    return wait_for(what, check, timeout, every=0.5, seen=seen)
 
 
 def pod(c: Cluster, name: str) -> dict[str, Any]:
@@ -370,9 +358,15 @@ def test_a_pod_on_a_real_node_runs_in_a_real_container(real: Cluster, broken: An
     assert container["imageID"].startswith("kn-rescheduler.local/busybox@sha256:")
     subnet = real.state()["real_nodes"][HEALTHY]["subnet"]
     assert status["podIP"].startswith(subnet.rsplit(".", 1)[0] + ".")
-    assert ("Pulled", f'Successfully pulled image "{BUSYBOX_IMAGE}"') in [
-        (reason, message.split(" in ")[0]) for reason, message in events(real, "plain")
-    ]
+    # The kubelet's Events go through its event broadcaster, apart from the status it writes.
+    eventually(
+        lambda: (
+            ("Pulled", f'Successfully pulled image "{BUSYBOX_IMAGE}"')
+            in [(reason, message.split(" in ")[0]) for reason, message in events(real, "plain")]
+        ),
+        "the Pulled Event",
+        seen=lambda: events(real, "plain"),
+    )
 
 
 def test_kwok_leaves_real_nodes_to_their_kubelets(real: Cluster) -> None:
@@ -406,9 +400,15 @@ def test_a_hanging_mirror_leaves_a_pull_that_never_ends(real: Cluster, broken: A
     broken("mirror-hangs")
     run_pod(real, "hangs", BROKEN)
     eventually(lambda: "Pulling" in dict(events(real, "hangs")), "the pull to start")
-    time.sleep(10)
-    assert waiting_reason(real, "hangs") == "ContainerCreating"
-    assert {reason for reason, _ in events(real, "hangs")} & {"Pulled", "Failed"} == set()
+    holds(
+        "a pull that neither ends nor fails",
+        lambda: (
+            waiting_reason(real, "hangs") == "ContainerCreating"
+            and {reason for reason, _ in events(real, "hangs")} & {"Pulled", "Failed"} == set()
+        ),
+        10,
+        every=1.0,
+    )
 
 
 def test_an_app_missing_its_node_file_crash_loops_on_that_node_only(
@@ -450,9 +450,18 @@ def test_a_broken_sandbox_shows_only_in_events(
         "FailedCreatePodSandBox",
     )
     assert any(cause in m for r, m in events(real, name) if r == "FailedCreatePodSandBox")
-    # The status says no more than "still creating".
-    assert waiting_reason(real, name) == "ContainerCreating"
+    # The status says no more than "still creating" (the kubelet's status manager writes it
+    # on its own schedule, so the Event may come first).
+    eventually(
+        lambda: waiting_reason(real, name) == "ContainerCreating",
+        "the status to say ContainerCreating",
+        seen=lambda: pod(real, name)["status"],
+    )
     assert pod(real, name)["status"]["phase"] == "Pending"
+
+
+def evicted(status: dict[str, Any]) -> bool:
+    return status.get("reason") == "Evicted" and status.get("phase") == "Failed"
 
 
 def test_disk_pressure_taints_the_node_and_evicts_its_pods(real: Cluster, broken: Any) -> None:
@@ -465,11 +474,11 @@ def test_disk_pressure_taints_the_node_and_evicts_its_pods(real: Cluster, broken
         seen=lambda: node_seen(real, BROKEN),
     )
     tainted(real, BROKEN, "node.kubernetes.io/disk-pressure")
-    evicted = eventually(
-        lambda: pod(real, "victim")["status"].get("reason") == "Evicted", "the eviction"
+    eventually(
+        lambda: evicted(pod(real, "victim")["status"]),
+        "the eviction: reason Evicted, phase Failed",
+        seen=lambda: pod(real, "victim")["status"],
     )
-    assert evicted
-    assert pod(real, "victim")["status"]["phase"] == "Failed"
     real.set_fault(BROKEN, None)
     eventually(lambda: condition(real, BROKEN, "DiskPressure") == "False", "the node to recover")
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import ssl
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +37,7 @@ from dev.localcluster.procs import Proc
 from dev.localcluster.rest import ApiError
 from dev.stack.functions import free_port
 from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import holds, wait_for
 from tests.e2e.knative_manifests import (
     KNATIVE_DIR,
     NAMESPACE,
@@ -260,8 +259,7 @@ def test_the_default_schedulers_configuration_comes_up_healthy(
     proc = running(config, kubeconfig)
     # It keeps running (a candidate for the stock lease the cluster's scheduler holds, so it
     # schedules nothing here) and has nothing to complain about.
-    time.sleep(2)
-    assert proc.alive(), proc.log_tail(40)
+    holds("the scheduler running", proc.alive, 2, seen=lambda: proc.log_tail(40))
     log = proc.log_path.read_text()
     assert "forbidden" not in log.lower(), log[-3000:]
 

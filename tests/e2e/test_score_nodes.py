@@ -29,7 +29,7 @@ from shared.api.keys import LOAD_AWARE_SCHEDULER_NAME, MAINTENANCE_LABEL, USAGE_
 from shared.api.kubetypes import Node, Pod
 from shared.api.usage import Estimate, Reading, UsageRecord
 from shared.nodes.usage import allocatable, estimate
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import let_time_pass, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -299,7 +299,7 @@ def test_when_every_node_is_hot_a_load_aware_pod_waits_and_failed_scheduling_nam
     # it may see this Node update (and retry at once) before score-nodes' watch does; the
     # pod then waits for the next event, which annotate-usage's next sample is.
     set_usage(setup, "node-3", 30.0)
-    time.sleep(1.0)  # the record's time has whole seconds: the next sample must differ
+    let_time_pass(1.0, "the record's time has whole seconds: the next sample must differ")
     set_usage(setup, "node-3", 30.0)
     assert bound(setup, "nowhere", timeout=60.0) == "node-3"
 

@@ -21,7 +21,14 @@ import pytest
 from shared.api.keys import POLICY_ANNOTATION
 from shared.api.times import parse_kube_time
 from shared.platform.kube import Kube, NotFound
-from tests.e2e.conftest import Loop, excluded_stamp, pod_template, state_of, wait_for
+from tests.e2e.conftest import (
+    Loop,
+    excluded_stamp,
+    holds,
+    pod_template,
+    state_of,
+    wait_for,
+)
 from tests.e2e.test_rescheduling import events_for, only, pods, ready
 
 pytestmark = pytest.mark.e2e
@@ -130,8 +137,8 @@ def test_an_evicted_replicaset_pods_early_replacement_is_redirected_off_the_node
     assert len(redirected) == 1
     assert replacement["metadata"]["name"] in redirected[0]["message"]
     # One failure, one move, however many pods it took to place the replacement.
-    time.sleep(3)  # longer than the fake kubelet takes to evict a pod left on the bad node
-    assert state_of(api, "ReplicaSet", namespace, "cache").moves == 1
+    # Longer than the fake kubelet takes to evict a pod left on the bad node.
+    holds("one move", lambda: state_of(api, "ReplicaSet", namespace, "cache").moves == 1, 3)
     assert failed_on(api, namespace, bad) is None or loop.pump(namespace) == 0
 
 
