@@ -138,7 +138,12 @@ def called_by_the_api_server(api_client: k8s.ApiClient, namespace: str = PROBE_N
         "spec": {"containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10"}]},
     }
     api = k8s.CoreV1Api(api_client)
-    made = api.create_namespaced_pod(namespace, pod, dry_run="All")  # type: ignore[arg-type]
+    try:
+        made = api.create_namespaced_pod(namespace, pod, dry_run="All")  # type: ignore[arg-type]
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return False  # a control plane just started: its system namespaces come soon
+        raise
     labels = (made.metadata.labels if made.metadata else None) or {}
     return labels.get(OPTED_IN_LABEL) == OPTED_IN_VALUE
 
