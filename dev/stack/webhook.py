@@ -20,7 +20,13 @@ from typing import Any, Final
 from kubernetes import client as k8s
 
 from dev.localcluster.pki import issue, make_ca
-from shared.api.keys import DEFAULT_NAMESPACE, OPT_OUT_LABEL, OPTED_IN_LABEL, OPTED_IN_VALUE
+from shared.api.keys import (
+    DEFAULT_NAMESPACE,
+    IGNORE_DISRUPTIONS_ANNOTATION,
+    OPT_OUT_LABEL,
+    OPTED_IN_LABEL,
+    OPTED_IN_VALUE,
+)
 
 NAME: Final = "kn-rescheduler-mutate-admission"
 # The identity the API server presents to the webhook (a name, no groups: the webhook checks
@@ -56,15 +62,45 @@ def make_client_tls(directory: Path, common_name: str = CLIENT_NAME) -> ClientTL
     return ClientTLS(ca_crt, crt, key)
 
 
+# Which creates the API server sends at all (matchConditions, CEL evaluated in the API server;
+# GA since Kubernetes 1.30). The policy is on a pod's owner, so no selector can tell an opted-in
+# pod; these leave out only what mutate-admission never changes, whatever the owner says:
+#
+# - a pod whose controller is of a kind it does not follow (a DaemonSet's, a static pod's
+#   mirror owned by its Node, an operator's own kind): shared.workloads.owners.resolve finds no
+#   holder for it, and the webhook answers it unchanged. A pod with no controller is sent: its
+#   own annotations, or its namespace's labels, may opt it in.
+# - a Job that neither asks for ignore-disruptions itself nor was made by a CronJob, whose
+#   annotations could ask for it (shared.admission.handler decide_job: "not asked").
+#
+# tests/e2e/test_webhook_match.py creates each kind on the real API server and checks which
+# reach the webhook, and that the webhook would have changed nothing on the others.
+POD_MATCH: Final = (
+    "!has(object.metadata.ownerReferences)"
+    " || !object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller)"
+    " || object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller"
+    " && ((r.apiVersion == 'apps/v1' && (r.kind == 'ReplicaSet' || r.kind == 'StatefulSet'))"
+    " || (r.apiVersion == 'batch/v1' && r.kind == 'Job')))"
+)
+JOB_MATCH: Final = (
+    f"(has(object.metadata.annotations) && '{IGNORE_DISRUPTIONS_ANNOTATION}' in"
+    " object.metadata.annotations)"
+    " || (has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r,"
+    " has(r.controller) && r.controller && r.apiVersion == 'batch/v1' && r.kind == 'CronJob'))"
+)
+
+
 def configuration(
     url: str, ca_crt: Path, *, name: str = NAME, timeout_seconds: int = 5
 ) -> dict[str, Any]:
     """The MutatingWebhookConfiguration, as knative/ ships it but reached by URL."""
     pods = _webhook("pods.kn-rescheduler.io", url, ca_crt, timeout_seconds, "", "pods")
+    pods["matchConditions"] = [{"name": "owner-kind-followed", "expression": POD_MATCH}]
     # The same function, for Jobs being created (a Job asking for free moves gets its pod
     # failure policy; see shared/workloads/jobs.py). A separate webhook, so each rule stays
     # obvious.
     jobs = _webhook("jobs.kn-rescheduler.io", url, ca_crt, timeout_seconds, "batch", "jobs")
+    jobs["matchConditions"] = [{"name": "ignore-disruptions-asked", "expression": JOB_MATCH}]
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
