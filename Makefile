@@ -22,7 +22,8 @@ lock:
 	PIP_FIND_LINKS= .lock-venv/bin/$(lock_cmd) --rebuild --output-file requirements.lock requirements.txt
 	rm -rf .lock-venv
 
-# After an uninstall: every mark kn-rescheduler wrote, off Nodes and workloads (docs/install.md).
+# After an uninstall: every mark kn-rescheduler wrote, off Nodes and workloads
+# (docs/install-upgrade.md).
 cleanup: venv
 	$(PY) -m dev.tools.cleanup
 cleanup-dry-run: venv

@@ -9,7 +9,7 @@ PORT is honoured as Knative sets it; TLS_CERT_FILE and TLS_KEY_FILE turn on TLS 
 the API server only calls webhooks over HTTPS). TLS_CLIENT_CA_FILE, with TLS on, makes the TLS
 handshake require a client certificate signed by that CA: a caller without one is refused
 before any HTTP is spoken. The API server presents such a certificate when its
-AdmissionConfiguration names a kubeconfig for the webhook (docs/install.md, "Hardening the
+AdmissionConfiguration names a kubeconfig for the webhook (docs/install-hardening.md, "Hardening the
 webhook").
 """
 

@@ -32,7 +32,7 @@ from dev.localcluster.registry import LocalRegistry, RegistryError
 
 BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-knative-eventing.sh"
 NAMESPACE: Final = "knative-eventing"
-# In the order a user applies them (docs/install.md).
+# In the order a user applies them (docs/install-without-serving.md).
 MANIFESTS: Final = ("eventing-core.yaml", "in-memory-channel.yaml", "mt-channel-broker.yaml")
 # Knative's event-display as a Deployment and Service (hack/knative/event-display.yaml): the
 # receiver a user points a Trigger at to see events; applied by whoever wants one.

@@ -1118,9 +1118,10 @@ def run_local(opts: Options, console: Console) -> int:
 
 def run_installed(opts: Options, console: Console) -> int:
     """``--install``: the story on a cluster where Knative Eventing and kn-rescheduler are
-    installed from their manifests as a platform team installs them (docs/install.md, "Without
-    Knative Serving"), on real nodes with kube-proxy and CoreDNS. Nothing of the demo carries
-    an event: it creates the workloads and reads what the installed system does, from the API."""
+    installed from their manifests as a platform team installs them
+    (docs/install-without-serving.md), on real nodes with kube-proxy and CoreDNS. Nothing of the
+    demo carries an event: it creates the workloads and reads what the installed system does,
+    from the API."""
     nodes, faults, healthy = _local_nodes(opts)
     workloads = plan_workloads(sorted(faults, key=nodes.index), healthy)
     with contextlib.redirect_stderr(_QuietCached(sys.stderr)):
@@ -1353,7 +1354,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--install",
         action="store_true",
         help="install Knative Eventing and kn-rescheduler from their manifests, as a user does "
-        "(docs/install.md, without Knative Serving), on real nodes (--real-nodes, 2 by default; "
+        "(docs/install-without-serving.md), on real nodes (--real-nodes, 2 by default; "
         "needs root), and tell the story from what they do",
     )
     p.add_argument(

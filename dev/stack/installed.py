@@ -1,4 +1,5 @@
-"""kn-rescheduler installed from knative/ on a real-node cluster, by docs/install.md's commands.
+"""kn-rescheduler installed from knative/ on a real-node cluster, by the commands of
+docs/install-without-serving.md.
 
 The stack (stack.py) runs the functions as processes beside a cluster and carries events itself.
 This is the other way, the one a platform team takes: the functions' images pushed to the
@@ -116,10 +117,10 @@ def install(
     timeout: float = 480.0,
     components: str = COMPONENT,
 ) -> None:
-    """docs/install.md's steps on ``c`` (Knative Eventing already installed): build and push
-    the images, apply knative/ with the components, make the webhook's certificate; then wait
-    until every function runs and the Broker and the source are Ready. Run again with other
-    components, it applies the change the same way."""
+    """docs/install-without-serving.md's steps on ``c`` (Knative Eventing already installed):
+    build and push the images, apply knative/ with the components, make the webhook's
+    certificate; then wait until every function runs and the Broker and the source are Ready.
+    Run again with other components, it applies the change the same way."""
     variables = deploy_variables(c, work, components)
     say(f"make deploy-all COMPONENTS={components!r} (the images built, pushed, pinned by digest)")
     make("deploy-all", variables)

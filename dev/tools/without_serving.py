@@ -244,7 +244,7 @@ def render() -> dict[str, str]:
     kust = kustomization(ksvcs, base_objects())
     intro = (
         "# kn-rescheduler on Knative Eventing without Serving: each function a Deployment and a\n"
-        '# ClusterIP Service (docs/install.md, "Without Knative Serving").\n'
+        "# ClusterIP Service (docs/install-without-serving.md).\n"
     )
     return {
         "kustomization.yaml": HEADER + intro + yaml.safe_dump(kust, sort_keys=False),

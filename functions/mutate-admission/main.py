@@ -4,7 +4,7 @@ The entry point only; the logic is shared.admission.handler. Served over TLS (th
 webhooks over HTTPS only): gunicorn with --certfile/--keyfile, see knative/ and docs. With
 TLS_CLIENT_CA_FILE set, gunicorn also requires a client certificate signed by that CA, so only
 an API server configured with one (its AdmissionConfiguration) gets an answer
-(functions/gunicorn.conf.py, docs/install.md "Hardening the webhook").
+(functions/gunicorn.conf.py, docs/install-hardening.md "Hardening the webhook").
 
 The webhook port is reachable by anything that can reach the pod, so a request body is never
 trusted to be small: a body over KN_RESCHEDULER_WEBHOOK_MAX_BODY_BYTES (or the shared

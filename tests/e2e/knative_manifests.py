@@ -73,7 +73,7 @@ def render(
 
 
 def render_opt_in(namespace: str, workdir: Path) -> list[Obj]:
-    """The bare-pod opt-in of one namespace, as docs/install.md tells a user to write it."""
+    """The bare-pod opt-in of one namespace, as docs/install-opt-in.md tells a user to write it."""
     workdir.mkdir(parents=True, exist_ok=True)
     overlay = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",

@@ -2,9 +2,9 @@
 installed from their manifests, as a platform team installs them.
 
 Real nodes with kube-proxy and CoreDNS; Knative's controllers, webhook and data plane and the
-functions run as pods (dev/stack/installed.py: docs/install.md's `make deploy-all` and
-`make webhook-cert`); the demo only creates the workloads and reads the API. real-1's app
-misses a file of its node and crash-loops there.
+functions run as pods (dev/stack/installed.py: docs/install-without-serving.md's
+`make deploy-all` and `make webhook-cert`); the demo only creates the workloads and reads the
+API. real-1's app misses a file of its node and crash-loops there.
 
 In the full real-node suite only (`make real-nodes`): about 5 minutes, and the short suite
 already installs both and moves a pod with them (test_knative_installed.py).

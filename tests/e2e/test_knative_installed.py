@@ -3,7 +3,7 @@
 ko resolves Eventing's own config/ manifests from the pinned module (hack/build-knative-
 eventing.sh); the cluster pushes the images into its registry and applies the manifests with
 kubectl (dev/localcluster/knative.py). Then kn-rescheduler is installed from knative/ with the
-without-serving component by the commands docs/install.md gives (`make deploy-all`,
+without-serving component by the commands docs/install-without-serving.md gives (`make deploy-all`,
 `make webhook-cert`). Nothing of ours writes a Knative status or carries an event here:
 Knative's controllers, webhook and data plane and kn-rescheduler's functions run as pods, and
 these tests read what they write and deliver, through Knative's own event-display.
@@ -323,9 +323,9 @@ def deployments_of(c: Cluster, ns: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rescheduler(installed: tuple[Cluster, Path]) -> Iterator[Cluster]:
-    """kn-rescheduler from knative/ plus components/without-serving, by docs/install.md's
-    commands: the images pushed to the cluster's registry and pinned by digest, the webhook's
-    certificate made with openssl."""
+    """kn-rescheduler from knative/ plus components/without-serving, by the commands of
+    docs/install-without-serving.md: the images pushed to the cluster's registry and pinned by
+    digest, the webhook's certificate made with openssl."""
     c, directory = installed
     try:
         installed_rescheduler.install(c, DEPLOY_WORK)
@@ -644,8 +644,9 @@ def test_one_function_restarted_upgraded_and_rolled_back_mid_move_while_the_user
         target = "deployment/update-annotations"
         kubectl(c, "rollout", "restart", "-n", SYSTEM, target)
         kubectl(c, "rollout", "status", "-n", SYSTEM, target, "--timeout=180s")
-        # A new version of one function, by docs/install.md's per-function deploy: its image
-        # built with another tag (so another image), pushed, pinned by digest and rolled out.
+        # A new version of one function, by docs/install-without-serving.md's per-function
+        # deploy: its image built with another tag (so another image), pushed, pinned by digest
+        # and rolled out.
         make("deploy", FN="update-annotations", TAG=NEXT, **deploy_variables(c))
         upgraded = image_of(c, "update-annotations")
         assert upgraded != first and upgraded.split("@")[0] == first.split("@")[0]

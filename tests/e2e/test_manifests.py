@@ -85,7 +85,7 @@ def with_monitoring(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
     return render("monitoring", workdir=tmp_path_factory.mktemp("overlay-mon"))
 
 
-# The order docs/install.md asks for: client-auth after what it patches.
+# The order docs/install-hardening.md asks for: client-auth after what it patches.
 CLIENT_AUTH_ALL = ("webhook-deployment", "monitoring", "webhook-client-auth")
 API_SERVER_CIDR = "10.0.0.0/24"
 SET_CIDR = {
@@ -493,7 +493,8 @@ def test_client_auth_listed_before_the_webhook_deployment_is_refused_not_dropped
     # client certificates. The render fails instead of dropping it silently.
     with pytest.raises(AssertionError, match="/spec/template/spec/volumes"):
         render("webhook-client-auth", later, workdir=tmp_path / "overlay")
-    # In the order docs/install.md gives, it renders and the Deployment requires certificates.
+    # In the order docs/install-hardening.md gives, it renders and the Deployment requires
+    # certificates.
     variant = render(later, "webhook-client-auth", workdir=tmp_path / "ordered")
     _client_ca_file(variant, find(variant, "Deployment", "mutate-admission"))
 

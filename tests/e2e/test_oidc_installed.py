@@ -97,7 +97,7 @@ def oidc_identities(c: Cluster) -> dict[str, str | None]:
 def oidc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Real nodes enforcing NetworkPolicies, Knative Eventing with its authentication-oidc
     feature on, then kn-rescheduler with the sender-authentication component, by the commands
-    docs/install.md gives."""
+    docs/install-without-serving.md gives."""
     with real_cluster(tmp_path_factory.mktemp("oidc") / "cluster") as c:
         c.install_network_policies()
         c.install_knative_eventing()

@@ -3,9 +3,10 @@ server: client-certificate authentication and the request size limit, over real 
 
 With TLS_CLIENT_CA_FILE the TLS handshake itself requires a client certificate from that CA,
 so a caller without one never gets to send an AdmissionReview. The API server presents one
-when its AdmissionConfiguration gives it a kubeconfig for the webhook (docs/install.md): the
-last test starts a second kube-apiserver of the local control plane with exactly that
-configuration, and shows that it reaches the webhook where the first one (without it) cannot.
+when its AdmissionConfiguration gives it a kubeconfig for the webhook
+(docs/install-hardening.md): the last test starts a second kube-apiserver of the local control
+plane with exactly that configuration, and shows that it reaches the webhook where the first
+one (without it) cannot.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def test_a_real_review_under_the_limit_is_answered(small_limit: FunctionServer) 
 
 
 def admission_configuration(directory: Path, webhook_host_port: str, client: Any) -> Path:
-    """The API server side of docs/install.md: an AdmissionConfiguration whose kubeconfig
+    """The API server side of docs/install-hardening.md: an AdmissionConfiguration whose kubeconfig
     gives the webhook's address a client certificate. For a webhook registered by URL the user
     entry is named host:port; for one registered by Service it is NAME.NAMESPACE.svc (the API
     server looks for NAME.NAMESPACE.svc:PORT, then without :443)."""
@@ -376,7 +377,7 @@ def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_w
             assert admissions(server) == 0
 
             # An API server of the same control plane started with the AdmissionConfiguration
-            # of docs/install.md presents the client certificate and gets its answer.
+            # of docs/install-hardening.md presents the client certificate and gets its answer.
             config = admission_configuration(tmp_path, f"127.0.0.1:{server.port}", client_tls)
             second = second_api_server(f"--admission-control-config-file={config}")
             # Its webhook informer may need a moment to see the registration.

@@ -1,9 +1,9 @@
 """docs/install.md's quickstart names only what the repository has.
 
 The quickstart is the part of the docs a platform engineer copies from without reading the
-reference below it, so every path it applies, every setting, component, make target, key and
-link it names must exist: a renamed file or setting would otherwise break the first install
-silently.
+reference pages it links to, so every path it applies, every setting, component, make target,
+key and link it names must exist: a renamed file or setting would otherwise break the first
+install silently.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 
 from shared.api import keys
 from shared.platform.config import ENV_PREFIX, Config
+from tests.unit.test_readme import broken, github_slug
 
 REPO: Final = Path(__file__).resolve().parents[2]
 DOC: Final = REPO / "docs" / "install.md"
@@ -29,7 +30,8 @@ _COMPONENT: Final = re.compile(r"component `([\w-]+)`")
 _MAKE: Final = re.compile(r"\bmake ([a-z][\w-]*)")
 _REPO_PATH: Final = re.compile(r"`(knative/[^`\s]*)`")
 _KEY: Final = re.compile(r"\bkn-rescheduler\.io/[a-z0-9-]+")
-_ANCHOR: Final = re.compile(r"\]\(#([^)]+)\)")
+# A link to a heading, on this page (`#anchor`) or another (`page.md#anchor`).
+_ANCHORED: Final = re.compile(r"\]\(([^)\s#:]*#[^)\s]+)\)")
 _DOC_LINK: Final = re.compile(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)")
 
 
@@ -74,23 +76,27 @@ def flat() -> str:
     return re.sub(r"\s*\n\s*", " ", quickstart())
 
 
-def slug(heading: str) -> str:
-    """The anchor GitHub gives a heading."""
-    text = heading.lstrip("#").strip().lower()
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
-
-
 def test_the_quickstart_is_the_first_section_after_the_intro() -> None:
     sections = [h for h in headings() if h.startswith("## ")]
     assert sections[0] == "## Quickstart"
     # The README links to it by this anchor.
-    assert slug(sections[0]) == "quickstart"
+    assert github_slug(sections[0].lstrip("#").strip()) == "quickstart"
 
 
-def test_the_reference_stays_below_the_quickstart() -> None:
-    sections = [h for h in headings() if h.startswith("## ")]
-    for reference in ("## Install, step by step", "## Configuration reference", "## Uninstalling"):
-        assert reference in sections[1:]
+# The reference the quickstart leaves out, and the page of the install guide it now lives on.
+REFERENCE: Final = {
+    "## Install, step by step": "install-step-by-step.md",
+    "## Configuration reference": "install-reference.md",
+    "## Uninstalling": "install-upgrade.md",
+}
+
+
+@pytest.mark.parametrize(("heading", "page"), sorted(REFERENCE.items()))
+def test_the_reference_is_a_link_below_the_quickstart(heading: str, page: str) -> None:
+    assert heading in (DOC.parent / page).read_text(encoding="utf-8").splitlines()
+    lines = prose_and_code()
+    below = lines[lines.index(("## Quickstart", False)) + len(quickstart_lines()) :]
+    assert f"]({page})" in "\n".join(line for line, _ in below)
 
 
 def applied() -> list[tuple[str, str]]:
@@ -186,9 +192,9 @@ def test_the_bare_pod_opt_out_deletes_the_rolebinding_the_opt_in_applies() -> No
     assert f"delete rolebinding {name}" in flat()
 
 
-@pytest.mark.parametrize("anchor", sorted(set(_ANCHOR.findall(quickstart()))))
-def test_every_link_within_the_doc_reaches_a_heading(anchor: str) -> None:
-    assert anchor in {slug(h) for h in headings()}
+@pytest.mark.parametrize("target", sorted(set(_ANCHORED.findall(quickstart()))))
+def test_every_link_to_a_heading_reaches_it(target: str) -> None:
+    assert broken(DOC, target) is None
 
 
 @pytest.mark.parametrize("page", sorted(set(_DOC_LINK.findall(quickstart()))))

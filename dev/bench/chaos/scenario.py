@@ -15,7 +15,7 @@ Job, the fewer failures each Job collects in the storm.
 
 The pipeline runs with the install's own RBAC (knative/rbac.yaml, applied for real), as the
 ServiceAccount update-annotations; the namespace of the bare pods opts in to their replacement
-with knative/bare-pod-replacement, as docs/install.md tells users to. The local Stack runs
+with knative/bare-pod-replacement, as docs/install-opt-in.md tells users to. The local Stack runs
 every component with one kubeconfig, so that account is also bound, for this run, to the
 ApiServerSource adapter's own ClusterRole (watching pods), to assess-nodes's (marking
 Nodes) and to the Roles of Knative's Broker data plane (Knative's own, from its module: reading
