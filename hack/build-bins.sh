@@ -48,7 +48,7 @@ if ((want_control_plane)); then
   packages[kubectl]=k8s.io/kubernetes/cmd/kubectl
 fi
 if ((want_nodes)); then
-  # The real nodes' kubelet (docs/local-cluster.md, "Real nodes"). CGO_ENABLED=0 as for the
+  # The real nodes' kubelet (docs/local-cluster-real-nodes.md). CGO_ENABLED=0 as for the
   # rest: it then talks to the container runtime only over CRI, which is all they use.
   packages[kubelet]=k8s.io/kubernetes/cmd/kubelet
   # Each real node's kube-proxy (iptables mode, in the node's network namespace): Services.

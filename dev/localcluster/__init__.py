@@ -2,7 +2,8 @@
 
 Real etcd, kube-apiserver, kube-controller-manager and kube-scheduler; kwok keeps N fake nodes
 alive; a fake kubelet writes pod statuses, including the failures a real kubelet reports on a
-node labelled ``sim.kn-rescheduler.io/fault=<mode>``. See docs/local-cluster.md.
+node labelled ``sim.kn-rescheduler.io/fault=<mode>``. See docs/local-cluster.md and
+docs/local-cluster-faults.md.
 """
 
 from dev.localcluster.cluster import Cluster, ClusterError

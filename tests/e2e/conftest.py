@@ -60,7 +60,7 @@ FAULTY_PREFERENCE_WEIGHT = 100
 LOCAL = Config.from_env(LOCAL_FUNCTION_SETTINGS)
 
 
-# The real-node tests (docs/local-cluster.md, "Real nodes") need root and what
+# The real-node tests (docs/local-cluster-real-nodes.md) need root and what
 # hack/install-packages.sh installs; elsewhere they are skipped, saying what is missing.
 REAL_NODES_MISSING: Final = realnode.missing_tools()
 needs_real_nodes: Final = pytest.mark.skipif(
