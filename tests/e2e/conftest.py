@@ -259,18 +259,40 @@ def node_marks_cleared(request: pytest.FixtureRequest) -> Iterator[None]:
             cluster.rest.patch(f"/api/v1/nodes/{meta['name']}", patch)
 
 
+def mutate_admission_over_tls(
+    cluster: Any, log_dir: Path, tls_dir: Path, **kw: Any
+) -> tuple[FunctionServer, Path]:
+    """mutate-admission serving TLS with a CA made in ``tls_dir``, reading the cluster with
+    its credentials (``kw``: FunctionServer's other options); not started. And the CA."""
+    ca, crt, key = webhook_setup.make_tls(tls_dir)
+    server = FunctionServer(
+        "mutate-admission",
+        log_dir,
+        env=environment(cluster.kubeconfig),
+        tls=(crt, key),
+        ca_file=ca,
+        **kw,
+    )
+    return server, ca
+
+
+def register_for_one_namespace(
+    api_client: k8s.ApiClient, url: str, ca: Path, name: str, namespace: str
+) -> None:
+    """Register a webhook at ``url`` as shipped, but sent only what is created in
+    ``namespace``: nothing else in the session reaches it."""
+    body = webhook_setup.configuration(url, ca, name=name)
+    for hook in body["webhooks"]:
+        hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    webhook_setup.register(api_client, body)
+
+
 @pytest.fixture(scope="session")
 def webhook(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     """mutate-admission over TLS, registered with the API server for the whole session."""
     tls_dir = tmp_path_factory.mktemp("webhook-tls")
-    ca, crt, key = webhook_setup.make_tls(tls_dir)
-    server = FunctionServer(
-        "mutate-admission",
-        cluster.log_dir,
-        env=environment(cluster.kubeconfig),
-        tls=(crt, key),
-        ca_file=ca,
-    ).start()
+    server, ca = mutate_admission_over_tls(cluster, cluster.log_dir, tls_dir)
+    server.start()
     hook = Webhook(server, server.url, ca, cluster.api_client())
     hook.register()
     yield hook

@@ -28,9 +28,9 @@ from kubernetes import client as k8s
 
 from dev.localcluster.procs import Proc
 from dev.stack import webhook as webhook_setup
-from dev.stack.functions import FunctionServer, environment, free_port
+from dev.stack.functions import FunctionServer, free_port
 from tests import builders
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import mutate_admission_over_tls, register_for_one_namespace, wait_for
 from tests.unit import pods
 
 pytestmark = pytest.mark.e2e
@@ -329,22 +329,12 @@ def test_only_an_api_server_configured_with_the_client_certificate_reaches_the_w
     client_tls: webhook_setup.ClientTLS,
     second_api_server: Any,
 ) -> None:
-    ca, crt, key = webhook_setup.make_tls(tmp_path / "serving")
-    with FunctionServer(
-        "mutate-admission",
-        tmp_path,
-        env=environment(cluster.kubeconfig),
-        tls=(crt, key),
-        ca_file=ca,
-        client_tls=client_tls,
-    ) as server:
+    server, ca = mutate_admission_over_tls(
+        cluster, tmp_path, tmp_path / "serving", client_tls=client_tls
+    )
+    with server:
         name = webhook_setup.NAME + "-client-auth"
-        body = webhook_setup.configuration(server.url, ca, name=name)
-        # Only this test's namespace: nothing else in the session is sent to this webhook.
-        body["webhooks"][0]["namespaceSelector"] = {
-            "matchLabels": {"kubernetes.io/metadata.name": namespace}
-        }
-        webhook_setup.register(cluster.api_client(), body)
+        register_for_one_namespace(cluster.api_client(), server.url, ca, name, namespace)
         try:
             # The session's API server has no AdmissionConfiguration: the handshake fails,
             # failurePolicy Ignore admits the pod, and the webhook answered nothing. Its

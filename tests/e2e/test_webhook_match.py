@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from dev.stack import webhook as webhook_setup
-from dev.stack.functions import FunctionServer, environment
+from dev.stack.functions import FunctionServer
 from shared.api.keys import IGNORE_DISRUPTIONS_ANNOTATION
 from shared.platform.kube import Kube
 from tests import builders
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import mutate_admission_over_tls, register_for_one_namespace, wait_for
 from tests.e2e.test_webhook_hardening import admissions
 from tests.handlers.conftest import ClientFactory
 
@@ -39,19 +39,10 @@ JSON = dict[str, Any]
 def counted(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[FunctionServer]:
     """mutate-admission registered with the matchConditions as shipped, for ``namespace``
     only, so that its admissions metric counts this test's creates and nothing else."""
-    ca, crt, key = webhook_setup.make_tls(tmp_path / "tls")
-    with FunctionServer(
-        "mutate-admission",
-        tmp_path,
-        env=environment(cluster.kubeconfig),
-        tls=(crt, key),
-        ca_file=ca,
-    ) as server:
+    server, ca = mutate_admission_over_tls(cluster, tmp_path, tmp_path / "tls")
+    with server:
         name = webhook_setup.NAME + "-match"
-        body = webhook_setup.configuration(server.url, ca, name=name)
-        for hook in body["webhooks"]:
-            hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-        webhook_setup.register(cluster.api_client(), body)
+        register_for_one_namespace(cluster.api_client(), server.url, ca, name, namespace)
         try:
             webhook_setup.wait_until_called(cluster.api_client(), namespace=namespace)
             yield server
@@ -86,6 +77,18 @@ def unchanged(function_client: ClientFactory, cluster: Any, namespace: str, obj:
     answer = client.post("/", json=review).get_json()["response"]
     assert answer["allowed"] is True, answer
     return "patch" not in answer or json.loads(base64.b64decode(answer["patch"])) == []
+
+
+def owner(api_version: str, kind: str, name: str, obj: JSON, controller: bool = True) -> JSON:
+    """An ownerReference to ``obj`` (its uid), as a controller writes one."""
+    uid = obj["metadata"]["uid"]
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": controller,
+    }
 
 
 def pods_of(api: Kube, namespace: str, app: str) -> list[JSON]:
@@ -124,15 +127,7 @@ def test_the_api_server_sends_pods_of_followed_controllers_and_bare_pods_only(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
     )
     owned = builders.bare_pod("owned", template=builders.template({"app": "owned"}))
-    owned["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "name": "c",
-            "uid": config["metadata"]["uid"],
-            "controller": False,
-        }
-    ]
+    owned["metadata"]["ownerReferences"] = [owner("v1", "ConfigMap", "c", config, False)]
     assert calls(counted, created("Pod", owned, "owned")) == 1
 
     # Not sent: a DaemonSet's pod, made by the DaemonSet controller on the one node it selects.
@@ -153,15 +148,8 @@ def test_the_api_server_sends_pods_of_followed_controllers_and_bare_pods_only(
 
     # Not sent: a pod whose controller is an operator's own kind.
     foreign = builders.bare_pod("widget-0", template=builders.template({"app": "widget"}))
-    foreign["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "example.com/v1",
-            "kind": "Widget",
-            "name": "w",
-            "uid": str(uuid.uuid4()),
-            "controller": True,
-        }
-    ]
+    widget_uid = {"metadata": {"uid": str(uuid.uuid4())}}
+    foreign["metadata"]["ownerReferences"] = [owner("example.com/v1", "Widget", "w", widget_uid)]
     widget: list[JSON] = []
     assert calls(counted, lambda: widget.append(api.create("Pod", namespace, foreign))) == 0
     # (The garbage collector may delete it soon: its owner does not exist. What was created
@@ -218,13 +206,5 @@ def test_the_api_server_sends_a_job_only_when_it_asks_for_ignore_disruptions_or_
         },
     )
     from_cron = job("nightly-manual")
-    from_cron["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "batch/v1",
-            "kind": "CronJob",
-            "name": "nightly",
-            "uid": cron["metadata"]["uid"],
-            "controller": True,
-        }
-    ]
+    from_cron["metadata"]["ownerReferences"] = [owner("batch/v1", "CronJob", "nightly", cron)]
     assert calls(counted, made(from_cron, "nightly-manual")) == 2
