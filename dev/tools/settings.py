@@ -114,11 +114,10 @@ def config_methods(fields: Iterable[str]) -> dict[str, set[str]]:
     return methods
 
 
-def settings_read(path: Path, fields: Iterable[str]) -> set[str]:
+def settings_read(path: Path, fields: Iterable[str], methods: dict[str, set[str]]) -> set[str]:
     """The fields of ``fields`` that ``path`` reads from a config, directly or through one of
-    Config's own properties and methods."""
+    Config's own properties and methods (``config_methods``)."""
     wanted = set(fields)
-    methods = config_methods(wanted)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Attribute) and _names_a_config(node.value):
@@ -132,10 +131,14 @@ def readers(functions_dir: Path = ROOT / "functions") -> dict[str, set[str]]:
     """For each field of Config, the functions whose code may read it."""
     fields = [f.name for f in dataclasses.fields(Config)]
     found: dict[str, set[str]] = {name: set() for name in fields}
+    methods = config_methods(fields)
+    read: dict[Path, set[str]] = {}  # a module shared by several functions is parsed once
     for main in sorted(functions_dir.glob("*/main.py")):
         function = main.parent.name
         for path in closure(main):
-            for name in settings_read(path, fields):
+            if path not in read:
+                read[path] = settings_read(path, fields, methods)
+            for name in read[path]:
                 found[name].add(function)
     return found
 
