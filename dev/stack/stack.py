@@ -4,7 +4,8 @@
     ApiServerSource of knative/sources.yaml: opted-in pods only) -> Broker (Knative's own
     ingress, in-memory channel dispatcher and filter: dev/pipeline/broker.py, with the Broker and
     Triggers of knative/) -> detect-failures -> Broker -> update-annotations -> Broker;
-    kube-apiserver -> mutate-admission (TLS, registered);
+    kube-apiserver -> mutate-admission (TLS, registered), or with ``admission="policies"`` the
+    MutatingAdmissionPolicies of knative/components/admission-policies, and no webhook at all;
     Broker -> assess-nodes (failure reports: node health) -> Broker;
     a timer (the PingSources) -> sweep-failures -> Broker, and -> assess-nodes;
     a timer -> label-nodes -> the cluster's Prometheus (when the Stack is given its URL);
@@ -35,6 +36,7 @@ from kubernetes import client as k8s
 
 from dev.pipeline.broker import KnativeBroker
 from dev.pipeline.source import ApiServerSource
+from dev.stack import admission_policies
 from dev.stack import webhook as webhook_setup
 from dev.stack.functions import ROOT, FunctionServer, Watchdog, environment, free_port
 
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 
 PING_TYPE: Final = "dev.knative.sources.ping"
 LOCAL_PRESSURE_RULES: Final = ROOT / "dev" / "stack" / "pressure-rules.yaml"
+# How new pods get their exclusions: the webhook, or MutatingAdmissionPolicies (Kubernetes 1.36).
+ADMISSION_MODES: Final = ("webhook", "policies")
 TRIGGERED_FUNCTIONS: Final = ("detect-failures", "update-annotations", "assess-nodes")
 
 
@@ -94,7 +98,13 @@ class Stack:
         restart_functions: bool = True,
         async_handler: bool | None = None,
         kubeconfigs: Mapping[str, Path] | None = None,
+        admission: str = "webhook",
     ) -> None:
+        if admission not in ADMISSION_MODES:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}")
+        # "webhook": mutate-admission, registered; "policies": the MutatingAdmissionPolicies
+        # rendered from this stack's settings, and no webhook process at all.
+        self.admission = admission
         self.kubeconfig = kubeconfig
         # A function's own credentials instead of ``kubeconfig``: the scale bench gives each its
         # identity, so that the API server's metrics tell their requests apart.
@@ -187,15 +197,17 @@ class Stack:
         self.servers["score-nodes"] = FunctionServer(
             "score-nodes", self.log_dir, env=env_of("score-nodes"), port=self.score_nodes_port
         ).start()
-        ca, crt, key = webhook_setup.make_tls(self.workdir / "tls")
-        hook = FunctionServer(
-            "mutate-admission",
-            self.log_dir,
-            env=env_of("mutate-admission"),
-            tls=(crt, key),
-            ca_file=ca,
-        ).start()
-        self.servers["mutate-admission"] = hook
+        hook: FunctionServer | None = None
+        if self.admission == "webhook":
+            ca, crt, key = webhook_setup.make_tls(self.workdir / "tls")
+            hook = FunctionServer(
+                "mutate-admission",
+                self.log_dir,
+                env=env_of("mutate-admission"),
+                tls=(crt, key),
+                ca_file=ca,
+            ).start()
+            self.servers["mutate-admission"] = hook
 
         self.broker = KnativeBroker(
             self.kubeconfig,
@@ -210,7 +222,13 @@ class Stack:
             async_handler=self.async_handler,
         ).start()
         self.broker_url = self.broker.url
-        webhook_setup.register(self.api_client, webhook_setup.configuration(hook.url, ca))
+        if hook is not None:
+            webhook_setup.register(self.api_client, webhook_setup.configuration(hook.url, ca))
+        else:
+            admission_policies.install(
+                self.api_client, admission_policies.rendered(env_of("mutate-admission"))
+            )
+        # Either way the same probe: a dry-run opted-in pod comes back labelled.
         webhook_setup.wait_until_called(self.api_client)
         # What the cluster's ApiServerSource watches, label selector included: only pods the
         # webhook labelled as opted in produce events.
@@ -257,9 +275,12 @@ class Stack:
             self.source.stop()
             self.source = None
         try:
-            webhook_setup.unregister(self.api_client)
+            if self.admission == "webhook":
+                webhook_setup.unregister(self.api_client)
+            else:
+                admission_policies.uninstall(self.api_client)
         except Exception as exc:  # the cluster may already be gone
-            log.debug("could not unregister the webhook: %s", exc)
+            log.debug("could not unregister the admission: %s", exc)
         if self.broker is not None:
             self.broker.stop()
             self.broker = None

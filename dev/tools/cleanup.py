@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.api.avoidnodes import ANNOTATION as AVOID_NODES_ANNOTATION
 from shared.api.keys import (
     FAILING_WORKLOADS_LABEL,
     HOT_STREAK_ANNOTATION,
@@ -101,15 +102,20 @@ def node_cleanup(node: Mapping[str, Any], pressure_key: str = PRESSURE_LABEL_KEY
 def workload_cleanup(kind: str, obj: Mapping[str, Any]) -> Cleanup | None:
     """The patch taking our state off a workload, or None when it has none (pure)."""
     meta = obj.get("metadata") or {}
-    if STATE_ANNOTATION not in (meta.get("annotations") or {}):
+    ours = [
+        k
+        for k in (STATE_ANNOTATION, AVOID_NODES_ANNOTATION)
+        if k in (meta.get("annotations") or {})
+    ]
+    if not ours:
         return None
     patch = {
         "metadata": {
-            "annotations": {STATE_ANNOTATION: None},
+            "annotations": dict.fromkeys(ours),
             "resourceVersion": meta.get("resourceVersion", ""),
         }
     }
-    removed = (f"annotation {STATE_ANNOTATION}",)
+    removed = tuple(f"annotation {key}" for key in ours)
     return Cleanup(kind, meta.get("namespace"), str(meta.get("name", "")), patch, removed)
 
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from shared.admission.decide import OwnerFacts, mutate
+from shared.api.avoidnodes import ANNOTATION as AVOID_NODES_ANNOTATION
 from shared.api.keys import EXCLUDED_NODES_ANNOTATION, STATE_ANNOTATION
 from shared.platform.config import Config
 from shared.pods.failing import FailingPod
@@ -35,9 +36,19 @@ def snapshot_of(pod: dict) -> dict:
 
 
 def test_the_state_patch_is_a_compare_and_swap_on_resource_version() -> None:
-    assert state_patch("42", '{"v":1}') == {
-        "metadata": {"resourceVersion": "42", "annotations": {STATE_ANNOTATION: '{"v":1}'}}
+    assert state_patch("42", '{"v":1}', "uid-1;*=node-a") == {
+        "metadata": {
+            "resourceVersion": "42",
+            "annotations": {STATE_ANNOTATION: '{"v":1}', AVOID_NODES_ANNOTATION: "uid-1;*=node-a"},
+        }
     }
+
+
+def test_the_state_patch_removes_the_flat_exclusions_when_there_are_none() -> None:
+    # A merge patch's null deletes the key: a list the state no longer has must not linger
+    # for the admission policies.
+    patch = state_patch("42", '{"v":1}')
+    assert patch["metadata"]["annotations"][AVOID_NODES_ANNOTATION] is None
 
 
 def test_an_event_names_the_workload_and_is_capped_at_one_kibibyte() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shared.api import nodehealth
+from shared.api import avoidnodes, nodehealth
 from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_RESCHEDULED,
@@ -169,6 +169,16 @@ def test_the_state_write_carries_the_resource_version_it_read_as_its_preconditio
     assert recorded.moves == 1
     assert recorded.excluded_nodes == ("node-b",)
     assert CRASHING["metadata"]["uid"] in recorded.handled
+
+
+def test_the_state_write_carries_the_exclusions_flat_for_the_admission_policies() -> None:
+    write = first(rs_move(), WriteState)
+    flat = write.body["metadata"]["annotations"][avoidnodes.ANNOTATION]
+    # The holder's own uid first: a copy on another object is not applied by the policies.
+    parsed = avoidnodes.parse(flat)
+    assert parsed is not None
+    assert parsed.holder_uid == replicaset()["metadata"]["uid"]
+    assert parsed.for_pod("web-7d9c8b6f4-new", per_pod=False) == ("node-b",)
 
 
 def test_a_re_plan_after_a_conflict_writes_on_the_version_read_again() -> None:
@@ -605,6 +615,19 @@ def test_a_statefulset_pod_is_moved_on_its_own_budget_without_listing_its_siblin
     assert first(made, Delete).uid == live["metadata"]["uid"]
     recorded = load_state(first(made, WriteState).body["metadata"]["annotations"][STATE_ANNOTATION])
     assert recorded.entry("db-1").moves == 1
+
+
+def test_a_statefulset_pods_flat_exclusions_are_its_own_scope() -> None:
+    live = set_pod("db-1")
+    given = Inputs(report(live), live, resolution(STATEFUL, statefulset()), CFG, NOW)
+    made = decide.plan_move(given)
+    assert isinstance(made, MovePlan)
+    write = first(made, WriteState)
+    parsed = avoidnodes.parse(write.body["metadata"]["annotations"][avoidnodes.ANNOTATION])
+    assert parsed is not None
+    node = live["spec"]["nodeName"]
+    assert parsed.for_pod("db-1", per_pod=True) == (node,)
+    assert parsed.for_pod("db-0", per_pod=True) == ()
 
 
 def test_a_statefulset_pod_its_controller_removed_is_recorded_and_its_namesake_redirected() -> None:

@@ -128,7 +128,9 @@ def test_a_holder_without_a_deployment_is_left_as_resolved() -> None:
 
 def test_the_strip_removes_our_state_and_nothing_else() -> None:
     # RFC 7386: a null removes the key, absent keys are left alone.
-    assert strip_state_patch() == {"metadata": {"annotations": {STATE_ANNOTATION: None}}}
+    assert strip_state_patch() == {
+        "metadata": {"annotations": {STATE_ANNOTATION: None, "kn-rescheduler.io/avoid-nodes": None}}
+    }
 
 
 # A model of the two copiers, after their Go sources (Kubernetes 1.36), and of the order in

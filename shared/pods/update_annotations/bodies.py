@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from shared.api import barepods
+from shared.api.avoidnodes import ANNOTATION as AVOID_NODES_ANNOTATION
 from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
     KSE_SCHEDULED_HOSTS_ANNOTATION,
@@ -29,13 +30,16 @@ ORIGIN_ANNOTATION: Final = barepods.ORIGIN_ANNOTATION
 replacement_name = barepods.replacement_name
 
 
-def state_patch(resource_version: str, state_json: str) -> dict[str, Any]:
-    """A merge patch writing the state; the resourceVersion makes it a compare-and-swap
-    (the API server answers 409 when the object changed since it was read)."""
+def state_patch(
+    resource_version: str, state_json: str, avoid_nodes: str | None = None
+) -> dict[str, Any]:
+    """A merge patch writing the state and, beside it, its exclusions flat for the admission
+    policies (``shared.api.avoidnodes``; None removes them); the resourceVersion makes it a
+    compare-and-swap (the API server answers 409 when the object changed since it was read)."""
     return {
         "metadata": {
             "resourceVersion": resource_version,
-            "annotations": {STATE_ANNOTATION: state_json},
+            "annotations": {STATE_ANNOTATION: state_json, AVOID_NODES_ANNOTATION: avoid_nodes},
         }
     }
 
@@ -87,7 +91,9 @@ _NOT_ON_CREATE: Final = (
 )
 
 
-def replacement_pod(snapshot: Mapping[str, Any], state_json: str) -> dict[str, Any]:
+def replacement_pod(
+    snapshot: Mapping[str, Any], state_json: str, avoid_nodes: str | None = None
+) -> dict[str, Any]:
     """A bare pod to create in place of a failing one: the same spec, unbound, carrying the
     state. The webhook stamps the exclusions (read from that state) on its way in, so our
     previous stamp and the affinity terms it produced are taken off here first, as is all
@@ -101,6 +107,11 @@ def replacement_pod(snapshot: Mapping[str, Any], state_json: str) -> dict[str, A
     for key in (EXCLUDED_NODES_ANNOTATION, KSE_SCHEDULED_HOSTS_ANNOTATION):
         annotations.pop(key, None)
     annotations[STATE_ANNOTATION] = state_json
+    # The admission policies read the exclusions from here (a bare pod is its own holder).
+    if avoid_nodes is None:
+        annotations.pop(AVOID_NODES_ANNOTATION, None)
+    else:
+        annotations[AVOID_NODES_ANNOTATION] = avoid_nodes
     annotations.setdefault(ORIGIN_ANNOTATION, str(meta.get("name", "")))
     for field in _NOT_ON_CREATE:
         spec.pop(field, None)

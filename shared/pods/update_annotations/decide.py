@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from shared.api import avoidnodes
 from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_RESCHEDULED,
@@ -41,7 +42,7 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.api.kubetypes import Pod
-from shared.api.state import StateError, dump_state, load_state
+from shared.api.state import StateError, dump_state, load_state, load_state_lenient
 from shared.api.times import format_duration, format_time
 from shared.platform import events
 from shared.platform.config import Config
@@ -803,9 +804,16 @@ def replacement_for(live: Pod, decided: Plan) -> dict[str, Any]:
     meta = live.get("metadata", {})
     snapshot = {"metadata": dict(meta), "spec": live.get("spec", {})}
     state_json = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
-    if decided.new_state is not None:
-        state_json = dump_state(decided.new_state)
-    return bodies.replacement_pod(snapshot, state_json or "")
+    state = decided.new_state
+    if state is not None:
+        state_json = dump_state(state)
+    else:
+        try:
+            state = load_state_lenient(state_json).state
+        except StateError:
+            state = None  # carried as it is; no exclusions for the policies to read
+    flat = None if state is None else avoidnodes.render(state, per_pod=False, holder_uid="")
+    return bodies.replacement_pod(snapshot, state_json or "", flat)
 
 
 def handled_uids(raw: str | None) -> tuple[str, ...]:
@@ -1003,7 +1011,15 @@ def plan_move(given: Inputs) -> MovePlan | Lookup:
         WriteState(
             holder.ref,
             holder.resource_version,
-            bodies.state_patch(holder.resource_version, dump_state(decided.new_state)),
+            bodies.state_patch(
+                holder.resource_version,
+                dump_state(decided.new_state),
+                avoidnodes.render(
+                    decided.new_state,
+                    per_pod=holder.ref.kind == OwnerKind.STATEFUL_SET,
+                    holder_uid=holder.ref.uid,
+                ),
+            ),
             "recorded before anything is removed, compare-and-swap on the version read",
         )
     )

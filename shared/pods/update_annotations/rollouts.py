@@ -70,6 +70,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from shared.api.avoidnodes import ANNOTATION as AVOID_NODES_ANNOTATION
 from shared.api.keys import POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.platform import kube
 from shared.workloads.owners import REPLICASET, Ref, Resolution
@@ -150,8 +151,9 @@ def settle(resolution: Resolution, deployment: Mapping[str, Any] | None) -> Sett
 
 
 def strip_state_patch() -> dict[str, Any]:
-    """A JSON merge patch removing our state, and only it, from a Deployment."""
-    return {"metadata": {"annotations": {STATE_ANNOTATION: None}}}
+    """A JSON merge patch removing our state, and only it (with its flat exclusions), from a
+    Deployment."""
+    return {"metadata": {"annotations": {STATE_ANNOTATION: None, AVOID_NODES_ANNOTATION: None}}}
 
 
 def check_deployment(api: kube.Kube, resolution: Resolution) -> Settled:
