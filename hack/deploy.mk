@@ -27,6 +27,16 @@
 # monitoring). A per-function deploy applies that function's Service (and the config it reads),
 # nothing else: the other functions keep their Revisions.
 
+#
+# ADMISSION chooses how new pods get their exclusions (docs/install-choices.md, "Admission:
+# webhook or policies"): "policies" adds the admission-policies component (MutatingAdmission-
+# Policies, no webhook), "webhook" leaves the webhook, and "auto" (the default) takes policies
+# when the cluster kubectl talks to serves admissionregistration.k8s.io/v1
+# mutatingadmissionpolicies (Kubernetes 1.36), the webhook otherwise. The components
+# without-serving and webhook-deployment replace the webhook's Knative Service with a
+# Deployment the policies component does not remove: with them, auto means the webhook, and
+# ADMISSION=policies is refused.
+
 # Wherever this file is included, it must not become the Makefile's default goal.
 KNR_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
@@ -43,6 +53,14 @@ CONTAINER ?= buildah
 SKOPEO_FLAGS ?=
 KUBECTL ?= kubectl
 COMPONENTS ?=
+ADMISSION ?= auto
+knr_webhook_only = $(filter without-serving webhook-deployment,$(COMPONENTS))
+# Asked of the cluster only when a recipe expands it (recursive), once per use.
+knr_admission = $(if $(filter auto,$(ADMISSION)),$(if $(knr_webhook_only),webhook,$(shell \
+	$(KUBECTL) get --raw /apis/admissionregistration.k8s.io/v1 2>/dev/null \
+	| grep -q '"mutatingadmissionpolicies"' && echo policies || echo webhook)),$(ADMISSION))
+# Listed last: the component deletes the webhook's objects other components may have patched.
+KNR_COMPONENTS = $(COMPONENTS) $(if $(filter policies,$(knr_admission)),admission-policies)
 DEAD_LETTERS_IMAGE ?=
 KNR_EVENT_DISPLAY := gcr.io/knative-releases/knative.dev/eventing/cmd/event_display
 # Where the generated overlays and digests go (ignored by git).
@@ -53,7 +71,13 @@ KNR_IMAGES := .local/images
 knr_daemonless = $(filter buildah,$(notdir $(CONTAINER)))
 
 .PHONY: image images sbom deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
-	knr-check-fn knr-check-registry knr-check-engine
+	knr-check-fn knr-check-registry knr-check-engine knr-check-admission
+
+knr-check-admission:
+	@case "$(ADMISSION)" in auto|webhook|policies) ;; \
+	  *) echo "ADMISSION must be auto, webhook or policies (got '$(ADMISSION)')" >&2; exit 2;; esac
+	@if [ "$(ADMISSION)" = policies ] && [ -n "$(knr_webhook_only)" ]; then \
+	  echo "ADMISSION=policies cannot go with COMPONENTS $(knr_webhook_only): they run the webhook as a Deployment the policies component does not remove" >&2; exit 2; fi
 
 knr-check-fn:
 	@if [ -z "$(FN)" ] || ! echo " $(KNR_FUNCTIONS) " | grep -q " $(FN) "; then \
@@ -123,7 +147,7 @@ knr_push = \
 	test -s $(KNR_WORK)/$(1).digest || { echo "could not resolve the pushed digest of $(1)" >&2; exit 1; } && \
 	echo "$(1): $$(cat $(KNR_WORK)/$(1).digest)"
 
-# Writes the overlay $(KNR_WORK)/$(1)/kustomization.yaml: knative/ plus COMPONENTS, with the
+# Writes the overlay $(KNR_WORK)/$(1)/kustomization.yaml: knative/ plus the components $(4), with the
 # image of each function in $(2) set to its pushed digest (or to REGISTRY/FN:TAG if there is
 # no digest file), and the dead-letter sink's to DEAD_LETTERS_IMAGE if given. Relative paths:
 # kustomize refuses absolute ones in some versions.
@@ -133,8 +157,8 @@ knr_overlay = \
 	  echo "kind: Kustomization"; \
 	  echo "resources:"; \
 	  echo "  - ../../../knative"; \
-	  if [ -n "$(strip $(COMPONENTS))" ]; then echo "components:"; fi; \
-	  for c in $(COMPONENTS); do \
+	  if [ -n "$(strip $(4))" ]; then echo "components:"; fi; \
+	  for c in $(4); do \
 	    if [ "$$c" = monitoring ]; then echo "  - ../../../knative/monitoring"; \
 	    else echo "  - ../../../knative/components/$$c"; fi; \
 	  done; \
@@ -159,7 +183,7 @@ knr_overlay = \
 
 deploy: knr-check-fn knr-check-registry knr-check-engine
 	@$(call knr_push,$(FN))
-	@$(call knr_overlay,$(FN),$(FN),digest)
+	@$(call knr_overlay,$(FN),$(FN),digest,$(KNR_COMPONENTS))
 	$(KUBECTL) kustomize $(KNR_WORK)/$(FN) > $(KNR_WORK)/$(FN)/rendered.yaml
 	# The settings it reads: a new, content-named ConfigMap, which no other function uses yet.
 	$(KUBECTL) apply -f $(KNR_WORK)/$(FN)/rendered.yaml -l app.kubernetes.io/component=config
@@ -174,21 +198,23 @@ deploy: knr-check-fn knr-check-registry knr-check-engine
 	else \
 	  $(KUBECTL) -n $(KNR_NAMESPACE) rollout status deployment/$(FN) --timeout=300s; fi
 
-deploy-all: knr-check-registry knr-check-engine
+deploy-all: knr-check-admission knr-check-registry knr-check-engine
 	@set -e; $(foreach f,$(KNR_FUNCTIONS),$(call knr_push,$(f));)
-	@$(call knr_overlay,all,$(KNR_FUNCTIONS),digest)
+	@components="$(strip $(KNR_COMPONENTS))"; $(call knr_overlay,all,$(KNR_FUNCTIONS),digest,$$components)
 	$(KUBECTL) kustomize $(KNR_WORK)/all > $(KNR_WORK)/all/rendered.yaml
-	# Everything: namespace, RBAC, config, Broker, Triggers, sources, Services, webhook.
+	# Everything: namespace, RBAC, config, Broker, Triggers, sources, Services, admission.
 	$(KUBECTL) apply -f $(KNR_WORK)/all/rendered.yaml
-	@echo "Deployed. Without cert-manager (COMPONENTS=cert-manager), run: make webhook-cert"
+	@if grep -q "^kind: MutatingWebhookConfiguration" $(KNR_WORK)/all/rendered.yaml; then \
+	  echo "Deployed, admission by the webhook. Without cert-manager (COMPONENTS=cert-manager), run: make webhook-cert"; \
+	else echo "Deployed, admission by MutatingAdmissionPolicies: no webhook, no certificate."; fi
 
 undeploy: knr-check-fn
-	@$(call knr_overlay,$(FN),$(FN),tag)
+	@$(call knr_overlay,$(FN),$(FN),tag,$(COMPONENTS))
 	$(KUBECTL) kustomize $(KNR_WORK)/$(FN) | $(KUBECTL) delete --ignore-not-found -f - \
 	  -l app.kubernetes.io/name=$(FN),app.kubernetes.io/component=function
 
-manifests:
-	@$(call knr_overlay,manifests,$(KNR_FUNCTIONS),tag)
+manifests: knr-check-admission
+	@$(call knr_overlay,manifests,$(KNR_FUNCTIONS),tag,$(KNR_COMPONENTS))
 	@$(KUBECTL) kustomize $(KNR_WORK)/manifests
 
 revisions: knr-check-fn

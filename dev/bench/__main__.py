@@ -17,6 +17,8 @@ Measurements, in the order they run (``--only`` takes these names):
 
 Only when named with ``--only``:
 
+- ``admission``: the same 1,000 pod creates with no admission of ours, the webhook and the
+  MutatingAdmissionPolicies, side by side (``bench.admission``).
 - ``source-selector``: events and CPU per 1,000 pod changes with 10 % of the pods opted in,
   the ApiServerSource without and with its label selector, side by side.
 - ``extender``: score-nodes' latency per scheduler call (filter, prioritize) with 20, 100, 240
@@ -82,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from dev.bench import (
+    admission,
     broker,
     coldstart,
     detect,
@@ -113,7 +116,7 @@ from dev.localcluster.kubelet import Timing
 
 NAMES = ("recovery", "detect", "webhook", "cold-start", "load", "scale")
 # Run only when named with --only.
-EXTRA_NAMES = ("source-selector", "extender", "throughput", "broker", "images")
+EXTRA_NAMES = ("admission", "source-selector", "extender", "throughput", "broker", "images")
 # The fake kubelet's restart clocks (--kubelet-backoff); the first is the default.
 BACKOFFS = ("compressed", "real")
 # The shortest recovery window with a real kubelet's back-off (seconds).
@@ -424,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
             timing=run.timing,
             settings=settings,
         ),
+        "admission": lambda: admission.measure(
+            run.cluster(), workdir / "admission", quick=args.quick, log=_log
+        ),
         "source-selector": lambda: selector.measure(scales, workdir / "selector", log=_log),
         "extender": lambda: extender.measure(workdir / "extender", quick=args.quick, log=_log),
         "broker": lambda: broker.measure(workdir / "broker", quick=args.quick, log=_log),
@@ -455,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     results_md = ROOT / "dev" / "bench" / "RESULTS.md"
     if not args.quick and not args.only:
         report.write(results, path, results_md)
+    if not args.quick and "admission" in results["measurements"]:
+        admission.write_section(results, path, results_md)
     if not args.quick and "source-selector" in results["measurements"]:
         selector.write_section(results, path, results_md)
     _log(f"results: {path} ({results['runtime_s']} s)")

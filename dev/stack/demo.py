@@ -3,7 +3,9 @@
 By default it starts everything itself: a local control plane with six kwok nodes, three of
 them faulty (a crash-looping runtime, an OOM-killing node, a broken image mirror), and the whole
 pipeline (Knative's ApiServerSource adapter, the Broker stand-in with the Triggers of knative/,
-detect-failures, update-annotations, the mutate-admission webhook over TLS). It then creates a
+detect-failures, update-annotations, and admission: the MutatingAdmissionPolicies of
+knative/components/admission-policies, or with ``--admission webhook`` the mutate-admission
+webhook over TLS). It then creates a
 Deployment, a StatefulSet and a Job that opt in with ``scheduling-retries: "3"`` and prefer the
 faulty nodes, narrates what happens as it happens (a node where two workloads failed turns
 suspect: assess-nodes labels and taints it), and ends with a summary table and a timeline chart.
@@ -65,7 +67,7 @@ from dev.stack.demo_model import (
     phase,
 )
 from dev.stack.functions import ROOT
-from dev.stack.stack import LOCAL_PRESSURE_RULES, Stack
+from dev.stack.stack import ADMISSION_MODES, LOCAL_PRESSURE_RULES, Stack
 from shared.api.keys import (
     APISERVER_UPDATE,
     PREFIX,
@@ -434,6 +436,8 @@ class Options:
     real_nodes: int = 0
     # Knative Eventing and kn-rescheduler installed from their manifests (real nodes only).
     install: bool = False
+    # How new pods get their exclusions on the local cluster (Stack's admission modes).
+    admission: str = "policies"
 
 
 def _ensure_namespace(kube: Kube, console: Console, *, recreate: bool) -> None:
@@ -560,8 +564,8 @@ class PressureOutcome:
 def plan_pressure(healthy: Sequence[str]) -> tuple[str, Workload] | None:
     """The node to press and the act's Deployment: it may only run on the healthy nodes (a
     faulty node would turn this act into the first one), and prefers the pressed node a little:
-    half the weight of the webhook's affinity away from a pressured node. Without pressure its
-    first pod goes to that node; under pressure the webhook's affinity outweighs the
+    half the weight of admission's affinity away from a pressured node. Without pressure its
+    first pod goes to that node; under pressure admission's affinity outweighs the
     preference, and only then do its pods go elsewhere."""
     if len(healthy) < 2:
         return None
@@ -663,7 +667,7 @@ def pressure_act(
     )
     console.plain(
         f"  {api.ref} opts in like the others, may only run on {', '.join(api.pool)} and "
-        f"prefers {node} a little (weight {api.prefer[0][1]}; the webhook's affinity away from "
+        f"prefers {node} a little (weight {api.prefer[0][1]}; admission's affinity away from "
         f"a pressured node weighs {Config().pressure_affinity_weight})"
     )
     try:
@@ -713,7 +717,7 @@ def pressure_act(
         )
         want = len(others)
         console.say(
-            f"scaling {api.ref} to {want}: the webhook gives each new pod a preferred "
+            f"scaling {api.ref} to {want}: admission gives each new pod a preferred "
             f"affinity away from {node}'s label",
             "step",
         )
@@ -1065,7 +1069,12 @@ def run_local(opts: Options, console: Console) -> int:
             console.say(
                 "starting the pipeline: ApiServerSource (Knative's adapter) -> Broker (the "
                 "Triggers in knative/) -> detect-failures -> update-annotations, assess-nodes, "
-                "the mutate-admission webhook over TLS, and label-nodes on a timer",
+                + (
+                    "the MutatingAdmissionPolicies (no webhook)"
+                    if opts.admission == "policies"
+                    else "the mutate-admission webhook over TLS"
+                )
+                + ", and label-nodes on a timer",
                 "step",
             )
             api = cluster.api_client()
@@ -1078,9 +1087,14 @@ def run_local(opts: Options, console: Console) -> int:
                 prometheus_url=cluster.prometheus_url,
                 label_every=LABEL_EVERY,
                 settings=realnode.REAL_KUBELET_FUNCTION_SETTINGS if real else None,
+                admission=opts.admission,
             )
             with stack:
-                console.say("pipeline ready; the webhook is registered with the API server")
+                console.say(
+                    "pipeline ready; the API server applies the admission policies, no webhook"
+                    if opts.admission == "policies"
+                    else "pipeline ready; the webhook is registered with the API server"
+                )
                 kube = Kube(api)
                 timeline = Timeline(everything, faults, console.note)
                 feed = Feeds(
@@ -1342,6 +1356,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--nodes", type=int, default=NODES, help=f"local cluster size ({NODES})")
     p.add_argument(
+        "--admission",
+        choices=ADMISSION_MODES,
+        default="policies",
+        help="how new pods get their exclusions on the local cluster: the MutatingAdmission"
+        "Policies (policies, the default: Kubernetes 1.36) or the mutate-admission webhook",
+    )
+    p.add_argument(
         "--real-nodes",
         type=int,
         default=0,
@@ -1411,6 +1432,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
         color=args.color,
         real_nodes=args.real_nodes,
         install=args.install,
+        admission=args.admission,
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)

@@ -631,5 +631,5 @@ class Timeline:
             if life.workload.kind == "Job" and went is not None and life.created - went > 2:
                 text += f" ({life.created - went:.0f}s later: the Job controller's back-off)"
         if life.kept_off:
-            text += f"; the webhook kept it off {', '.join(life.kept_off)}"
+            text += f"; admission kept it off {', '.join(life.kept_off)}"
         return text

@@ -228,6 +228,7 @@ class Stack:
             admission_policies.install(
                 self.api_client, admission_policies.rendered(env_of("mutate-admission"))
             )
+            admission_policies.wait_until_params(self.api_client)
         # Either way the same probe: a dry-run opted-in pod comes back labelled.
         webhook_setup.wait_until_called(self.api_client)
         # What the cluster's ApiServerSource watches, label selector included: only pods the
@@ -278,7 +279,8 @@ class Stack:
             if self.admission == "webhook":
                 webhook_setup.unregister(self.api_client)
             else:
-                admission_policies.uninstall(self.api_client)
+                # Disabled, not deleted: see dev/stack/admission_policies.py.
+                admission_policies.disable(self.api_client)
         except Exception as exc:  # the cluster may already be gone
             log.debug("could not unregister the admission: %s", exc)
         if self.broker is not None:

@@ -12,7 +12,9 @@ them, and only them:
   only where our ``pressure`` annotation says label-nodes wrote it: the same key set by someone
   else stays, as label-nodes itself leaves it. Never ``kn-rescheduler.io/maintenance`` or
   ``ignore``: people set those.
-- Deployments, ReplicaSets, StatefulSets and Jobs: the annotation ``kn-rescheduler.io/state``.
+- Deployments, ReplicaSets, StatefulSets and Jobs: the annotations ``kn-rescheduler.io/state``
+  and ``kn-rescheduler.io/avoid-nodes`` (its exclusions, flat, for the admission policies), and
+  the label ``kn-rescheduler.io/admission-param`` (the admission policies' param label).
 
 Pods keep what the webhook stamped on them: a pod's affinity cannot change, and the pods go
 with their next rollout. Every write is a JSON merge patch of those keys alone, with the
@@ -30,6 +32,7 @@ from typing import Any
 
 from shared.api.avoidnodes import ANNOTATION as AVOID_NODES_ANNOTATION
 from shared.api.keys import (
+    ADMISSION_PARAM_LABEL,
     FAILING_WORKLOADS_LABEL,
     HOT_STREAK_ANNOTATION,
     LOAD_LABEL,
@@ -100,23 +103,23 @@ def node_cleanup(node: Mapping[str, Any], pressure_key: str = PRESSURE_LABEL_KEY
 
 
 def workload_cleanup(kind: str, obj: Mapping[str, Any]) -> Cleanup | None:
-    """The patch taking our state off a workload, or None when it has none (pure)."""
+    """The patch taking our state and marks off a workload, or None when it has none (pure)."""
     meta = obj.get("metadata") or {}
-    ours = [
-        k
-        for k in (STATE_ANNOTATION, AVOID_NODES_ANNOTATION)
-        if k in (meta.get("annotations") or {})
-    ]
-    if not ours:
+    annotations = meta.get("annotations") or {}
+    ours = [k for k in (STATE_ANNOTATION, AVOID_NODES_ANNOTATION) if k in annotations]
+    labelled = ADMISSION_PARAM_LABEL in (meta.get("labels") or {})
+    if not ours and not labelled:
         return None
-    patch = {
-        "metadata": {
-            "annotations": dict.fromkeys(ours),
-            "resourceVersion": meta.get("resourceVersion", ""),
-        }
-    }
+    metadata: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion", "")}
+    if ours:
+        metadata["annotations"] = dict.fromkeys(ours)
+    if labelled:
+        metadata["labels"] = {ADMISSION_PARAM_LABEL: None}
     removed = tuple(f"annotation {key}" for key in ours)
-    return Cleanup(kind, meta.get("namespace"), str(meta.get("name", "")), patch, removed)
+    removed += (f"label {ADMISSION_PARAM_LABEL}",) if labelled else ()
+    return Cleanup(
+        kind, meta.get("namespace"), str(meta.get("name", "")), {"metadata": metadata}, removed
+    )
 
 
 def _apply(api: Kube, kind: str, namespace: str | None, name: str, pressure_key: str) -> str:

@@ -49,10 +49,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.admission.decide import MAX_COPIED_VALUE
+from shared.admission.decide import ANNOTATIONS_SIZE_LIMIT, MAX_COPIED_VALUE
 from shared.api.avoidnodes import ANNOTATION as AVOID_NODES_ANNOTATION
 from shared.api.avoidnodes import ANY_POD, SEPARATOR
 from shared.api.keys import (
+    ADMISSION_PARAM_LABEL,
+    ADMISSION_PARAM_VALUE,
     AVOID_PRESSURE_KEY,
     EXCLUDED_NODES_ANNOTATION,
     FAILING_WORKLOADS_LABEL,
@@ -122,28 +124,6 @@ def _spec_patch(**fields: str) -> str:
     return _obj("Object", spec=_obj("Object.spec", **fields))
 
 
-_NODE_AFFINITY: Final = "Object.spec.affinity.nodeAffinity"
-
-
-def _set_node_affinity(field: str, value: str) -> str:
-    """JSON Patch operations (CEL) setting ``spec.affinity.nodeAffinity.<field>`` to ``value``
-    (of the field's type, ``<_NODE_AFFINITY>.<field>``), adding the parents the pod lacks.
-
-    JSON Patch, not an apply: both node affinity fields are atomic (a NodeSelector is an atomic
-    struct, preferred terms an atomic list), and an ApplyConfiguration may not touch atomic
-    values at all. ``add`` on a member that exists replaces it, so the deepest parent the pod
-    has decides the path. ``object`` here is the pod after this policy's earlier mutations.
-    """
-    inner = _obj(_NODE_AFFINITY, **{field: value})
-    return (
-        f"(!has(object.spec.affinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity', "
-        f"value: {_obj('Object.spec.affinity', nodeAffinity=inner)}}}] : "
-        f"!has(object.spec.affinity.nodeAffinity) ? [JSONPatch{{op: 'add', "
-        f"path: '/spec/affinity/nodeAffinity', value: {inner}}}] : "
-        f"[JSONPatch{{op: 'add', path: '/spec/affinity/nodeAffinity/{field}', value: {value}}}])"
-    )
-
-
 def _escape_pointer(key: str) -> str:
     """A map key as a JSON Pointer segment (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
@@ -152,7 +132,11 @@ def _escape_pointer(key: str) -> str:
 def _pod_variables(holder: str, kind: OwnerKind | None, max_retries: int) -> list[dict[str, str]]:
     """What every pod policy computes before it mutates; ``holder`` is the CEL name of the
     object carrying the policy and state (``params``, or ``object`` for a bare pod)."""
-    scope = "object.metadata.name" if kind is not None and kind.per_pod else _quote(ANY_POD)
+    scope = (
+        "object.metadata.?name.orValue('')"
+        if kind is not None and kind.per_pod
+        else _quote(ANY_POD)
+    )
     # A bare pod's uid is not assigned until after admission: its own annotations need no
     # check that they are its own.
     uid_ok = "true" if kind is None else "variables.flat[0] == string(params.metadata.uid)"
@@ -187,7 +171,9 @@ def _pod_variables(holder: str, kind: OwnerKind | None, max_retries: int) -> lis
         {
             "name": "entries",
             "expression": (
-                f"size(variables.flat) >= 2 && {uid_ok} ? "
+                # The form render writes, or nothing: every field after the uid a scope.
+                f"size(variables.flat) >= 2 && {uid_ok} && "
+                "variables.flat.all(e, e == variables.flat[0] || e.contains('=')) ? "
                 f"variables.flat.filter(e, e.startsWith({scope} + '=')) : []"
             ),
         },
@@ -200,10 +186,11 @@ def _pod_variables(holder: str, kind: OwnerKind | None, max_retries: int) -> lis
         },
         {
             # All or nothing: one name the API server would refuse makes the pod unadmittable,
-            # which failurePolicy does not cover.
+            # which failurePolicy does not cover; a name twice is not a list we wrote.
             "name": "excluded",
             "expression": (
                 f"variables.moves && size(variables.listed) <= {MAX_EXCLUDED_NODES} && "
+                "variables.listed.all(n, variables.listed.exists_one(m, m == n)) && "
                 f"variables.listed.all(n, size(n) <= {_MAX_NODE_NAME} && "
                 f"n.matches({_quote(_NODE_NAME_RE)})) ? variables.listed : []"
             ),
@@ -216,6 +203,7 @@ def _pod_variables(holder: str, kind: OwnerKind | None, max_retries: int) -> lis
             "name": "stuckAfter",
             "expression": (f"variables.annotations[?{_quote(STUCK_AFTER_ANNOTATION)}].orValue('')"),
         },
+        {"name": "labels", "expression": "object.metadata.?labels.orValue({})"},
         {
             "name": "podAnnotations",
             "expression": "object.metadata.?annotations.orValue({})",
@@ -239,108 +227,8 @@ _PREF_TYPE: Final = (
 )
 
 
-def _apply(expression: str) -> dict[str, Any]:
-    return {
-        "patchType": "ApplyConfiguration",
-        "applyConfiguration": {"expression": expression},
-    }
-
-
 def _json_patch(expression: str) -> dict[str, Any]:
     return {"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}
-
-
-def _stamp_mutations() -> list[dict[str, Any]]:
-    """The opted-in label and the policy stamp; stuck-after beside it; stale ones removed."""
-    cut = MAX_COPIED_VALUE
-    policy = (
-        f"size(variables.policy) > {cut} ? variables.policy.substring(0, {cut}) : variables.policy"
-    )
-    stamp = (
-        "variables.hasPolicy ? Object{metadata: Object.metadata{"
-        f"labels: {{{_quote(OPTED_IN_LABEL)}: {_quote(OPTED_IN_VALUE)}}}, "
-        f"annotations: {{{_quote(POLICY_STAMP_ANNOTATION)}: {policy}}}}}}} : Object{{}}"
-    )
-    stuck = (
-        f"variables.hasPolicy && variables.stuckAfter != '' && "
-        f"size(variables.stuckAfter) <= {cut} ? Object{{metadata: Object.metadata{{"
-        f"annotations: {{{_quote(STUCK_AFTER_ANNOTATION)}: variables.stuckAfter}}}}}} : Object{{}}"
-    )
-    # Stamps of ours on a pod whose holder does not give them (copied from a template or
-    # another pod's manifest): removed, so the pod never looks opted in. JSONPatch: an apply
-    # can add keys to a map but not remove them.
-    removals = []
-    for key, path, when in (
-        (OPTED_IN_LABEL, "labels", "!variables.hasPolicy"),
-        (POLICY_STAMP_ANNOTATION, "annotations", "!variables.hasPolicy"),
-        (
-            STUCK_AFTER_ANNOTATION,
-            "annotations",
-            f"(!variables.hasPolicy || variables.stuckAfter == '' || "
-            f"size(variables.stuckAfter) > {cut})",
-        ),
-        (EXCLUDED_NODES_ANNOTATION, "annotations", "size(variables.excluded) == 0"),
-    ):
-        where = (
-            "object.metadata.?labels.orValue({})"
-            if path == "labels"
-            else ("variables.podAnnotations")
-        )
-        removals.append(
-            f"({when} && {_quote(key)} in {where} ? "
-            f"[JSONPatch{{op: 'remove', path: "
-            f"{_quote('/metadata/' + path + '/' + _escape_pointer(key))}}}] : [])"
-        )
-    return [
-        _apply(stamp),
-        _apply(stuck),
-        _json_patch(" + ".join(removals)),
-    ]
-
-
-def _exclusion_mutations() -> list[dict[str, Any]]:
-    """The required node affinity away from the excluded nodes, merged into the pod's own,
-    and the excluded-nodes stamp that says so."""
-    # One requirement per node: a node field selector takes exactly one value for NotIn.
-    ours = (
-        f"variables.excluded.map(n, {_TERM_TYPE}.matchFields{{key: "
-        f"{_quote(NODE_NAME_FIELD)}, operator: 'NotIn', values: [n]}})"
-    )
-    missing = (
-        "variables.excluded.filter(n, !t.?matchFields.orValue([]).exists(f, "
-        f"f.key == {_quote(NODE_NAME_FIELD)} && f.operator == 'NotIn' && "
-        "f.?values.orValue([]) == [n]))"
-        f".map(n, {_TERM_TYPE}.matchFields{{key: {_quote(NODE_NAME_FIELD)}, "
-        "operator: 'NotIn', values: [n]})"
-    )
-    terms = (
-        "object.spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution"
-        ".?nodeSelectorTerms.orValue([])"
-    )
-    # Terms are ORed: each non-empty one gets every requirement; an empty term matches no node
-    # and stays empty (adding to it would turn "nothing" into "everything but these").
-    merged = (
-        f"size({terms}) == 0 ? [{_TERM_TYPE}{{matchFields: {ours}}}] : "
-        f"{terms}.map(t, size(t.?matchExpressions.orValue([])) == 0 && "
-        f"size(t.?matchFields.orValue([])) == 0 ? {_TERM_TYPE}{{}} : {_TERM_TYPE}{{"
-        "matchExpressions: t.?matchExpressions.orValue([]), "
-        f"matchFields: t.?matchFields.orValue([]) + {missing}}})"
-    )
-    required = _obj(
-        f"{_NODE_AFFINITY}.requiredDuringSchedulingIgnoredDuringExecution",
-        nodeSelectorTerms=merged,
-    )
-    affinity = (
-        "size(variables.excluded) > 0 && !variables.bound ? "
-        + _set_node_affinity("requiredDuringSchedulingIgnoredDuringExecution", required)
-        + " : []"
-    )
-    stamp = (
-        "size(variables.excluded) > 0 ? Object{metadata: Object.metadata{annotations: {"
-        f"{_quote(EXCLUDED_NODES_ANNOTATION)}: "
-        "'[\"' + variables.excluded.join('\",\"') + '\"]'}}} : Object{}"
-    )
-    return [_json_patch(affinity), _apply(stamp)]
 
 
 @dataclass(frozen=True)
@@ -352,11 +240,23 @@ class _Soft:
     expressions: tuple[tuple[str, str, tuple[str, ...]], ...]  # (key, operator, values)
 
 
-def _soft_terms(cfg: Config) -> list[_Soft]:
-    """The webhook's preferences (`Admitter._avoid`), as far as a policy can tell them apart."""
-    ns_labels = "namespaceObject.metadata.?labels.orValue({})"
+def _soft_terms(cfg: Config, *, namespace: bool = False, only: str | None = None) -> list[_Soft]:
+    """The webhook's preferences (`Admitter._avoid`), as far as a policy can tell them apart:
+    those the owner decides (``namespace`` False: the pod policies, whose param is the owner),
+    or those the namespace asks for with a label (True: the namespace policy, which needs no
+    param, so that pods of owners without one of our annotations get them too)."""
+    if namespace:
+        # The policy's namespaceSelector has chosen the namespaces that ask.
+        pressure = "true" if only == AVOID_PRESSURE_KEY else "false"
+        load = "true" if only == LOAD_AWARE_KEY else "false"
+    else:
+        pressure = (
+            f"variables.moves || variables.annotations[?{_quote(AVOID_PRESSURE_KEY)}]"
+            ".orValue('') == 'true'"
+        )
+        load = f"variables.annotations[?{_quote(LOAD_AWARE_KEY)}].orValue('') == 'true'"
     soft: list[_Soft] = []
-    if cfg.suspect_affinity_weight:
+    if cfg.suspect_affinity_weight and not namespace:
         soft.append(
             _Soft(
                 "variables.moves",
@@ -364,7 +264,7 @@ def _soft_terms(cfg: Config) -> list[_Soft]:
                 ((SUSPECT_LABEL, "NotIn", (SUSPECT_VALUE,)),),
             )
         )
-    if cfg.failing_affinity_weight:
+    if cfg.failing_affinity_weight and not namespace:
         # The webhook adds this only while such a node exists (a Node LIST) and writes the
         # moved-off window's start as an `Lt` operand (the clock); a policy has neither, so
         # every pod placed after a move gets it, and a mark counts until assess-nodes' review
@@ -381,24 +281,15 @@ def _soft_terms(cfg: Config) -> list[_Soft]:
                 else ((FAILING_WORKLOADS_LABEL, "DoesNotExist", ()),),
             )
         )
-    if cfg.pressure_affinity_weight:
+    if cfg.pressure_affinity_weight and pressure != "false":
         key, _, value = cfg.pressure_label.partition("=")
-        asked = (
-            f"variables.moves || variables.annotations[?{_quote(AVOID_PRESSURE_KEY)}]"
-            f".orValue('') == 'true' || {ns_labels}[?{_quote(AVOID_PRESSURE_KEY)}]"
-            ".orValue('') == 'true'"
-        )
-        soft.append(_Soft(asked, cfg.pressure_affinity_weight, ((key, "NotIn", (value,)),)))
-    if cfg.load_affinity_weight:
-        asked = (
-            f"variables.annotations[?{_quote(LOAD_AWARE_KEY)}].orValue('') == 'true' || "
-            f"{ns_labels}[?{_quote(LOAD_AWARE_KEY)}].orValue('') == 'true'"
-        )
+        soft.append(_Soft(pressure, cfg.pressure_affinity_weight, ((key, "NotIn", (value,)),)))
+    if cfg.load_affinity_weight and load != "false":
         weight = cfg.load_affinity_weight
-        soft.append(_Soft(asked, weight, ((LOAD_LABEL, "NotIn", (LOAD_HIGH, LOAD_OVERLOADED)),)))
+        soft.append(_Soft(load, weight, ((LOAD_LABEL, "NotIn", (LOAD_HIGH, LOAD_OVERLOADED)),)))
         soft.append(
             _Soft(
-                asked,
+                load,
                 max(1, weight // 2),
                 ((LOAD_LABEL, "NotIn", (LOAD_MEDIUM, LOAD_HIGH, LOAD_OVERLOADED)),),
             )
@@ -410,10 +301,15 @@ def _list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(_quote(v) for v in values) + "]"
 
 
-def _preference_mutation(cfg: Config) -> dict[str, Any] | None:
-    """The preferred terms, each added when its condition holds and the pod lacks it."""
-    parts = []
-    for soft in _soft_terms(cfg):
+def _preferred(
+    cfg: Config, *, namespace: bool = False, only: str | None = None
+) -> tuple[str, str] | None:
+    """CEL: which preferred terms the pod gets (a variable: a list of indexes, each when its
+    condition holds and the pod lacks that term), and the terms themselves for those indexes
+    (in the mutation: only a mutation may build ``Object`` values). None when every weight
+    is 0."""
+    wanted, built = [], []
+    for index, soft in enumerate(_soft_terms(cfg, namespace=namespace, only=only)):
         expressions = ", ".join(
             f"{_PREF_TYPE}.preference.matchExpressions{{key: {_quote(key)}, "
             f"operator: {_quote(op)}" + (f", values: {_list(values)}" if values else "") + "}"
@@ -428,21 +324,207 @@ def _preference_mutation(cfg: Config) -> dict[str, Any] | None:
                 for key, op, values in soft.expressions
             ]
         )
-        parts.append(
-            f"({soft.when}) && !variables.preferred.exists(p, {same}) ? "
-            f"[{_PREF_TYPE}{{weight: {soft.weight}, preference: {_PREF_TYPE}.preference{{"
-            f"matchExpressions: [{expressions}]}}}}] : []"
+        wanted.append(f"(({soft.when}) && !variables.preferred.exists(p, {same}) ? [{index}] : [])")
+        built.append(
+            f"{_PREF_TYPE}{{weight: {soft.weight}, preference: {_PREF_TYPE}.preference{{"
+            f"matchExpressions: [{expressions}]}}}}"
         )
-    if not parts:
+    if not wanted:
         return None
-    added = " + ".join(f"({part})" for part in parts)
-    return _json_patch(
-        f"!variables.bound && size({added}) > 0 ? "
-        + _set_node_affinity(
-            "preferredDuringSchedulingIgnoredDuringExecution", f"variables.preferred + {added}"
-        )
-        + " : []"
+    # One `add .../-` per term, each value one object: a JSON Patch value that is a *list* of
+    # objects can reach the API server's conversion as a plain cel-go list (what `map` returns,
+    # and what `[] + [t]` is, since adding an empty list returns the other one), whose
+    # ConvertToNative to structpb.Value panics (Kubernetes 1.36.3). A panic is not covered by
+    # failurePolicy: the pod create fails.
+    pointer = f"{_NODE_AFFINITY_PATH}/preferredDuringSchedulingIgnoredDuringExecution/-"
+    chosen = " + ".join(
+        f"({index} in variables.preferredWanted ? "
+        f"[JSONPatch{{op: 'add', path: '{pointer}', value: {term}}}] : [])"
+        for index, term in enumerate(built)
     )
+    return " + ".join(wanted), chosen
+
+
+def _ours(key: str) -> str:
+    """CEL list ``[key, its JSON Pointer segment]``."""
+    return f"[{_quote(key)}, {_quote(_escape_pointer(key))}]"
+
+
+def _pod_mutation_variables(cfg: Config) -> list[dict[str, str]]:
+    """What the one JSON Patch is made of, each computed once per evaluation."""
+    cut = MAX_COPIED_VALUE
+    stamp_key, stuck_key, excluded_key = (
+        POLICY_STAMP_ANNOTATION,
+        STUCK_AFTER_ANNOTATION,
+        EXCLUDED_NODES_ANNOTATION,
+    )
+    preferred = _preferred(cfg)
+    wanted = preferred[0] if preferred else "[]"
+    return [
+        {
+            "name": "stamp",
+            "expression": (
+                f"size(variables.policy) > {cut} ? variables.policy.substring(0, {cut}) "
+                ": variables.policy"
+            ),
+        },
+        {
+            "name": "keepStuck",
+            "expression": (f"variables.stuckAfter != '' && size(variables.stuckAfter) <= {cut}"),
+        },
+        {
+            # [key, pointer, value] of each annotation of ours the pod must carry, as the
+            # webhook's `mutate` sets them.
+            "name": "setAnnotations",
+            "expression": (
+                f"((variables.hasPolicy ? [[{_quote(stamp_key)}, "
+                f"{_quote(_escape_pointer(stamp_key))}, variables.stamp]] : []) + "
+                f"(variables.hasPolicy && variables.keepStuck ? [[{_quote(stuck_key)}, "
+                f"{_quote(_escape_pointer(stuck_key))}, variables.stuckAfter]] : []) + "
+                f"(size(variables.excluded) > 0 ? [[{_quote(excluded_key)}, "
+                f"{_quote(_escape_pointer(excluded_key))}, "
+                "'[\"' + variables.excluded.join('\",\"') + '\"]']] : []))"
+                ".filter(a, !(a[0] in variables.podAnnotations) || "
+                "variables.podAnnotations[a[0]] != a[2])"
+            ),
+        },
+        {
+            # [key, pointer] of each annotation of ours the pod carries and must not (copied
+            # from a template or another pod's manifest).
+            "name": "dropAnnotations",
+            "expression": (
+                f"((!variables.hasPolicy ? [{_ours(stamp_key)}] : []) + "
+                f"(variables.hasPolicy && !variables.keepStuck ? [{_ours(stuck_key)}] : []) + "
+                f"(size(variables.excluded) == 0 ? [{_ours(excluded_key)}] : []))"
+                ".filter(a, a[0] in variables.podAnnotations)"
+            ),
+        },
+        {
+            # The API refuses annotations past 256 KiB in all (keys and values, in bytes), and
+            # failurePolicy does not cover that: a pod our stamps would take past it is left
+            # as it is, as the webhook leaves it.
+            "name": "roomForStamps",
+            "expression": (
+                "variables.podAnnotations.map(k, size(bytes(k)) + "
+                "size(bytes(variables.podAnnotations[k]))).sum() + "
+                "variables.setAnnotations.map(a, size(bytes(a[0])) + size(bytes(a[2]))).sum() "
+                f"<= {ANNOTATIONS_SIZE_LIMIT}"
+            ),
+        },
+        {"name": "required", "expression": "size(variables.excluded) > 0 && !variables.bound"},
+        {"name": "preferredWanted", "expression": f"variables.bound ? [] : {wanted}"},
+    ]
+
+
+def _pod_mutation(cfg: Config) -> dict[str, Any]:
+    """One JSON Patch for everything: each mutation of a policy costs the API server an encode
+    and a decode of the whole pod, and an ApplyConfiguration may not touch atomic values (both
+    node affinity fields are: a NodeSelector is an atomic struct, preferred terms an atomic
+    list). ``add`` on a member that exists replaces it; parents the pod lacks are added first,
+    empty, and filled by the operations after them."""
+    label_ptr = _quote("/metadata/labels/" + _escape_pointer(OPTED_IN_LABEL))
+    label = (
+        f"(variables.hasPolicy && variables.labels[?{_quote(OPTED_IN_LABEL)}].orValue('') != "
+        f"{_quote(OPTED_IN_VALUE)} ? "
+        "(has(object.metadata.labels) ? [] : "
+        "[JSONPatch{op: 'add', path: '/metadata/labels', value: {}}]) + "
+        f"[JSONPatch{{op: 'add', path: {label_ptr}, value: {_quote(OPTED_IN_VALUE)}}}] : "
+        f"!variables.hasPolicy && {_quote(OPTED_IN_LABEL)} in variables.labels ? "
+        f"[JSONPatch{{op: 'remove', path: {label_ptr}}}] : [])"
+    )
+    annotations = (
+        "(size(variables.setAnnotations) > 0 && !has(object.metadata.annotations) ? "
+        "[JSONPatch{op: 'add', path: '/metadata/annotations', value: {}}] : []) + "
+        "variables.setAnnotations.map(a, JSONPatch{op: 'add', "
+        "path: '/metadata/annotations/' + a[1], value: a[2]}) + "
+        "variables.dropAnnotations.map(a, JSONPatch{op: 'remove', "
+        "path: '/metadata/annotations/' + a[1]})"
+    )
+    # Required terms are ORed: each non-empty one gets every requirement; an empty term
+    # matches no node and stays empty (adding to it would turn "nothing" into "everything but
+    # these"). One requirement per node: a node field selector takes one value for NotIn.
+    missing = (
+        "variables.excluded.filter(n, !t.?matchFields.orValue([]).exists(f, "
+        f"f.key == {_quote(NODE_NAME_FIELD)} && f.operator == 'NotIn' && "
+        "f.?values.orValue([]) == [n]))"
+        f".map(n, {_TERM_TYPE}.matchFields{{key: {_quote(NODE_NAME_FIELD)}, "
+        "operator: 'NotIn', values: [n]})"
+    )
+    ours = (
+        f"variables.excluded.map(n, {_TERM_TYPE}.matchFields{{key: "
+        f"{_quote(NODE_NAME_FIELD)}, operator: 'NotIn', values: [n]}})"
+    )
+    terms = (
+        "object.spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution"
+        ".?nodeSelectorTerms.orValue([])"
+    )
+    merged = (
+        f"size({terms}) == 0 ? [{_TERM_TYPE}{{matchFields: {ours}}}] : "
+        f"{terms}.map(t, size(t.?matchExpressions.orValue([])) == 0 && "
+        f"size(t.?matchFields.orValue([])) == 0 ? {_TERM_TYPE}{{}} : {_TERM_TYPE}{{"
+        "matchExpressions: t.?matchExpressions.orValue([]), "
+        f"matchFields: t.?matchFields.orValue([]) + {missing}}})"
+    )
+    preferred = _preferred(cfg)
+    affinity = _affinity_ops(
+        preferred[1] if preferred else "[]",
+        required=f"{_TERM_TYPE.rsplit('.', 1)[0]}{{nodeSelectorTerms: ({merged})}}",
+    )
+    return _json_patch(f"variables.roomForStamps ? {label} + {annotations} + {affinity} : []")
+
+
+_NODE_AFFINITY_PATH: Final = "/spec/affinity/nodeAffinity"
+
+
+def _affinity_ops(added: str, *, required: str | None) -> str:
+    """CEL: the JSON Patch operations writing the node affinity: ``required`` (the whole
+    NodeSelector, when ``variables.required``) and ``added`` (operations appending preferred
+    terms, when ``variables.preferredWanted`` is not empty). Parents the pod lacks come first,
+    empty: an empty list as a value converts fine, a list of objects may not (`_preferred`)."""
+    want_required = "variables.required" if required is not None else "false"
+    ops = (
+        f"({want_required} || size(variables.preferredWanted) > 0 ? "
+        "(has(object.spec.affinity) ? [] : "
+        "[JSONPatch{op: 'add', path: '/spec/affinity', value: {}}]) + "
+        "(object.spec.?affinity.?nodeAffinity.hasValue() ? [] : "
+        f"[JSONPatch{{op: 'add', path: '{_NODE_AFFINITY_PATH}', value: {{}}}}]) : [])"
+    )
+    if required is not None:
+        ops += (
+            " + (variables.required ? "
+            f"[JSONPatch{{op: 'add', path: '{_NODE_AFFINITY_PATH}/"
+            f"requiredDuringSchedulingIgnoredDuringExecution', value: {required}}}] : [])"
+        )
+    return ops + (
+        " + (size(variables.preferredWanted) > 0 && !object.spec.?affinity.?nodeAffinity"
+        ".?preferredDuringSchedulingIgnoredDuringExecution.hasValue() ? "
+        f"[JSONPatch{{op: 'add', path: '{_NODE_AFFINITY_PATH}/"
+        "preferredDuringSchedulingIgnoredDuringExecution', value: []}] : []) + "
+        f"{added}"
+    )
+
+
+def _has_work(holder: str, cfg: Config) -> str:
+    """CEL: whether the policy can have anything to do for this pod (a match condition: a pod
+    for which it has not is not encoded, patched and decoded at all). A policy on the holder,
+    a mark of ours on the pod, or a preference the holder asks for (the namespace's are the
+    namespace policy's)."""
+    annotations = f"{holder}.metadata.?annotations.orValue({{}})"
+    pod_annotations = "object.metadata.?annotations.orValue({})"
+    ours = [POLICY_STAMP_ANNOTATION, STUCK_AFTER_ANNOTATION, EXCLUDED_NODES_ANNOTATION]
+    clauses = [
+        f"{_quote(POLICY_ANNOTATION)} in {annotations}",
+        f"{_quote(OPTED_IN_LABEL)} in object.metadata.?labels.orValue({{}})",
+        *(f"{_quote(key)} in {pod_annotations}" for key in ours),
+    ]
+    asked = []
+    if cfg.pressure_affinity_weight:
+        asked.append(AVOID_PRESSURE_KEY)
+    if cfg.load_affinity_weight:
+        asked.append(LOAD_AWARE_KEY)
+    for key in asked:
+        clauses.append(f"{annotations}[?{_quote(key)}].orValue('') == 'true'")
+    return " || ".join(clauses)
 
 
 def _match_constraints(
@@ -487,14 +569,11 @@ def _metadata(name: str) -> dict[str, Any]:
 def pod_policy(kind: OwnerKind | None, cfg: Config) -> dict[str, Any]:
     """The policy for pods whose controller is ``kind`` (None: pods without a controller)."""
     holder = "object" if kind is None else "params"
-    mutations = _stamp_mutations() + _exclusion_mutations()
-    preference = _preference_mutation(cfg)
-    if preference is not None:
-        mutations.append(preference)
+    has_work = {"name": "has-work", "expression": _has_work(holder, cfg)}
     spec: dict[str, Any] = {
         "matchConstraints": _match_constraints("pods", "", _excluded(cfg)),
-        "variables": _pod_variables(holder, kind, cfg.max_retries),
-        "mutations": mutations,
+        "variables": _pod_variables(holder, kind, cfg.max_retries) + _pod_mutation_variables(cfg),
+        "mutations": [_pod_mutation(cfg)],
         "failurePolicy": "Ignore",
         "reinvocationPolicy": "Never",
     }
@@ -506,15 +585,19 @@ def pod_policy(kind: OwnerKind | None, cfg: Config) -> dict[str, Any]:
                     "!object.metadata.?ownerReferences.orValue([])"
                     ".exists(r, r.?controller.orValue(false))"
                 ),
-            }
+            },
+            has_work,
         ]
     else:
         spec["paramKind"] = {"apiVersion": kind.api_version, "kind": kind.kind}
         spec["matchConditions"] = [
             {
+                # Listed first: the API server stops at the first false condition, and this
+                # one is false for every param but one.
                 "name": "param-is-the-controller",
                 "expression": _controller_is(kind, "params.metadata.uid"),
-            }
+            },
+            has_work,
         ]
     name = "pods-" + (kind.name if kind is not None else "without-controller")
     return {
@@ -563,19 +646,15 @@ def job_policy(cfg: Config) -> dict[str, Any]:
                 },
             ],
             "mutations": [
-                # JSON Patch: the rules are an atomic list, which an apply may not touch; the
-                # match condition has seen the Job has no policy of its own.
+                # JSON Patch: the rules are an atomic list, which an apply may not touch (the
+                # match condition has seen the Job has no policy of its own). Replacements must
+                # wait for a terminal pod with a pod failure policy: the Job arrives defaulted,
+                # so a TerminatingOrFailed here is usually the default.
                 _json_patch(
                     "[JSONPatch{op: 'add', path: '/spec/podFailurePolicy', value: "
                     + _obj("Object.spec.podFailurePolicy", rules=f"[{rule}]")
-                    + "}]"
-                ),
-                # Required with a pod failure policy; the Job arrives defaulted, so a
-                # TerminatingOrFailed here is usually the default.
-                _apply(
-                    "has(object.spec.podReplacementPolicy) ? "
-                    + _spec_patch(podReplacementPolicy="'Failed'")
-                    + " : Object{}"
+                    + "}] + (has(object.spec.podReplacementPolicy) ? [JSONPatch{op: 'add', "
+                    "path: '/spec/podReplacementPolicy', value: 'Failed'}] : [])"
                 ),
             ],
             "failurePolicy": "Ignore",
@@ -584,15 +663,149 @@ def job_policy(cfg: Config) -> dict[str, Any]:
     }
 
 
+def _namespaces(excluded: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(excluded)}
+        ]
+    }
+
+
+def _followed_or_none() -> str:
+    """CEL: the pod has no controller, or one of a kind we follow (the webhook's resolve)."""
+    kinds = " || ".join(
+        f"(r.apiVersion == {_quote(k.api_version)} && r.kind == {_quote(k.kind)})"
+        for k in OWNER_KINDS
+    )
+    controllers = (
+        "object.metadata.?ownerReferences.orValue([]).filter(r, r.?controller.orValue(false))"
+    )
+    return f"{controllers}.all(r, {kinds})"
+
+
+def namespace_policies(cfg: Config) -> list[dict[str, Any]]:
+    """The preferences a namespace asks for with a label, for every pod of a followed owner (or
+    none) in it: policies without params, so that owners without an annotation of ours (not
+    params) need not be read. One per label, each selecting its namespaces: a match condition
+    cannot read the namespace (the API server gives it none), and a mutation that ran in every
+    namespace would cost every pod create an encode and a decode."""
+    out = []
+    for key, name in ((AVOID_PRESSURE_KEY, "avoid-pressure"), (LOAD_AWARE_KEY, "load-aware")):
+        preferred = _preferred(cfg, namespace=True, only=key)
+        if preferred is None:
+            continue
+        wanted, added = preferred
+        constraints = _match_constraints("pods", "", _excluded(cfg))
+        constraints["namespaceSelector"]["matchLabels"] = {key: "true"}
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "MutatingAdmissionPolicy",
+                "metadata": _metadata(f"pods-namespace-{name}"),
+                "spec": {
+                    "matchConstraints": constraints,
+                    "matchConditions": [
+                        {"name": "owner-followed", "expression": _followed_or_none()}
+                    ],
+                    "variables": [
+                        {"name": "bound", "expression": "object.spec.?nodeName.orValue('') != ''"},
+                        {
+                            "name": "preferred",
+                            "expression": (
+                                "object.spec.?affinity.?nodeAffinity"
+                                ".?preferredDuringSchedulingIgnoredDuringExecution.orValue([])"
+                            ),
+                        },
+                        {
+                            "name": "preferredWanted",
+                            "expression": f"variables.bound ? [] : {wanted}",
+                        },
+                    ],
+                    "mutations": [_json_patch(_affinity_ops(added, required=None))],
+                    "failurePolicy": "Ignore",
+                    "reinvocationPolicy": "Never",
+                },
+            }
+        )
+    return out
+
+
+def holder_policy(cfg: Config) -> dict[str, Any]:
+    """The label that makes a ReplicaSet, StatefulSet or Job a param of the pod policies, put on
+    at its create or any update while it carries an annotation a pod's admission reads, taken
+    off when it no longer does. A Deployment's annotations reach its ReplicaSet as the
+    controller copies them (an update), so its ReplicaSets are labelled too."""
+    annotations = "object.metadata.?annotations.orValue({})"
+    keys = [POLICY_ANNOTATION]
+    keys += [AVOID_PRESSURE_KEY] if cfg.pressure_affinity_weight else []
+    keys += [LOAD_AWARE_KEY] if cfg.load_affinity_weight else []
+    asks = " || ".join(f"{_quote(key)} in {annotations}" for key in keys)
+    labelled = (
+        f"object.metadata.?labels.orValue({{}})[?{_quote(ADMISSION_PARAM_LABEL)}]"
+        f".orValue('') == {_quote(ADMISSION_PARAM_VALUE)}"
+    )
+    present = f"{_quote(ADMISSION_PARAM_LABEL)} in object.metadata.?labels.orValue({{}})"
+    pointer = _quote("/metadata/labels/" + _escape_pointer(ADMISSION_PARAM_LABEL))
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": _metadata("admission-params"),
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["replicasets", "statefulsets"],
+                    },
+                    {
+                        "apiGroups": ["batch"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["jobs"],
+                    },
+                ],
+                "namespaceSelector": _namespaces(_excluded(cfg)),
+            },
+            "variables": [
+                {"name": "asks", "expression": asks},
+                {"name": "labelled", "expression": labelled},
+            ],
+            # Only when the label is wrong: every other create and update costs one condition.
+            "matchConditions": [
+                {
+                    "name": "label-out-of-step",
+                    "expression": f"({asks}) != ({labelled}) || (!({asks}) && {present})",
+                }
+            ],
+            "mutations": [
+                _json_patch(
+                    "variables.asks ? (has(object.metadata.labels) ? [] : "
+                    "[JSONPatch{op: 'add', path: '/metadata/labels', value: {}}]) + "
+                    f"[JSONPatch{{op: 'add', path: {pointer}, "
+                    f"value: {_quote(ADMISSION_PARAM_VALUE)}}}] : "
+                    f"[JSONPatch{{op: 'remove', path: {pointer}}}]"
+                )
+            ],
+            "failurePolicy": "Ignore",
+            "reinvocationPolicy": "Never",
+        },
+    }
+
+
 def binding(policy: Mapping[str, Any]) -> dict[str, Any]:
-    """The binding that puts a policy in force; with params: every object of the param kind
-    in the pod's namespace (the match condition keeps its controller only), none found: the
-    policy is not evaluated."""
+    """The binding that puts a policy in force; with params: the objects of the param kind in
+    the pod's namespace that carry the admission-param label (the match condition keeps its
+    controller only); none there: the policy is not evaluated at all."""
     spec: dict[str, Any] = {
         "policyName": policy["metadata"]["name"],
     }
     if "paramKind" in policy["spec"]:
-        spec["paramRef"] = {"selector": {}, "parameterNotFoundAction": "Allow"}
+        spec["paramRef"] = {
+            "selector": {"matchLabels": {ADMISSION_PARAM_LABEL: ADMISSION_PARAM_VALUE}},
+            "parameterNotFoundAction": "Allow",
+        }
     return {
         "apiVersion": API_VERSION,
         "kind": "MutatingAdmissionPolicyBinding",
@@ -609,8 +822,10 @@ def _excluded(cfg: Config) -> tuple[str, ...]:
 
 def render(cfg: Config) -> list[dict[str, Any]]:
     """Every policy and binding, in the order they are applied."""
-    policies = [pod_policy(kind, cfg) for kind in OWNER_KINDS]
+    policies = [holder_policy(cfg)]
+    policies += [pod_policy(kind, cfg) for kind in OWNER_KINDS]
     policies.append(pod_policy(None, cfg))
+    policies += namespace_policies(cfg)
     policies.append(job_policy(cfg))
     out: list[dict[str, Any]] = []
     for policy in policies:

@@ -93,6 +93,15 @@ REASON_REPLACEMENT_REFUSED: Final = "ReplacementRefused"
 OPTED_IN_LABEL: Final = PREFIX + "opted-in"
 OPTED_IN_VALUE: Final = "true"
 
+# Label the admission policies put on a ReplicaSet, StatefulSet or Job (at its create and each
+# update) while it carries an annotation a new pod's admission reads (`scheduling-retries`,
+# `avoid-pressure`, `load-aware`), and take off when it no longer does. The pod policies'
+# bindings select their params (the pods' controllers) on it: the API server evaluates a
+# policy once per selected param, so a namespace's other workloads cost its pod creates
+# nothing (shared.admission.policies).
+ADMISSION_PARAM_LABEL: Final = PREFIX + "admission-param"
+ADMISSION_PARAM_VALUE: Final = "true"
+
 # Per-workload opt-in, on a Job (its CronJob's jobTemplate copies it) or on a CronJob: at the
 # Job's creation the webhook gives a Job with restartPolicy Never and no podFailurePolicy of its
 # own the rule `Ignore` on the `DisruptionTarget` condition, so a move (an eviction) does not

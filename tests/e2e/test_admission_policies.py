@@ -30,6 +30,7 @@ from shared.admission.decide import OwnerFacts, SoftAvoid, mutate
 from shared.admission.policies import PART_OF
 from shared.api import avoidnodes
 from shared.api.keys import (
+    ADMISSION_PARAM_LABEL,
     AVOID_PRESSURE_KEY,
     FAILING_WORKLOADS_LABEL,
     IGNORE_DISRUPTIONS_ANNOTATION,
@@ -39,6 +40,7 @@ from shared.api.keys import (
 )
 from shared.platform.config import Config
 from shared.platform.kube import Kube
+from tests.e2e.conftest import wait_for
 from tests.e2e.test_job_moves import (
     test_a_job_with_backoff_limit_0_that_ignores_disruptions_completes_after_a_free_move as test_a_job_that_ignores_disruptions_gets_its_rule_from_the_policy,  # noqa: E501
 )
@@ -101,6 +103,9 @@ def test_the_policies_and_bindings_are_installed_and_the_webhook_is_not(cluster:
         policies
         == bindings
         == {
+            "kn-rescheduler-admission-params",
+            "kn-rescheduler-pods-namespace-avoid-pressure",
+            "kn-rescheduler-pods-namespace-load-aware",
             "kn-rescheduler-pods-replicaset",
             "kn-rescheduler-pods-statefulset",
             "kn-rescheduler-pods-job",
@@ -208,8 +213,25 @@ def _failing_term(weight: int) -> dict[str, Any]:
 
 
 CASES = [
-    # (id, owner annotations, flat list of the owner's own uid, pod spec, policy moves?)
+    # (id, owner annotations, flat list of the owner's own uid, pod spec)
     ("no affinity of its own", {POLICY_ANNOTATION: "3"}, "*=node-a,node-b", {}),
+    # One preferred term to add and none of the pod's own: the case that panicked the API
+    # server while the terms were one list value (docs/install-choices.md).
+    ("opted in, no move yet", {POLICY_ANNOTATION: "3"}, None, {}),
+    (
+        "opted in, no move yet, a preferred term of its own",
+        {POLICY_ANNOTATION: "3"},
+        None,
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 5, "preference": {"matchExpressions": [ZONE_A]}}
+                    ]
+                }
+            }
+        },
+    ),
     (
         "its own required and preferred terms",
         {POLICY_ANNOTATION: "3", STUCK_AFTER_ANNOTATION: "5m"},
@@ -349,6 +371,9 @@ def test_a_copy_of_another_objects_list_excludes_nothing(
         "*=node-a;*=node-b",  # the scope twice
         "*=" + ",".join(f"node-{i}" for i in range(33)),  # past the most exclusions kept
         "*",  # no '='
+        "*=node-a,node-a",  # a name twice
+        "*=node-a;",  # a trailing separator
+        "*=node-a,,node-b",  # an empty name
     ],
 )
 def test_a_malformed_list_excludes_nothing_and_the_pod_is_still_admitted(
@@ -363,10 +388,12 @@ def test_a_malformed_list_excludes_nothing_and_the_pod_is_still_admitted(
     )
 
 
-def test_stamps_copied_from_elsewhere_are_removed_from_a_pod_that_did_not_opt_in(
+def test_stamps_copied_from_elsewhere_are_removed_from_a_pod_whose_owner_has_no_policy(
     cluster: Any, namespace: str, api: Kube, stack: Stack
 ) -> None:
-    rs = _replicaset(api, namespace, "web", {})
+    # The owner is a param (it asks for a preference) without a policy: our label and stamps on
+    # its pod come from a copied manifest, and go; the user's keys stay.
+    rs = _replicaset(api, namespace, "web", {AVOID_PRESSURE_KEY: "true"})
     pod = _pod("web-abcde", _owner(rs))
     pod["metadata"]["labels"] = {"kn-rescheduler.io/opted-in": "true", "app": "web"}
     pod["metadata"]["annotations"] = {
@@ -377,6 +404,59 @@ def test_stamps_copied_from_elsewhere_are_removed_from_a_pod_that_did_not_opt_in
     admitted = _admitted(cluster, namespace, pod)
     assert admitted["metadata"]["labels"] == {"app": "web"}
     assert admitted["metadata"]["annotations"] == {"team": "payments"}
+
+
+def test_a_workload_is_a_param_exactly_while_it_has_an_annotation_of_ours(
+    cluster: Any, namespace: str, api: Kube, stack: Stack
+) -> None:
+    rs = _replicaset(api, namespace, "web", {POLICY_ANNOTATION: "3"})
+    assert rs["metadata"]["labels"].get(ADMISSION_PARAM_LABEL) == "true"
+    gone = api.merge_patch(
+        "ReplicaSet", namespace, "web", {"metadata": {"annotations": {POLICY_ANNOTATION: None}}}
+    )
+    assert ADMISSION_PARAM_LABEL not in (gone["metadata"].get("labels") or {})
+    # Not a param: its pods get nothing, as the webhook gives a pod whose owner has no policy.
+    admitted = _admitted(cluster, namespace, _pod("web-abcde", _owner(gone)))
+    assert "kn-rescheduler.io/opted-in" not in (admitted["metadata"].get("labels") or {})
+    plain = _replicaset(api, namespace, "plain", {"team": "payments"})
+    assert ADMISSION_PARAM_LABEL not in (plain["metadata"].get("labels") or {})
+
+
+def test_a_namespace_that_asks_gets_the_preference_for_pods_of_any_followed_owner(
+    cluster: Any, namespace: str, api: Kube, stack: Stack
+) -> None:
+    api.merge_patch(
+        "Namespace", None, namespace, {"metadata": {"labels": {AVOID_PRESSURE_KEY: "true"}}}
+    )
+    cfg = Config.from_env(stack_environment(stack))
+    key, _, value = cfg.pressure_label.partition("=")
+    want = {
+        "weight": cfg.pressure_affinity_weight,
+        "preference": {"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]}]},
+    }
+    plain = _replicaset(api, namespace, "plain", {})
+
+    def preferred(pod: dict[str, Any]) -> list[Any]:
+        affinity = pod["spec"].get("affinity") or {}
+        return list(
+            (affinity.get("nodeAffinity") or {}).get(
+                "preferredDuringSchedulingIgnoredDuringExecution"
+            )
+            or []
+        )
+
+    def admitted() -> list[Any] | None:
+        got = preferred(_admitted(cluster, namespace, _pod("plain-abcde", _owner(plain))))
+        return got or None
+
+    # The namespace's label reaches the API server's namespace informer a moment later.
+    assert wait_for("the namespace's preference", admitted, timeout=10) == [want]
+    assert preferred(_admitted(cluster, namespace, _pod("solo", None))) == [want]
+    # An opted-in pod gets it once, from whichever policy comes first.
+    opted = _replicaset(api, namespace, "web", {POLICY_ANNOTATION: "3"})
+    assert (
+        preferred(_admitted(cluster, namespace, _pod("web-abcde", _owner(opted)))).count(want) == 1
+    )
 
 
 def test_a_statefulset_pod_gets_only_its_own_exclusions(

@@ -133,7 +133,7 @@ def test_the_output_tells_the_story_as_it_happens(demo: dict[str, Any]) -> None:
     ):
         assert expected in out, f"{expected!r} not in the output:\n{out[-4000:]}"
     # Which nodes a replacement is kept off depends on its path (the scheduler's choice).
-    assert re.search(r"the webhook kept it off node-\d", out), out[-4000:]
+    assert re.search(r"admission kept it off node-\d", out), out[-4000:]
     # A failed image pull is written under two waiting reasons by where the kubelet's retry
     # stands (ErrImagePull, then ImagePullBackOff during its back-off); the event that reports
     # it carries whichever the status had when it was written, which under load may be either.

@@ -43,7 +43,8 @@ def test_the_component_removes_every_webhook_object_and_adds_the_policies() -> N
 def test_every_policy_has_its_binding_and_never_blocks_a_create() -> None:
     rendered = objects()
     policies = [o for o in rendered.values() if o["kind"] == "MutatingAdmissionPolicy"]
-    assert len(policies) == len(OWNER_KINDS) + 2  # one per owner kind, bare pods, Jobs
+    # the param label; one per owner kind, bare pods; two namespace preferences; Jobs
+    assert len(policies) == 1 + len(OWNER_KINDS) + 1 + 2 + 1
     for policy in policies:
         name = policy["metadata"]["name"]
         assert policy["spec"]["failurePolicy"] == "Ignore"
@@ -54,19 +55,64 @@ def test_every_policy_has_its_binding_and_never_blocks_a_create() -> None:
             for rule in policy["spec"]["matchConstraints"]["resourceRules"]
             for op in rule["operations"]
         }
-        assert operations == {"CREATE"}
+        # Only the param label follows updates (of workloads, never of pods).
+        assert operations == ({"CREATE", "UPDATE"} if "params" in name else {"CREATE"})
 
 
-def test_a_policy_with_params_evaluates_only_the_param_that_is_the_pods_controller() -> None:
+def test_a_policy_with_params_evaluates_only_the_labelled_param_that_is_the_pods_controller() -> (
+    None
+):
     for kind in OWNER_KINDS:
         policy = objects()[f"MutatingAdmissionPolicy/kn-rescheduler-pods-{kind.name}"]
         assert policy["spec"]["paramKind"] == {"apiVersion": kind.api_version, "kind": kind.kind}
-        (condition,) = policy["spec"]["matchConditions"]
-        assert "r.uid == params.metadata.uid" in condition["expression"]
-        assert f"r.kind == '{kind.kind}'" in condition["expression"]
+        first, has_work = policy["spec"]["matchConditions"]
+        assert "r.uid == params.metadata.uid" in first["expression"]
+        assert f"r.kind == '{kind.kind}'" in first["expression"]
+        assert "'scheduling-retries' in params.metadata" in has_work["expression"]
         binding = objects()[f"MutatingAdmissionPolicyBinding/kn-rescheduler-pods-{kind.name}"]
-        # Every object of the kind in the pod's namespace; none there: not evaluated at all.
-        assert binding["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}
+        # Only workloads with an annotation of ours; none there: not evaluated at all.
+        assert binding["spec"]["paramRef"] == {
+            "selector": {"matchLabels": {"kn-rescheduler.io/admission-param": "true"}},
+            "parameterNotFoundAction": "Allow",
+        }
+
+
+def test_the_param_label_follows_the_annotations_that_make_a_workload_a_param() -> None:
+    policy = objects()["MutatingAdmissionPolicy/kn-rescheduler-admission-params"]
+    resources = {
+        r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
+    }
+    assert resources == {"replicasets", "statefulsets", "jobs"}
+    asks = policy["spec"]["variables"][0]["expression"]
+    for key in (
+        "scheduling-retries",
+        "kn-rescheduler.io/avoid-pressure",
+        "kn-rescheduler.io/load-aware",
+    ):
+        assert f"'{key}' in" in asks
+    # Without the weights, those annotations change nothing a pod gets: no label for them.
+    bare = replace(CFG, pressure_affinity_weight=0, load_affinity_weight=0)
+    asks = objects(bare)["MutatingAdmissionPolicy/kn-rescheduler-admission-params"]["spec"][
+        "variables"
+    ][0]["expression"]
+    assert "avoid-pressure" not in asks and "load-aware" not in asks
+
+
+def test_a_namespace_label_asks_through_a_policy_of_its_own_per_label() -> None:
+    rendered = objects()
+    for key, name in (
+        ("kn-rescheduler.io/avoid-pressure", "avoid-pressure"),
+        ("kn-rescheduler.io/load-aware", "load-aware"),
+    ):
+        policy = rendered[f"MutatingAdmissionPolicy/kn-rescheduler-pods-namespace-{name}"]
+        # A match condition cannot read the namespace: its selector chooses the namespaces.
+        assert policy["spec"]["matchConstraints"]["namespaceSelector"]["matchLabels"] == {
+            key: "true"
+        }
+        assert "paramKind" not in policy["spec"]
+    assert not any(
+        "namespace-load-aware" in k for k in objects(replace(CFG, load_affinity_weight=0))
+    )
 
 
 def test_the_namespaces_left_alone_always_include_the_projects_own_and_are_sorted() -> None:
