@@ -15,8 +15,8 @@ both modes do their whole work (label, stamps, the required node affinity, the p
 *plain* pod belongs to a ReplicaSet without a policy, as most pods of a cluster do, and gets
 nothing (what every other pod create pays for the mode). The namespace also holds ``holders`` other
 ReplicaSets (a Deployment's revision history): a policy with params is evaluated once per
-object of the param kind in the pod's namespace that carries the param label (half of them here
-opted in), so their number is part of its cost. Pods ask
+object of the param kind in the pod's namespace that carries the param label (opted in and not
+scaled to 0: a fifth of them here), so their number is part of its cost. Pods ask
 for a scheduler nobody runs (so none is bound and the affinity path is the one a real pod
 takes) and carry labels the ReplicaSet does not select (so it never counts them).
 
@@ -60,17 +60,21 @@ SECTION_START: Final = "<!-- admission-modes:start -->"
 SECTION_END: Final = "<!-- admission-modes:end -->"
 
 
-def _replicaset(rest: Rest, name: str, annotations: dict[str, str]) -> JSON:
+def _replicaset(rest: Rest, name: str, annotations: dict[str, str], replicas: int = 1) -> JSON:
+    """A ReplicaSet whose pods no scheduler places (at 0 replicas it is no param)."""
     body = {
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
         "metadata": {"name": name, "annotations": annotations},
         "spec": {
-            "replicas": 0,
+            "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+                "spec": {
+                    "schedulerName": "bench-nobody",
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                },
             },
         },
     }
@@ -99,7 +103,7 @@ def _owner(rest: Rest, excluded: tuple[str, ...]) -> JSON:
 
 def _plain_owner(rest: Rest) -> JSON:
     """A ReplicaSet that did not opt in."""
-    return _replicaset(rest, "plain", {})
+    return _replicaset(rest, "plain", {}, replicas=0)
 
 
 def _pod(rs: JSON) -> JSON:
@@ -249,9 +253,17 @@ def measure(
             ca_file=ca,
         ).start()
         modes = Modes(cluster, server)
-        # Half of the other ReplicaSets opted in (params of the policies), half not.
+        # The other ReplicaSets: a fifth running and opted in (params of the policies), the
+        # rest scaled to 0 as a Deployment's revision history is, half of those opted in.
         for i in range(holders):
-            _replicaset(rest, f"history-{i}", {POLICY_ANNOTATION: "3"} if i % 2 else {})
+            running = i < holders // 5
+            opted = running or i % 2 == 0
+            _replicaset(
+                rest,
+                f"history-{i}",
+                {POLICY_ANNOTATION: "3"} if opted else {},
+                replicas=1 if running else 0,
+            )
         rs = _owner(rest, tuple(cluster.nodes[:2]))
         modes.rs = rs
         owners = {"opted_in": rs, "plain": _plain_owner(rest)}
@@ -305,8 +317,9 @@ def render(result: JSON, results_file: str, date: str, code: str) -> str:
         "rotating blocks, one client back to back. Opted in: owned by a ReplicaSet with "
         '`scheduling-retries: "3"` excluding two nodes (label, stamps, required and preferred '
         "node affinity); plain: owned by a ReplicaSet without a policy (nothing to do). "
-        f"{result['holders']} other ReplicaSets in the namespace, half of them opted in (params "
-        "of the policies). Ratios "
+        f"{result['holders']} other ReplicaSets in the namespace: a fifth running and opted in "
+        "(params of the policies), the rest at 0 replicas as revision history is, half of those "
+        "opted in (no params: they make no pods). Ratios "
         "are to no admission, for the same kind of pod; time per pod is the inverse of "
         "creates/s.\n\n"
         "| admission | pods | p50 | p99 | creates/s | p50 ratio | p99 ratio | time per pod "

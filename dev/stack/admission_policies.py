@@ -88,7 +88,8 @@ def disable(api_client: k8s.ApiClient) -> None:
 def wait_until_params(api_client: k8s.ApiClient, timeout: float = 30.0) -> None:
     """Wait until a pod of a ReplicaSet created now gets the policy stamp from its params.
 
-    Creates one ReplicaSet (no replicas) in kube-public and deletes it again; a dry run of a
+    Creates one ReplicaSet in kube-public (one pod no scheduler places: a ReplicaSet at 0 is no
+    param) and deletes it again, its pod with it; a dry run of a
     pod it owns must come back with the opt-in label. It fails with what to do when it does
     not: the API server's param informer has stopped (see the module docstring)."""
     apps, core = k8s.AppsV1Api(api_client), k8s.CoreV1Api(api_client)
@@ -98,11 +99,14 @@ def wait_until_params(api_client: k8s.ApiClient, timeout: float = 30.0) -> None:
         "kind": "ReplicaSet",
         "metadata": {"name": name, "annotations": {POLICY_ANNOTATION: "1"}},
         "spec": {
-            "replicas": 0,
+            "replicas": 1,
             "selector": {"matchLabels": {"probe": name}},
             "template": {
                 "metadata": {"labels": {"probe": name}},
-                "spec": {"containers": [{"name": "p", "image": "registry.k8s.io/pause:3.10"}]},
+                "spec": {
+                    "schedulerName": "nobody",
+                    "containers": [{"name": "p", "image": "registry.k8s.io/pause:3.10"}],
+                },
             },
         },
     }

@@ -732,14 +732,23 @@ def namespace_policies(cfg: Config) -> list[dict[str, Any]]:
 
 def holder_policy(cfg: Config) -> dict[str, Any]:
     """The label that makes a ReplicaSet, StatefulSet or Job a param of the pod policies, put on
-    at its create or any update while it carries an annotation a pod's admission reads, taken
-    off when it no longer does. A Deployment's annotations reach its ReplicaSet as the
-    controller copies them (an update), so its ReplicaSets are labelled too."""
+    at its create or any update while it carries an annotation a pod's admission reads and may
+    create pods, taken off when either stops. A Deployment's annotations reach its ReplicaSet
+    as the controller copies them (an update), so its ReplicaSets are labelled too.
+
+    A ReplicaSet or StatefulSet scaled to 0 creates no pod, so it is no param: a Deployment
+    keeps ten old ReplicaSets by default, each with the annotations copied, and every param of
+    a namespace costs each pod create there one evaluation. The update that scales one up again
+    (a rollback) labels it before its controller sees it, so before its first pod."""
     annotations = "object.metadata.?annotations.orValue({})"
     keys = [POLICY_ANNOTATION]
     keys += [AVOID_PRESSURE_KEY] if cfg.pressure_affinity_weight else []
     keys += [LOAD_AWARE_KEY] if cfg.load_affinity_weight else []
-    asks = " || ".join(f"{_quote(key)} in {annotations}" for key in keys)
+    asks = (
+        "("
+        + " || ".join(f"{_quote(key)} in {annotations}" for key in keys)
+        + ") && (object.kind == 'Job' || object.spec.?replicas.orValue(1) > 0)"
+    )
     labelled = (
         f"object.metadata.?labels.orValue({{}})[?{_quote(ADMISSION_PARAM_LABEL)}]"
         f".orValue('') == {_quote(ADMISSION_PARAM_VALUE)}"

@@ -138,6 +138,8 @@ def _pod(name: str, owner: dict[str, Any] | None, **spec: Any) -> dict[str, Any]
 def _replicaset(
     api: Kube, namespace: str, name: str, annotations: dict[str, str]
 ) -> dict[str, Any]:
+    """A ReplicaSet of one pod that no scheduler places (one at 0 would be no param: it makes
+    no pods); the pods under test are dry runs of other names."""
     made = api.create(
         "ReplicaSet",
         namespace,
@@ -146,11 +148,14 @@ def _replicaset(
             "kind": "ReplicaSet",
             "metadata": {"name": name, "annotations": annotations},
             "spec": {
-                "replicas": 0,
+                "replicas": 1,
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name}},
-                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+                    "spec": {
+                        "schedulerName": "nobody",
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                    },
                 },
             },
         },
@@ -420,6 +425,16 @@ def test_a_workload_is_a_param_exactly_while_it_has_an_annotation_of_ours(
     assert "kn-rescheduler.io/opted-in" not in (admitted["metadata"].get("labels") or {})
     plain = _replicaset(api, namespace, "plain", {"team": "payments"})
     assert ADMISSION_PARAM_LABEL not in (plain["metadata"].get("labels") or {})
+    # Scaled to 0 it makes no pods, so it is no param; scaled up again (a rollback) it is one
+    # before its controller creates a pod.
+    again = api.merge_patch(
+        "ReplicaSet", namespace, "web", {"metadata": {"annotations": {POLICY_ANNOTATION: "3"}}}
+    )
+    assert again["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
+    idle = api.merge_patch("ReplicaSet", namespace, "web", {"spec": {"replicas": 0}})
+    assert ADMISSION_PARAM_LABEL not in (idle["metadata"].get("labels") or {})
+    back = api.merge_patch("ReplicaSet", namespace, "web", {"spec": {"replicas": 2}})
+    assert back["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
 
 
 def test_a_namespace_that_asks_gets_the_preference_for_pods_of_any_followed_owner(
@@ -470,12 +485,18 @@ def test_a_statefulset_pod_gets_only_its_own_exclusions(
             "kind": "StatefulSet",
             "metadata": {"name": "db", "annotations": {POLICY_ANNOTATION: "3"}},
             "spec": {
-                "replicas": 0,
+                # One pod, db-100, that no scheduler places: the pods under test are dry runs
+                # of db-0 to db-2 (a set scaled to 0 would be no param: it makes no pods).
+                "replicas": 1,
+                "ordinals": {"start": 100},
                 "serviceName": "db",
                 "selector": {"matchLabels": {"app": "db"}},
                 "template": {
                     "metadata": {"labels": {"app": "db"}},
-                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+                    "spec": {
+                        "schedulerName": "nobody",
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                    },
                 },
             },
         },
