@@ -13,7 +13,8 @@ Two kinds of pod, created alternately: an *opted-in* pod belongs to a real Repli
 ``scheduling-retries: "3"``, a state that excludes two nodes and the flat list beside it, so
 both modes do their whole work (label, stamps, the required node affinity, the preferences); a
 *plain* pod belongs to a ReplicaSet without a policy, as most pods of a cluster do, and gets
-nothing (what every other pod create pays for the mode). The namespace also holds ``holders`` other
+nothing (what every other pod create pays for the mode), in the namespace of the opted-in
+workloads and in one without any. The namespace also holds ``holders`` other
 ReplicaSets (a Deployment's revision history): a policy with params is evaluated once per
 object of the param kind in the pod's namespace that carries the param label (opted in and not
 scaled to 0: a fifth of them here), so their number is part of its cost. Pods ask
@@ -54,13 +55,21 @@ from shared.api.keys import EXCLUDED_NODES_ANNOTATION, POLICY_ANNOTATION, STATE_
 from shared.api.state import WorkloadState, dump_state
 
 NAMESPACE: Final = "bench-admission"
+# A namespace with no opted-in workload, as most of a cluster's are.
+ELSEWHERE: Final = "bench-admission-elsewhere"
 REGISTRATION: Final = webhook_setup.NAME + "-bench-admission"
 MODES: Final = ("none", "webhook", "policies")
 SECTION_START: Final = "<!-- admission-modes:start -->"
 SECTION_END: Final = "<!-- admission-modes:end -->"
 
 
-def _replicaset(rest: Rest, name: str, annotations: dict[str, str], replicas: int = 1) -> JSON:
+def _replicaset(
+    rest: Rest,
+    name: str,
+    annotations: dict[str, str],
+    replicas: int = 1,
+    namespace: str = NAMESPACE,
+) -> JSON:
     """A ReplicaSet whose pods no scheduler places (at 0 replicas it is no param)."""
     body = {
         "apiVersion": "apps/v1",
@@ -78,7 +87,7 @@ def _replicaset(rest: Rest, name: str, annotations: dict[str, str], replicas: in
             },
         },
     }
-    made: JSON = rest.post(f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets", body)
+    made: JSON = rest.post(f"/apis/apps/v1/namespaces/{namespace}/replicasets", body)
     return made
 
 
@@ -202,7 +211,8 @@ def creations(
             for _ in range(per_block):
                 for kind, body in bodies.items():
                     t = time.perf_counter()
-                    created = rest.post(f"/api/v1/namespaces/{NAMESPACE}/pods", body)
+                    namespace = owners[kind]["metadata"]["namespace"]
+                    created = rest.post(f"/api/v1/namespaces/{namespace}/pods", body)
                     elapsed = time.perf_counter() - t
                     latencies[(mode, kind)].append(elapsed)
                     seconds[(mode, kind)] += elapsed
@@ -241,6 +251,7 @@ def measure(
         pods, holders = 60, 5
     rest = cluster.rest
     create_namespace(rest, NAMESPACE)
+    create_namespace(rest, ELSEWHERE)
     server: FunctionServer | None = None
     modes: Modes | None = None
     try:
@@ -266,7 +277,11 @@ def measure(
             )
         rs = _owner(rest, tuple(cluster.nodes[:2]))
         modes.rs = rs
-        owners = {"opted_in": rs, "plain": _plain_owner(rest)}
+        owners = {
+            "opted_in": rs,
+            "plain": _plain_owner(rest),
+            "elsewhere": _replicaset(rest, "plain", {}, replicas=0, namespace=ELSEWHERE),
+        }
         log(f"admission: {pods} pod creates per mode, {holders} other ReplicaSets in the namespace")
         result = creations(cluster, modes, owners, pods, blocks=6 if not quick else 3, log=log)
         result["holders"] = holders
@@ -284,6 +299,7 @@ def measure(
         if server is not None:
             server.stop()
         delete_namespace(rest, NAMESPACE)
+        delete_namespace(rest, ELSEWHERE)
 
 
 # -- RESULTS.md ----------------------------------------------------------------------------------
@@ -296,7 +312,11 @@ def render(result: JSON, results_file: str, date: str, code: str) -> str:
         ("webhook", "the webhook (mutate-admission over TLS)"),
         ("policies", "the MutatingAdmissionPolicies"),
     ):
-        for kind, pods in (("opted_in", "opted in"), ("plain", "plain")):
+        for kind, pods in (
+            ("opted_in", "opted in"),
+            ("plain", "plain"),
+            ("elsewhere", "plain, other namespace"),
+        ):
             r = result[mode][kind]
             lat = r["latency_ms"]
             ratios = (
@@ -311,12 +331,13 @@ def render(result: JSON, results_file: str, date: str, code: str) -> str:
     return (
         f"{SECTION_START}\n"
         "## Admission: none, the webhook, the policies\n\n"
-        f"Run {date}, commit `{code}` (raw: [`{results_file}`](results/{results_file})), "
+        f"Run {date}, {code} (raw: [`{results_file}`](results/{results_file})), "
         "`python -m dev.bench --only admission`. "
         f"{result['pods_per_mode']:,} pod creates of each kind per mode, in {result['blocks']} "
         "rotating blocks, one client back to back. Opted in: owned by a ReplicaSet with "
         '`scheduling-retries: "3"` excluding two nodes (label, stamps, required and preferred '
-        "node affinity); plain: owned by a ReplicaSet without a policy (nothing to do). "
+        "node affinity); plain: owned by a ReplicaSet without a policy (nothing to do); plain, "
+        "other namespace: the same in a namespace with no opted-in workload. "
         f"{result['holders']} other ReplicaSets in the namespace: a fifth running and opted in "
         "(params of the policies), the rest at 0 replicas as revision history is, half of those "
         "opted in (no params: they make no pods). Ratios "
