@@ -12,13 +12,13 @@ writes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
+from dev.tools.generated import write_or_check
 from shared.admission.policies import render as render_policies
 from shared.platform.config import Config
 
@@ -92,26 +92,9 @@ def render() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the files differ")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, content in render().items():
-        path = COMPONENT / name
-        if args.check:
-            if not path.is_file() or path.read_text() != content:
-                stale.append(name)
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-    if stale:
-        print(
-            f"knative/components/admission-policies is stale ({', '.join(stale)}): run "
-            "python -m dev.tools.policies",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return write_or_check(
+        COMPONENT, render, "python -m dev.tools.policies", __doc__.split("\n", 1)[0], argv
+    )
 
 
 if __name__ == "__main__":

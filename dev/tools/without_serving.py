@@ -22,13 +22,14 @@ tests/unit/test_without_serving.py fails while the committed files differ from w
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
+
+from dev.tools.generated import write_or_check
 
 REPO: Final = Path(__file__).resolve().parents[2]
 KNATIVE: Final = REPO / "knative"
@@ -253,26 +254,9 @@ def render() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the files differ")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, content in render().items():
-        path = COMPONENT / name
-        if args.check:
-            if not path.is_file() or path.read_text() != content:
-                stale.append(name)
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-    if stale:
-        print(
-            f"knative/components/without-serving is stale ({', '.join(stale)}): run "
-            "python -m dev.tools.without_serving",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return write_or_check(
+        COMPONENT, render, "python -m dev.tools.without_serving", __doc__.split("\n", 1)[0], argv
+    )
 
 
 if __name__ == "__main__":
