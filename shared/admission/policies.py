@@ -6,18 +6,24 @@ are created. A policy sees the pod being created, the request, its namespace and
 never looks anything up, so the webhook's one lookup (the pod's owner) becomes a param:
 
 - One policy per owner kind we follow (ReplicaSet, StatefulSet, Job), whose ``paramKind`` is that
-  kind and whose binding selects every object of it in the pod's namespace. The API server
-  evaluates a policy once per selected param; the match condition keeps only the param that is
-  the pod's controller (same uid), so exactly one evaluation goes on to mutate. The params come
-  from the API server's own informer: no request leaves it.
+  kind and whose binding selects the objects of it in the pod's namespace that carry
+  ``kn-rescheduler.io/admission-param``. The API server evaluates a policy once per selected
+  param, converting the pod and the param each time (0.1 to 0.15 ms here: dev/bench/RESULTS.md),
+  so the selection is kept to the workloads a pod's admission reads: ``holder_policy`` labels a
+  workload at its create and updates while it has an annotation of ours and may make pods. The
+  first match condition keeps only the param that is the pod's controller (same uid); the params
+  come from the API server's own informer: no request leaves it.
 - A Deployment's policy is on its ReplicaSets too: the Deployment controller copies the
   Deployment's annotations onto the newest one on every sync
   (``copyDeploymentAnnotationsToReplicaSet``), as the webhook reads them.
 - A bare pod is its own param (a policy without ``paramKind``): a bare pod's policy and state are
-  its own annotations.
+  its own annotations. A namespace's own preferences come from policies without params that
+  select the namespaces asking (a match condition cannot read the namespace).
 - The state is JSON, and CEL has no JSON decoder, so update-annotations writes the exclusions a
   second time beside it, flat (``shared.api.avoidnodes``), prefixed with the holder's uid: a copy
   on another object (``kubectl rollout undo`` copies annotations both ways) does not apply.
+- Each pod policy is one JSON Patch: every mutation costs an encode and a decode of the pod,
+  and an ApplyConfiguration may not touch the atomic node affinity fields at all.
 
 Every mutation here is built as data and rendered to YAML by ``python -m dev.tools.policies``;
 tests/unit/test_admission_policies.py checks that the file under
@@ -31,11 +37,10 @@ The guarantees are the webhook's:
   server then refuses, so no value reaches the pod unchecked: node names must be DNS-1123
   subdomains (or none is used), at most ``MAX_EXCLUDED_NODES``, the copied policy and
   stuck-after are cut to ``MAX_COPIED_VALUE``.
-- Never write outside our keys: ``ApplyConfiguration`` merges maps key by key, so labels and
-  annotations are added, never replaced. The two node-affinity lists are atomic, so they are
-  rewritten whole, from the pod's own terms plus ours: a required term the pod has gets our
-  requirements added (an empty term, which matches no node, is left empty), a preferred term it
-  already has is not added twice.
+- Never write outside our keys: labels and annotations are added and removed one key of ours
+  at a time. The required node affinity is rewritten whole, from the pod's own terms plus ours: a
+  term the pod has gets our requirements added (an empty term, which matches no node, is left
+  empty); preferred terms are appended one by one, a term the pod already has not twice.
 - Survive a missing or malformed param: no param means no evaluation; a flat list that does not
   parse, names another object's uid, or names an invalid node gives no exclusion at all.
 
