@@ -36,9 +36,7 @@ from shared.platform.kube import Kube
 from shared.workloads.state import foreign_copy
 
 HOLDER_KINDS: Final = ("ReplicaSet", "StatefulSet", "Job")
-# The annotations that make a workload a param (shared.admission.policies.holder_policy, with
-# every weight set).
-PARAM_ANNOTATIONS: Final = (POLICY_ANNOTATION, AVOID_PRESSURE_KEY, LOAD_AWARE_KEY)
+
 ATTEMPTS: Final = 5
 
 
@@ -64,7 +62,11 @@ def backfill(kind: str, obj: Mapping[str, Any]) -> Backfill | str | None:
         uid = str(meta.get("uid", ""))
         if foreign_copy(state, kind, uid) is None:
             want = avoidnodes.render(state, per_pod=kind == "StatefulSet", holder_uid=uid)
-    asks = any(key in annotations for key in PARAM_ANNOTATIONS)
+    asks = POLICY_ANNOTATION in annotations or any(
+        annotations.get(key) == "true" for key in (AVOID_PRESSURE_KEY, LOAD_AWARE_KEY)
+    )
+    if kind == "ReplicaSet" and (obj.get("spec") or {}).get("replicas", 1) == 0:
+        asks = False  # it makes no pods: no param (shared.admission.policies.holder_policy)
     labelled = (meta.get("labels") or {}).get(ADMISSION_PARAM_LABEL) == ADMISSION_PARAM_VALUE
     metadata: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion", "")}
     says = []

@@ -741,18 +741,24 @@ def holder_policy(cfg: Config) -> dict[str, Any]:
     create pods, taken off when either stops. A Deployment's annotations reach its ReplicaSet
     as the controller copies them (an update), so its ReplicaSets are labelled too.
 
-    A ReplicaSet or StatefulSet scaled to 0 creates no pod, so it is no param: a Deployment
-    keeps ten old ReplicaSets by default, each with the annotations copied, and every param of
-    a namespace costs each pod create there one evaluation. The update that scales one up again
-    (a rollback) labels it before its controller sees it, so before its first pod."""
+    A ReplicaSet scaled to 0 creates no pod, so it is no param: a Deployment keeps ten old
+    ReplicaSets by default, each with the annotations copied, and every param of a namespace
+    costs each pod create there one evaluation. The Deployment controller scales them with
+    updates, so the update that scales one up again (a rollback) labels it. A StatefulSet stays
+    a param at 0: ``kubectl scale``, an HPA or KEDA scale it through its ``scale`` subresource,
+    which this policy never sees (a Scale is not a StatefulSet), and it has no old revisions to
+    pile up. Only ``true`` asks for a preference, as the pod policies read it."""
     annotations = "object.metadata.?annotations.orValue({})"
     keys = [POLICY_ANNOTATION]
     keys += [AVOID_PRESSURE_KEY] if cfg.pressure_affinity_weight else []
     keys += [LOAD_AWARE_KEY] if cfg.load_affinity_weight else []
+    asked = [f"{_quote(POLICY_ANNOTATION)} in {annotations}"] + [
+        f"{annotations}[?{_quote(key)}].orValue('') == 'true'" for key in keys[1:]
+    ]
     asks = (
         "("
-        + " || ".join(f"{_quote(key)} in {annotations}" for key in keys)
-        + ") && (object.kind == 'Job' || object.spec.?replicas.orValue(1) > 0)"
+        + " || ".join(asked)
+        + ") && (object.kind != 'ReplicaSet' || object.spec.?replicas.orValue(1) > 0)"
     )
     labelled = (
         f"object.metadata.?labels.orValue({{}})[?{_quote(ADMISSION_PARAM_LABEL)}]"

@@ -435,6 +435,27 @@ def test_a_workload_is_a_param_exactly_while_it_has_an_annotation_of_ours(
     assert ADMISSION_PARAM_LABEL not in (idle["metadata"].get("labels") or {})
     back = api.merge_patch("ReplicaSet", namespace, "web", {"spec": {"replicas": 2}})
     assert back["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
+    # A StatefulSet stays one at 0: kubectl scale, an HPA or KEDA scale it through its scale
+    # subresource, which the policy never sees.
+    sts = api.create(
+        "StatefulSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "idle", "annotations": {POLICY_ANNOTATION: "3"}},
+            "spec": {
+                "replicas": 0,
+                "serviceName": "idle",
+                "selector": {"matchLabels": {"app": "idle"}},
+                "template": {
+                    "metadata": {"labels": {"app": "idle"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+                },
+            },
+        },
+    )
+    assert sts["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
 
 
 def test_a_namespace_that_asks_gets_the_preference_for_pods_of_any_followed_owner(

@@ -84,12 +84,13 @@ def test_the_param_label_follows_the_annotations_that_make_a_workload_a_param() 
     }
     assert resources == {"replicasets", "statefulsets", "jobs"}
     asks = policy["spec"]["variables"][0]["expression"]
-    for key in (
-        "scheduling-retries",
-        "kn-rescheduler.io/avoid-pressure",
-        "kn-rescheduler.io/load-aware",
-    ):
-        assert f"'{key}' in" in asks
+    assert "'scheduling-retries' in" in asks
+    for key in ("kn-rescheduler.io/avoid-pressure", "kn-rescheduler.io/load-aware"):
+        # Only "true" asks, as the pod policies read it: "false" makes no useless param.
+        assert f"[?'{key}'].orValue('') == 'true'" in asks
+    # Only a ReplicaSet at 0 is no param: a StatefulSet is scaled through its scale
+    # subresource, which the policy never sees.
+    assert "object.kind != 'ReplicaSet' || object.spec.?replicas.orValue(1) > 0" in asks
     # Without the weights, those annotations change nothing a pod gets: no label for them.
     bare = replace(CFG, pressure_affinity_weight=0, load_affinity_weight=0)
     asks = objects(bare)["MutatingAdmissionPolicy/kn-rescheduler-admission-params"]["spec"][

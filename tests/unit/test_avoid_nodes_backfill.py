@@ -70,3 +70,11 @@ def test_a_labelled_workload_needs_nothing() -> None:
     labelled = holder(**{"scheduling-retries": "3"})
     labelled["metadata"]["labels"] = {"kn-rescheduler.io/admission-param": "true"}
     assert backfill("ReplicaSet", labelled) is None
+
+
+def test_a_replicaset_at_0_is_no_param_and_a_false_preference_asks_nothing() -> None:
+    idle = holder(**{"scheduling-retries": "3"})
+    idle["spec"] = {"replicas": 0}
+    assert backfill("ReplicaSet", idle) is None
+    assert backfill("StatefulSet", idle) is not None  # scaled through /scale: always a param
+    assert backfill("ReplicaSet", holder(**{"kn-rescheduler.io/avoid-pressure": "false"})) is None
