@@ -124,11 +124,6 @@ def _obj(type_name: str, **fields: str) -> str:
     return type_name + "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
 
 
-def _spec_patch(**fields: str) -> str:
-    """``Object{spec: Object.spec{...}}``."""
-    return _obj("Object", spec=_obj("Object.spec", **fields))
-
-
 def _escape_pointer(key: str) -> str:
     """A map key as a JSON Pointer segment (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
