@@ -163,6 +163,32 @@ def _replicaset(
     return made
 
 
+def _statefulset(
+    api: Kube, namespace: str, name: str, annotations: dict[str, str]
+) -> dict[str, Any]:
+    """A StatefulSet with no pods: at 0 it is still a param (it is scaled through its scale
+    subresource, which the param-label policy never sees); the pods under test are dry runs."""
+    made = api.create(
+        "StatefulSet",
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "replicas": 0,
+                "serviceName": name,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+                },
+            },
+        },
+    )
+    return made
+
+
 def _owner(rs: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
@@ -437,24 +463,7 @@ def test_a_workload_is_a_param_exactly_while_it_has_an_annotation_of_ours(
     assert back["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
     # A StatefulSet stays one at 0: kubectl scale, an HPA or KEDA scale it through its scale
     # subresource, which the policy never sees.
-    sts = api.create(
-        "StatefulSet",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "idle", "annotations": {POLICY_ANNOTATION: "3"}},
-            "spec": {
-                "replicas": 0,
-                "serviceName": "idle",
-                "selector": {"matchLabels": {"app": "idle"}},
-                "template": {
-                    "metadata": {"labels": {"app": "idle"}},
-                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
-                },
-            },
-        },
-    )
+    sts = _statefulset(api, namespace, "idle", {POLICY_ANNOTATION: "3"})
     assert sts["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
 
 
@@ -498,30 +507,7 @@ def test_a_namespace_that_asks_gets_the_preference_for_pods_of_any_followed_owne
 def test_a_statefulset_pod_gets_only_its_own_exclusions(
     cluster: Any, namespace: str, api: Kube, stack: Stack
 ) -> None:
-    sts = api.create(
-        "StatefulSet",
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "db", "annotations": {POLICY_ANNOTATION: "3"}},
-            "spec": {
-                # One pod, db-100, that no scheduler places: the pods under test are dry runs
-                # of db-0 to db-2 (a set scaled to 0 would be no param: it makes no pods).
-                "replicas": 1,
-                "ordinals": {"start": 100},
-                "serviceName": "db",
-                "selector": {"matchLabels": {"app": "db"}},
-                "template": {
-                    "metadata": {"labels": {"app": "db"}},
-                    "spec": {
-                        "schedulerName": "nobody",
-                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
-                    },
-                },
-            },
-        },
-    )
+    sts = _statefulset(api, namespace, "db", {POLICY_ANNOTATION: "3"})
     uid = sts["metadata"]["uid"]
     api.merge_patch(
         "StatefulSet",
