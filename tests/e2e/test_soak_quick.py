@@ -66,18 +66,13 @@ def test_the_run_completes(run: dict[str, Any]) -> None:
     assert run["_returncode"] in (0, 1), run["_stderr"]
 
 
-def stranded_by_the_blame_race(run: dict[str, Any]) -> list[str]:
-    """The soak's bad-node Deployments the known race stranded (see BLAME_RACE)."""
-    return sorted(
-        {
-            v["subject"]
-            for v in run["invariants"]["violations"]
-            if v["invariant"] in BLAME_RACE and v["subject"].startswith(BAD_NODE_APPS)
-        }
-    )
-
-
 def test_every_invariant_looked_at_something(run: dict[str, Any]) -> None:
+    # Not no-mark-from-a-lookalike: a moved-off mark needs moves of more than one workload off
+    # a node (docs/node-health.md, "The mark at the move"), and in this world every workload of
+    # a bad node also fails on another bad node, so most runs write none (docs/reliability.md:
+    # 0 marks on 2026-11-29, and two CI runs that day wrote none). Whether a run writes one is the
+    # world's timing, not the harness working; the invariant's own table tests
+    # (tests/unit/test_soak_invariants.py) show it finds a lookalike's mark.
     checked = run["invariants"]["checked"]
     assert set(checked) == set(INVARIANTS)
     empty = []
@@ -89,19 +84,11 @@ def test_every_invariant_looked_at_something(run: dict[str, Any]) -> None:
         "node-fixable-recovered",
         "bad-nodes-at-once-recovered",
         "lookalikes-left-alone",
-        "no-mark-from-a-lookalike",
         "moved-on-evidence",
         "forged-claims-change-nothing",
     ):
         if checked[name] == 0:
             empty.append(name)
-    # Moved-off marks are written only for failures counted against a node. When the race
-    # strands every bad-node Deployment, their failures all count as following the workload
-    # (it failed on other nodes too), so no mark is written and there is none to look at (seen
-    # once, in this session's first CI run). Any other empty invariant fails.
-    stranded = stranded_by_the_blame_race(run)
-    if empty == ["no-mark-from-a-lookalike"] and stranded:
-        pytest.xfail(f"blame raced the stop rule: no mark to look at, {', '.join(stranded)}")
     assert empty == [], (empty, checked)
 
 
