@@ -65,6 +65,9 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     # to keep a pod on the node its volume is bound to.
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "PersistentVolume": ("/api/v1", "persistentvolumes"),
+    # The settings the functions run with (knative/config.env), read by the kubectl plugin so
+    # that it judges with the installed thresholds, not its own defaults.
+    "ConfigMap": ("/api/v1", "configmaps"),
     # The Metrics API (metrics-server, through the API server's aggregation layer): one
     # NodeMetrics per node, usage in cores and bytes ({"cpu": "1250m", "memory": "2Gi"}).
     "NodeMetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes"),
@@ -275,17 +278,28 @@ class Kube:
 
     @classmethod
     def from_environment(
-        cls, *, dry_run: bool = False, timeout: float = 5.0, attempts: int = 4
+        cls,
+        *,
+        dry_run: bool = False,
+        timeout: float = 5.0,
+        attempts: int = 4,
+        kubeconfig: str | None = None,
+        context: str | None = None,
     ) -> Kube:
-        """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+        """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config.
+
+        ``kubeconfig`` and ``context`` (the kubectl plugin's ``--kubeconfig`` and ``--context``)
+        choose a file and a context in it, and always mean a kubeconfig, even in a pod.
+        """
         configuration = k8s_client.Configuration()
         try:
-            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            if os.environ.get("KUBERNETES_SERVICE_HOST") and not (kubeconfig or context):
                 k8s_config.load_incluster_config(client_configuration=configuration)
             else:
                 # The client reads $KUBECONFIG once, at import; read it now instead.
                 k8s_config.load_kube_config(
-                    config_file=os.environ.get("KUBECONFIG") or None,
+                    config_file=kubeconfig or os.environ.get("KUBECONFIG") or None,
+                    context=context,
                     client_configuration=configuration,
                 )
         except (k8s_config.ConfigException, OSError) as exc:
@@ -300,6 +314,21 @@ class Kube:
             timeout=timeout,
             attempts=attempts,
         )
+
+    @staticmethod
+    def context_namespace(kubeconfig: str | None = None, context: str | None = None) -> str | None:
+        """The namespace the kubeconfig's context names (what kubectl uses without ``-n``);
+        None when it names none or there is no kubeconfig to read."""
+        try:
+            contexts, current = k8s_config.list_kube_config_contexts(
+                config_file=kubeconfig or os.environ.get("KUBECONFIG") or None
+            )
+        except (k8s_config.ConfigException, OSError):
+            return None
+        chosen = next((c for c in contexts or () if c.get("name") == context), None)
+        entry = (chosen if context else current) or {}
+        namespace = (entry.get("context") or {}).get("namespace")
+        return str(namespace) if namespace else None
 
     def with_options(self, *, dry_run: bool | None = None, timeout: float | None = None) -> Kube:
         """The same connection with another dry-run switch or timeout."""
