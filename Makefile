@@ -25,9 +25,9 @@ lock:
 # After an uninstall: every mark kn-rescheduler wrote, off Nodes and workloads
 # (docs/install-upgrade.md).
 cleanup: venv
-	$(PY) -m dev.tools.cleanup
+	$(PY) -m kubectl_kn_rescheduler cleanup --yes
 cleanup-dry-run: venv
-	$(PY) -m dev.tools.cleanup --dry-run
+	$(PY) -m kubectl_kn_rescheduler cleanup --dry-run=server
 
 lint: venv
 	$(PY) -m ruff check .

@@ -1,10 +1,11 @@
-"""Remove every mark kn-rescheduler wrote, after ``kubectl delete -k`` of its manifests.
+"""``cleanup``: remove every mark kn-rescheduler wrote, after its manifests are deleted.
 
-Deleting the manifests stops the functions; it does not take back what they wrote on objects
-that are not theirs: the suspect taint (PreferNoSchedule) and labels that steer the scheduler
-away from nodes, the pressure label the webhook's affinities and users' manifests read, usage
-records, and the state on workloads. ``python -m dev.tools.cleanup`` (``make cleanup``) removes
-them, and only them:
+Deleting the manifests (``helm uninstall``, ``kubectl delete -k``) stops the functions; it does
+not take back what they wrote on objects that are not theirs: the suspect taint
+(PreferNoSchedule) and labels that steer the scheduler away from nodes, the pressure label the
+admission affinities and users' manifests read, usage records, and the state on workloads.
+``kubectl kn-rescheduler cleanup`` lists them, ``--dry-run=server`` has the API server validate
+the removals, and ``--yes`` removes them (``make cleanup``), and only them:
 
 - Nodes: the labels ``kn-rescheduler.io/suspect``, ``failing-workloads``, ``moved-off`` and
   ``load``; the annotations ``node-health``, ``pressure``, ``usage`` and ``hot-streak``; the taint
@@ -16,16 +17,13 @@ them, and only them:
   and ``kn-rescheduler.io/avoid-nodes`` (its exclusions, flat, for the admission policies), and
   the label ``kn-rescheduler.io/admission-param`` (the admission policies' param label).
 
-Pods keep what the webhook stamped on them: a pod's affinity cannot change, and the pods go
+Pods keep what admission stamped on them: a pod's affinity cannot change, and the pods go
 with their next rollout. Every write is a JSON merge patch of those keys alone, with the
-resourceVersion it was read at (a conflict is read again); ``--dry-run`` sends them with
-``dryRun=All`` and prints what would change.
+resourceVersion it was read at (a conflict is read again).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -158,26 +156,20 @@ def clean(api: Kube, *, pressure_key: str = PRESSURE_LABEL_KEY) -> list[str]:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="send every write with dryRun=All")
-    parser.add_argument(
-        "--pressure-label-key",
-        default=PRESSURE_LABEL_KEY,
-        help="the key of KN_RESCHEDULER_PRESSURE_LABEL, if you changed it (default: %(default)s)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        api = Kube.from_environment(dry_run=args.dry_run)
-        report = clean(api, pressure_key=args.pressure_label_key)
-    except kube.KubeError as exc:
-        print(f"cleanup failed: {exc}", file=sys.stderr)
-        return 1
-    for line in report:
-        print(("(dry run) " if args.dry_run else "") + line)
-    print(f"{len(report)} objects carried marks of kn-rescheduler")
-    return 0
+def plans(api: Kube, *, pressure_key: str = PRESSURE_LABEL_KEY) -> list[Cleanup]:
+    """What a cleanup would remove, read and planned, nothing sent (the listing)."""
+    found = [
+        plan
+        for node in api.list_all("Node")
+        if (plan := node_cleanup(node, pressure_key)) is not None
+    ]
+    for kind in WORKLOAD_KINDS:
+        found += [
+            plan for obj in api.list_all(kind) if (plan := workload_cleanup(kind, obj)) is not None
+        ]
+    return found
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def listed(plan: Cleanup) -> str:
+    where = f"{plan.namespace}/{plan.name}" if plan.namespace else plan.name
+    return f"{plan.kind} {where}: would remove {', '.join(plan.removed)}"

@@ -1,4 +1,4 @@
-"""dev/tools/cleanup.py on the real API server: after an uninstall, our marks go, nobody else's.
+"""The plugin's cleanup on the real API server: after an uninstall, our marks go, nobody else's.
 
 A node carries what assess-nodes, label-nodes, annotate-usage, rebalance-nodes and
 update-annotations write, beside someone else's taint and labels (one of them the pressure
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dev.tools import cleanup
+from kubectl_kn_rescheduler import cleanup
 from shared.api.keys import (
     FAILING_WORKLOADS_LABEL,
     HOT_STREAK_ANNOTATION,

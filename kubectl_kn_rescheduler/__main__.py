@@ -1,0 +1,5 @@
+import sys
+
+from kubectl_kn_rescheduler.cli import main
+
+sys.exit(main())
