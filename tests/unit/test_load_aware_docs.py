@@ -1,4 +1,4 @@
-"""docs/load-aware.md's profile tables say what shared/platform/profiles.py presets.
+"""docs/load-aware-internals.md's profile tables say what shared/platform/profiles.py presets.
 
 The tables are how an operator chooses a profile; a value there that the code does not apply
 would mislead exactly when it matters. Every profile has a row in each table, and every cell
@@ -15,7 +15,7 @@ import pytest
 from shared.platform.config import Config, _convert
 from shared.platform.profiles import PROFILES
 
-DOC: Final = Path(__file__).resolve().parents[2] / "docs" / "load-aware.md"
+DOC: Final = Path(__file__).resolve().parents[2] / "docs" / "load-aware-internals.md"
 
 
 def profile_tables() -> list[list[dict[str, str]]]:
