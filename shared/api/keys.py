@@ -121,6 +121,9 @@ JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
 JOB_CONTROLLER_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 # On an Indexed Job's pod (backoffLimitPerIndex): the failures counted for its index so far.
 JOB_INDEX_FAILURE_COUNT_ANNOTATION: Final = "batch.kubernetes.io/job-index-failure-count"
+# The kubelet sets this on the API mirror of a static pod; deleting a mirror does not stop the
+# static pod, the kubelet just recreates the mirror.
+MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
 # The pod condition the Eviction API sets (reason EvictionByEvictionAPI) before deleting.
 DISRUPTION_TARGET_CONDITION: Final = "DisruptionTarget"
 
@@ -211,5 +214,10 @@ REBALANCE_VALUE: Final = "true"
 HOT_STREAK_ANNOTATION: Final = PREFIX + "hot-streak"
 # The Kubernetes Event on an evicted pod and its workload, with the node usage that justified it.
 REASON_REBALANCED: Final = "Rebalanced"
+# A pod bound to a node whose predicted usage with it (measured, plus the requests of the pods
+# bound there lately) is over predicted_usage_limit: said on the pod by annotate-usage after the
+# binding, never blocking. What a scheduler plugin warns about at PreBind; an extender is not
+# called there (docs/load-aware.md, "Against its origin").
+REASON_PREDICTED_OVER_LIMIT: Final = "PredictedUsageOverLimit"
 # One reply per evaluation that evicted pods (or, in a dry run, would have).
 EVENT_POD_REBALANCED: Final = "io.kn-rescheduler.pod.rebalanced"

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from shared.api.keys import (
     EXCLUDED_NODES_ANNOTATION,
+    MIRROR_POD_ANNOTATION,
     OPT_OUT_LABEL,
     POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,
@@ -51,10 +52,6 @@ from shared.workloads.policy import (
     InvalidPolicy,
     parse_retries,
 )
-
-# The kubelet sets this on the API mirror of a static pod; deleting a mirror does not stop the
-# static pod, the kubelet just recreates the mirror.
-MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
 
 CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
 # Waiting reasons of a pod the kubelet accepted but has not started yet.

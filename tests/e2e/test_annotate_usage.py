@@ -218,3 +218,67 @@ def test_with_prometheus_down_buckets_go_once_the_records_are_stale(
         assert {n: usage_of(cluster, n)[0] for n in cluster.nodes} == stamps
     finally:
         cluster.start_prometheus()
+
+
+def over_limit_counted(client: flask.testing.FlaskClient) -> float:
+    text = client.get("/metrics").get_data(as_text=True)
+    for family in text_string_to_metric_families(text):
+        if family.name == "knr_usage_bindings_over_limit":
+            return sum(
+                s.value
+                for s in family.samples
+                if s.name.endswith("_total") and s.labels.get("resource") == "cpu"
+            )
+    return 0.0
+
+
+def test_a_pod_bound_to_a_node_it_pushes_over_the_predicted_limit_is_warned_once(
+    cluster: Cluster, annotate_usage: flask.testing.FlaskClient, api: Kube, namespace: str
+) -> None:
+    hot, cool, *_ = cluster.nodes
+    cluster.set_node_usage(hot, cpu=0.85, memory=0.3)
+    cluster.set_node_usage(cool, cpu=0.1, memory=0.1)
+    wait_for("Prometheus to read the hot node", reads(cluster, hot, 83, 87))
+    wait_for("Prometheus to read the cool node", reads(cluster, cool, 8, 12))
+    ping(annotate_usage)
+    before = over_limit_counted(annotate_usage)
+
+    # Bound by a nodeSelector, past any extender: 87 % measured plus 25 % requested.
+    for name, node in (("onto-hot", hot), ("onto-cool", cool)):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": "registry.example/app:1",
+                        "resources": {"requests": {"cpu": "1950m", "memory": "1Gi"}},
+                    }
+                ],
+            },
+        }
+        api.create("Pod", namespace, pod)
+        wait_for(
+            f"the scheduler to bind {name}",
+            lambda n=name, on=node: api.get("Pod", namespace, n)["spec"].get("nodeName") == on,  # type: ignore[misc]
+        )
+    ping(annotate_usage)
+    ping(annotate_usage)
+
+    def warnings() -> list[dict[str, object]]:
+        return [
+            e
+            for e in api.list_all("Event", namespace)
+            if e.get("reason") == "PredictedUsageOverLimit"
+        ]
+
+    (said,) = wait_for("the warning on the pod bound to the hot node", warnings)
+    assert said["type"] == "Warning"
+    assert said["involvedObject"]["name"] == "onto-hot"  # type: ignore[index]
+    assert said.get("count") == 1, "said again at the second evaluation"
+    message = str(said["message"])
+    assert f"bound to node {hot}" in message and "over the limit of 95%" in message
+    assert over_limit_counted(annotate_usage) == before + 1

@@ -25,6 +25,7 @@ from shared.api.keys import (
 )
 from shared.api.kubetypes import Node, Pod
 from shared.api.usage import Estimate, Reading, UsageRecord
+from shared.nodes import usage as exempt
 from shared.nodes.score_nodes import decide as extender
 from shared.platform.config import Config
 from tests.unit.nodes import node
@@ -423,7 +424,7 @@ def test_a_daemonsets_pod_passes_a_hot_node_and_one_in_maintenance() -> None:
     ]
     result = extender.filter_nodes(daemon_pod(), nodes, CFG, NOW)
     assert result.failed == {}
-    assert {v.reason for v in result.verdicts} == {extender.DAEMON_POD}
+    assert {v.reason for v in result.verdicts} == {exempt.DAEMON_POD}
 
 
 def test_only_a_controlling_daemonset_exempts_a_pod() -> None:
@@ -482,31 +483,31 @@ def for_the_load_aware_scheduler(p: Pod) -> Pod:
     [
         pytest.param(
             critical(pending(), priority_class="system-cluster-critical", priority=2000000000),
-            extender.CRITICAL_POD,
+            exempt.CRITICAL_POD,
             id="system-cluster-critical",
         ),
         pytest.param(
             critical(pending(), priority_class="system-node-critical", priority=2000001000),
-            extender.CRITICAL_POD,
+            exempt.CRITICAL_POD,
             id="system-node-critical",
         ),
         pytest.param(
             critical(pending(), priority_class=None, priority=2000000000),
-            extender.CRITICAL_POD,
+            exempt.CRITICAL_POD,
             id="a priority of 2000000000 without the class name",
         ),
         pytest.param(
-            in_namespace(pending(), "kube-system"), extender.EXCLUDED_NAMESPACE, id="kube-system"
+            in_namespace(pending(), "kube-system"), exempt.EXCLUDED_NAMESPACE, id="kube-system"
         ),
         pytest.param(
             in_namespace(pending(), "kn-rescheduler"),
-            extender.EXCLUDED_NAMESPACE,
+            exempt.EXCLUDED_NAMESPACE,
             id="the project's own namespace",
         ),
-        pytest.param(mirror(), extender.STATIC_POD, id="a static pod's mirror"),
+        pytest.param(mirror(), exempt.STATIC_POD, id="a static pod's mirror"),
         pytest.param(
             opted_out(pending()),
-            extender.OPTED_OUT_POD,
+            exempt.OPTED_OUT_POD,
             id="opted out",
         ),
     ],

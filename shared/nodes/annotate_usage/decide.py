@@ -18,10 +18,19 @@ usage record and load bucket the node should carry and whether a write is worth 
   would steer pods by a load nobody measures any more) and the record stays, with its time, for
   people to read. The extender ignores a stale record by itself.
 - A node carrying the opt-out label gets neither, and loses what it had.
+
+`bindings_over_limit` finds the pods bound to a node since the last evaluation whose node's
+predicted usage with them (the new record: measured plus the estimate, which counts them) is
+over ``predicted_usage_limit``, the limit score-nodes' filter holds a placement to. Such a
+binding got past the filter (a scheduler without the extender, pods of one burst placed before
+the next sample, every node hot): the origin's PreBind warns about it, and so does
+annotate-usage, after the fact, never blocking. Pods their load never keeps off a node
+(``shared.nodes.usage.exemption``) are not warned about.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -35,9 +44,10 @@ from shared.api.keys import (
     USAGE_ANNOTATION,
     opted_out,
 )
-from shared.api.kubetypes import Node
+from shared.api.kubetypes import Node, Pod
+from shared.api.times import format_time
 from shared.api.usage import Estimate, Reading, UsageError, UsageRecord, read_usage
-from shared.nodes.usage import Resources
+from shared.nodes.usage import Resources, exemption, scheduled_at
 from shared.platform.config import Config
 
 # Write when this share of usage_stale_after has passed since the record's sample, even if
@@ -221,3 +231,70 @@ def decide_node(
     if current.age(now) >= cfg.usage_stale_after * _REFRESH_SHARE:
         return NodeDecision(name, record, bucket, True, "record renewed before it goes stale")
     return NodeDecision(name, record, bucket, False, "within tolerance")
+
+
+@dataclass(frozen=True)
+class OverLimit:
+    """A pod bound to a node whose predicted usage with it is over the limit."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    bound_at: datetime
+    # (resource, predicted percent of allocatable), each over the limit.
+    over: tuple[tuple[str, float], ...]
+    limit: float
+
+    @property
+    def message(self) -> str:
+        said = " and ".join(f"{resource} {value:.0f}%" for resource, value in self.over)
+        return (
+            f"bound to node {self.node} at {format_time(self.bound_at)}, whose predicted usage "
+            f"with the pods bound there since the last sample is {said} of allocatable, over "
+            f"the limit of {self.limit:g}% (predicted_usage_limit) that score-nodes' filter holds "
+            "a placement to; nothing is blocked or moved (docs/load-aware.md, "
+            '"Against its origin")'
+        )
+
+
+def bindings_over_limit(
+    node: str, record: UsageRecord, pods: Iterable[Pod], since: datetime, cfg: Config
+) -> tuple[OverLimit, ...]:
+    """The pods bound to ``node`` after ``since`` while its predicted usage (``record``, this
+    evaluation's) is over ``predicted_usage_limit``; see the module docstring."""
+    over = tuple(
+        (resource, value)
+        for resource, value in (("CPU", record.estimated_cpu), ("memory", record.estimated_memory))
+        if value > cfg.predicted_usage_limit
+    )
+    if not over:
+        return ()
+    found = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if (pod.get("spec") or {}).get("nodeName") != node:
+            continue
+        bound = scheduled_at(pod)
+        # The condition's time has whole seconds: a pod bound in the second of ``since`` is
+        # judged again rather than never (its Event is said once, whatever the evaluations).
+        if bound is None or bound < since.replace(microsecond=0):
+            continue
+        if exemption(pod, cfg) is not None:
+            continue
+        found.append(
+            OverLimit(
+                namespace=str(meta.get("namespace", "")),
+                name=str(meta.get("name", "")),
+                uid=str(meta.get("uid", "")),
+                node=node,
+                bound_at=bound,
+                over=over,
+                limit=cfg.predicted_usage_limit,
+            )
+        )
+    return tuple(found)

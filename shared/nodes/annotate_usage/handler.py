@@ -19,6 +19,12 @@ The source down is not a failed evaluation: nothing new is written, records age,
 nodes whose records went stale are removed, the outage is logged, counted and shown on
 ``/status``, and the Ping is answered 202 (its adapter's retries last 1.5 s; an outage does
 not). What a retry can fix (the API server throttling or briefly unreachable) is answered 503.
+
+After the writes, a pod bound within ``usage_estimate_window`` (and since this process's last
+evaluation) to a node whose new record's predicted usage is over ``predicted_usage_limit`` gets
+one Warning Event, ``PredictedUsageOverLimit`` (``decide.bindings_over_limit``), counted in
+``knr_usage_bindings_over_limit_total``: once per pod and node (a deterministic Event name,
+never counted again), best effort, never blocking or moving anything.
 """
 
 from __future__ import annotations
@@ -34,15 +40,21 @@ from typing import Any, Final, cast
 
 from prometheus_client import Counter, Gauge
 
-from shared.api.keys import opted_out
+from shared.api.keys import REASON_PREDICTED_OVER_LIMIT, opted_out
 from shared.api.kubetypes import Node, Pod
 from shared.api.usage import Estimate
-from shared.nodes.annotate_usage.decide import Measured, NodeDecision, decide_node
+from shared.nodes.annotate_usage.decide import (
+    Measured,
+    NodeDecision,
+    bindings_over_limit,
+    decide_node,
+)
 from shared.nodes.annotate_usage.sources import Source, SourceDown
 from shared.nodes.usage import allocatable, estimate
 from shared.platform import kube as kubeapi
 from shared.platform.config import Config
 from shared.platform.kube import Kube
+from shared.platform.recorder import Involved, Recorder
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +83,12 @@ CPU_PERCENT: Final = Gauge(
 )
 MEMORY_PERCENT: Final = Gauge(
     "node_memory_usage_percent", "Node memory usage, percent of allocatable.", ["node"]
+)
+OVER_LIMIT: Final = Counter(
+    "knr_usage_bindings_over_limit_total",
+    "Pods bound to a node whose predicted usage with them was over predicted_usage_limit, by "
+    "resource (each pod once per node; a Warning Event PredictedUsageOverLimit on the pod).",
+    ["resource"],
 )
 
 
@@ -141,6 +159,9 @@ class Annotator:
         self._lock = threading.Lock()
         # The nodes this process exports a usage gauge for.
         self._gauged: set[str] = set()
+        self.recorder = Recorder(kube, clock)
+        # When this process last evaluated: bindings before it were judged then.
+        self._evaluated_at: datetime | None = None
 
     def evaluate(self) -> Evaluation | None:
         """One evaluation; None when another is running (it measures what this tick would)."""
@@ -187,10 +208,48 @@ class Annotator:
                     now,
                 )
             )
-        written = self._write(decisions)
+        try:
+            written = self._write(decisions)
+        finally:
+            self._warn_bindings(decisions, pods_by_node, now)
         listed = {_name(n) for n in nodes if not opted_out((n.get("metadata") or {}).get("labels"))}
         self._record(now, decisions, measured, outage, listed)
         return Evaluation(now, tuple(decisions), outage, written)
+
+    def _warn_bindings(
+        self, decisions: Iterable[NodeDecision], pods_by_node: dict[str, list[Pod]], now: datetime
+    ) -> None:
+        """The PredictedUsageOverLimit Warning on each pod bound lately to a node over the
+        limit (module docstring); each pod once per node, whatever the ticks and replicas."""
+        since = now - self.config.usage_estimate_window
+        if self._evaluated_at is not None:
+            since = max(since, self._evaluated_at)
+        self._evaluated_at = now
+        for decision in decisions:
+            if decision.record is None or decision.node not in pods_by_node:
+                continue
+            found = bindings_over_limit(
+                decision.node, decision.record, pods_by_node[decision.node], since, self.config
+            )
+            for over in found:
+                said = self.recorder.record(
+                    Involved("Pod", over.namespace, over.name, over.uid),
+                    REASON_PREDICTED_OVER_LIMIT,
+                    over.message,
+                    warning=True,
+                    key=over.node,
+                    repeat=False,
+                )
+                if said:
+                    for resource, _ in over.over:
+                        OVER_LIMIT.labels(resource=resource.lower()).inc()
+                    log.warning(
+                        "pod %s/%s: %s",
+                        over.namespace,
+                        over.name,
+                        over.message,
+                        extra={"node": over.node, "reason": REASON_PREDICTED_OVER_LIMIT},
+                    )
 
     def _recent_pods(self, now: datetime) -> dict[str, list[Pod]]:
         """Bound pods by node. One LIST of every bound pod (paged); a failure leaves the

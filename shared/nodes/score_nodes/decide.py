@@ -77,13 +77,17 @@ from shared.api.keys import (
     MAINTENANCE_LABEL,
     MAINTENANCE_VALUE,
     USAGE_ANNOTATION,
-    opted_out,
 )
 from shared.api.kubetypes import Node, Pod
 from shared.api.usage import UsageError, UsageRecord
-from shared.nodes.usage import Resources, allocatable, percent_of, pod_requests
+from shared.nodes.usage import (
+    Resources,
+    allocatable,
+    exemption,
+    percent_of,
+    pod_requests,
+)
 from shared.platform.config import Config
-from shared.workloads.classify import MIRROR_POD_ANNOTATION
 
 # k8s.io/kube-scheduler/extender/v1: MinExtenderPriority, MaxExtenderPriority.
 MIN_PRIORITY: Final = 0
@@ -102,11 +106,6 @@ MEMORY_OVER: Final = "memory-over-threshold"
 CPU_PREDICTED_OVER: Final = "cpu-predicted-over-limit"
 MEMORY_PREDICTED_OVER: Final = "memory-predicted-over-limit"
 SCORED: Final = "scored"
-DAEMON_POD: Final = "daemonset-pod"
-STATIC_POD: Final = "static-pod"
-CRITICAL_POD: Final = "system-critical-pod"
-EXCLUDED_NAMESPACE: Final = "excluded-namespace"
-OPTED_OUT_POD: Final = "opted-out-pod"
 # Every node failed on usage for a pod of a scheduler whose pods all pay: passed, ranked by score.
 EVERY_NODE_HOT: Final = "every-node-hot"
 # Names only, and no cache to look them up in: the cache has not listed yet or lost the API
@@ -346,65 +345,6 @@ def _percent_text(value: float) -> str:
     # string (handleSchedulingFailure, pkg/scheduler/schedule_one.go), so a "%" in a reason
     # reaches the Event as "80%! (MISSING)".
     return f"{value:g} percent"
-
-
-def is_daemon_pod(pod: Pod) -> bool:
-    """Controlled by a DaemonSet: one pod per node, pinned there by its controller."""
-    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
-    return any(
-        isinstance(o, dict) and o.get("kind") == "DaemonSet" and o.get("controller") is True
-        for o in owners
-    )
-
-
-# k8s.io/api/scheduling/v1: the two built-in priority classes, and SystemCriticalPriority
-# (2 * HighestUserDefinablePriority), from which the kubelet calls a pod critical.
-_CRITICAL_CLASSES: Final = frozenset({"system-cluster-critical", "system-node-critical"})
-SYSTEM_CRITICAL_PRIORITY: Final = 2_000_000_000
-
-
-@dataclass(frozen=True)
-class Exemption:
-    """Why a pod passes every node whatever its load: a reason (a label) and the text."""
-
-    reason: str
-    message: str
-
-
-def exemption(pod: Pod, cfg: Config) -> Exemption | None:
-    """Why ``pod`` must not be kept off any node by its load, or None.
-
-    System-critical pods (kube-proxy, CoreDNS, a CNI's agents) keep a cluster working; pods of
-    a DaemonSet or a static pod belong to one node; an excluded namespace and the opt-out
-    label are the project's own "leave it alone", as for every other function.
-    """
-    # A TypedDict from the API server, but only ever checked here (a hand-made object may not
-    # be one): read as plain maps.
-    metadata: object = pod.get("metadata")
-    meta: dict[str, Any] = cast(dict[str, Any], metadata) if isinstance(metadata, dict) else {}
-    raw_spec: object = pod.get("spec")
-    spec: dict[str, Any] = cast(dict[str, Any], raw_spec) if isinstance(raw_spec, dict) else {}
-    if is_daemon_pod(pod):
-        return Exemption(DAEMON_POD, "a DaemonSet's pod")
-    annotations = meta.get("annotations")
-    owners = meta.get("ownerReferences")
-    if (isinstance(annotations, dict) and MIRROR_POD_ANNOTATION in annotations) or any(
-        isinstance(o, dict) and o.get("kind") == "Node" and o.get("controller") is True
-        for o in (owners if isinstance(owners, list) else ())
-    ):
-        return Exemption(STATIC_POD, "a static pod")
-    priority = spec.get("priority")
-    if spec.get("priorityClassName") in _CRITICAL_CLASSES or (
-        isinstance(priority, int) and priority >= SYSTEM_CRITICAL_PRIORITY
-    ):
-        return Exemption(CRITICAL_POD, "a system-critical pod")
-    namespace = meta.get("namespace")
-    if isinstance(namespace, str) and cfg.is_excluded_namespace(namespace):
-        return Exemption(EXCLUDED_NAMESPACE, f"a pod of the excluded namespace {namespace}")
-    labels = meta.get("labels")
-    if opted_out(labels if isinstance(labels, dict) else None):
-        return Exemption(OPTED_OUT_POD, "an opted-out pod")
-    return None
 
 
 def waits_for_a_cool_node(pod: Pod) -> bool:
