@@ -10,12 +10,15 @@ the removals, and ``--yes`` removes them (``make cleanup``), and only them:
 - Nodes: the labels ``kn-rescheduler.io/suspect``, ``failing-workloads``, ``moved-off`` and
   ``load``; the annotations ``node-health``, ``pressure``, ``usage`` and ``hot-streak``; the taint
   ``kn-rescheduler.io/suspect=true:PreferNoSchedule``. The pressure label (``status=presure``)
-  only where our ``pressure`` annotation says label-nodes wrote it: the same key set by someone
-  else stays, as label-nodes itself leaves it. Never ``kn-rescheduler.io/maintenance`` or
-  ``ignore``: people set those.
-- Deployments, ReplicaSets, StatefulSets and Jobs: the annotations ``kn-rescheduler.io/state``
-  and ``kn-rescheduler.io/avoid-nodes`` (its exclusions, flat, for the admission policies), and
-  the label ``kn-rescheduler.io/admission-param`` (the admission policies' param label).
+  only with our value and where our readable ``pressure`` record says label-nodes put it there
+  (its ``since``), as label-nodes itself decides (``hands_off``): the same key with another
+  value, or beside a record that says nothing of it, is someone else's and stays. Never
+  ``kn-rescheduler.io/maintenance`` or ``ignore``: people set those.
+- Deployments, ReplicaSets, StatefulSets, Jobs and bare pods: the annotations
+  ``kn-rescheduler.io/state`` (on a bare pod's replacement, where update-annotations carried
+  it) and ``kn-rescheduler.io/avoid-nodes`` (its exclusions, flat, for the admission
+  policies), and the label ``kn-rescheduler.io/admission-param`` (the admission policies' param
+  label).
 
 Pods keep what admission stamped on them: a pod's affinity cannot change, and the pods go
 with their next rollout. Every write is a JSON merge patch of those keys alone, with the
@@ -38,11 +41,14 @@ from shared.api.keys import (
     NODE_HEALTH_ANNOTATION,
     PRESSURE_ANNOTATION,
     PRESSURE_LABEL_KEY,
+    PRESSURE_LABEL_VALUE,
     STATE_ANNOTATION,
     SUSPECT_LABEL,
     SUSPECT_TAINT_EFFECT,
     USAGE_ANNOTATION,
 )
+from shared.api.pressure import Record as PressureRecord
+from shared.api.records import RecordError
 from shared.nodes.assess_nodes.decide import is_our_taint
 from shared.platform import kube
 from shared.platform.kube import Kube
@@ -54,7 +60,9 @@ NODE_ANNOTATIONS = (
     USAGE_ANNOTATION,
     HOT_STREAK_ANNOTATION,
 )
-WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
+WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "Pod")
+# label-nodes' label as KN_RESCHEDULER_PRESSURE_LABEL sets it: KEY=VALUE.
+PRESSURE_LABEL = f"{PRESSURE_LABEL_KEY}={PRESSURE_LABEL_VALUE}"
 ATTEMPTS = 5
 
 
@@ -69,15 +77,30 @@ class Cleanup:
     removed: tuple[str, ...]
 
 
-def node_cleanup(node: Mapping[str, Any], pressure_key: str = PRESSURE_LABEL_KEY) -> Cleanup | None:
+def _our_pressure_label(
+    labels: Mapping[str, str], annotations: Mapping[str, str], pressure_label: str
+) -> str | None:
+    """The pressure label's key when label-nodes put the label there, else None."""
+    key, _, value = pressure_label.partition("=")
+    if labels.get(key) != value or PRESSURE_ANNOTATION not in annotations:
+        return None
+    try:
+        record = PressureRecord.from_json(annotations[PRESSURE_ANNOTATION])
+    except RecordError:
+        return None
+    return key if record.since is not None else None
+
+
+def node_cleanup(node: Mapping[str, Any], pressure_label: str = PRESSURE_LABEL) -> Cleanup | None:
     """The patch taking our marks off a Node, or None when it carries none (pure)."""
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     taints = (node.get("spec") or {}).get("taints") or []
     gone_labels = [k for k in NODE_LABELS if k in labels]
-    # Ours only if label-nodes' record says it wrote it (shared/nodes/label_nodes).
-    if PRESSURE_ANNOTATION in annotations and pressure_key in labels:
+    # Ours only with our value and label-nodes' record of putting it there (its hands_off).
+    pressure_key = _our_pressure_label(labels, annotations, pressure_label)
+    if pressure_key is not None:
         gone_labels.append(pressure_key)
     gone_annotations = [k for k in NODE_ANNOTATIONS if k in annotations]
     kept_taints = [t for t in taints if not is_our_taint(t)]
@@ -87,7 +110,8 @@ def node_cleanup(node: Mapping[str, Any], pressure_key: str = PRESSURE_LABEL_KEY
     if gone_annotations:
         metadata["annotations"] = dict.fromkeys(gone_annotations)
     patch: dict[str, Any] = {}
-    removed = [f"label {k}" for k in gone_labels] + [f"annotation {k}" for k in gone_annotations]
+    removed = [f"label {k}={labels[k]}" for k in gone_labels]
+    removed += [f"annotation {k}" for k in gone_annotations]
     if len(kept_taints) != len(taints):
         # A merge patch replaces the whole list: the resourceVersion below keeps a taint the
         # node lifecycle controller adds meanwhile from being dropped (a conflict, read again).
@@ -120,14 +144,14 @@ def workload_cleanup(kind: str, obj: Mapping[str, Any]) -> Cleanup | None:
     )
 
 
-def _apply(api: Kube, kind: str, namespace: str | None, name: str, pressure_key: str) -> str:
+def _apply(api: Kube, kind: str, namespace: str | None, name: str, pressure_label: str) -> str:
     """Clean one object, reading it again on a conflict. The outcome, for the report."""
     for _ in range(ATTEMPTS):
         try:
             obj = api.get(kind, namespace, name)
         except kube.NotFound:
             return "gone"
-        plan = node_cleanup(obj, pressure_key) if kind == "Node" else workload_cleanup(kind, obj)
+        plan = node_cleanup(obj, pressure_label) if kind == "Node" else workload_cleanup(kind, obj)
         if plan is None:
             return "clean"
         try:
@@ -140,28 +164,28 @@ def _apply(api: Kube, kind: str, namespace: str | None, name: str, pressure_key:
     return f"still changing after {ATTEMPTS} attempts: run again"
 
 
-def clean(api: Kube, *, pressure_key: str = PRESSURE_LABEL_KEY) -> list[str]:
+def clean(api: Kube, *, pressure_label: str = PRESSURE_LABEL) -> list[str]:
     """Every mark of ours off every Node and workload; one line per object that had one."""
     report = []
     for node in api.list_all("Node"):
-        if node_cleanup(node, pressure_key) is not None:
+        if node_cleanup(node, pressure_label) is not None:
             name = node["metadata"]["name"]
-            report.append(f"Node {name}: {_apply(api, 'Node', None, name, pressure_key)}")
+            report.append(f"Node {name}: {_apply(api, 'Node', None, name, pressure_label)}")
     for kind in WORKLOAD_KINDS:
         for obj in api.list_all(kind):
             if workload_cleanup(kind, obj) is not None:
                 meta = obj["metadata"]
-                outcome = _apply(api, kind, meta["namespace"], meta["name"], pressure_key)
+                outcome = _apply(api, kind, meta["namespace"], meta["name"], pressure_label)
                 report.append(f"{kind} {meta['namespace']}/{meta['name']}: {outcome}")
     return report
 
 
-def plans(api: Kube, *, pressure_key: str = PRESSURE_LABEL_KEY) -> list[Cleanup]:
+def plans(api: Kube, *, pressure_label: str = PRESSURE_LABEL) -> list[Cleanup]:
     """What a cleanup would remove, read and planned, nothing sent (the listing)."""
     found = [
         plan
         for node in api.list_all("Node")
-        if (plan := node_cleanup(node, pressure_key)) is not None
+        if (plan := node_cleanup(node, pressure_label)) is not None
     ]
     for kind in WORKLOAD_KINDS:
         found += [

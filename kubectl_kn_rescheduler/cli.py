@@ -13,20 +13,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Final, TextIO
 
 from kubectl_kn_rescheduler import cleanup, explain, nodes, status
 from kubectl_kn_rescheduler.reading import UsageError, installed_settings, parse_target
-from shared.api.keys import DEFAULT_NAMESPACE, PRESSURE_LABEL_KEY
+from shared.api.keys import DEFAULT_NAMESPACE
 from shared.platform import kube
 
 OK = 0
 FAILED = 1
 USAGE = 2
+# Seconds each request may take: a server that accepts and never answers is said at once.
+TIMEOUT: Final = 10.0
 
 EPILOG = """commands:
   status TYPE/NAME   a workload's moves, budget, excluded nodes, stop, pods and Events
@@ -72,9 +76,9 @@ def _connection_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> Non
     )
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(program: str = "kubectl kn-rescheduler") -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="kubectl kn-rescheduler",
+        prog=program,
         description="What kn-rescheduler did and will do, read from the cluster.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -102,9 +106,10 @@ def parser() -> argparse.ArgumentParser:
         help="send the removals with dryRun=All: the API server validates them, stores nothing",
     )
     clean.add_argument(
-        "--pressure-label-key",
-        default=PRESSURE_LABEL_KEY,
-        help="the key of KN_RESCHEDULER_PRESSURE_LABEL, if you changed it (default: %(default)s)",
+        "--pressure-label",
+        metavar="KEY=VALUE",
+        help="label-nodes' label (default: KN_RESCHEDULER_PRESSURE_LABEL as installed, else "
+        f"{cleanup.PRESSURE_LABEL}); the key with another value is someone else's and stays",
     )
     return top
 
@@ -117,13 +122,20 @@ def main(
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    args = parser().parse_args(argv)
+    args = parser(_program()).parse_args(argv)
+    # The functions' modules log as services do; here a failure is said once, in a sentence.
+    logging.getLogger().setLevel(logging.ERROR)
     try:
+        # One attempt, no client retries: a person is waiting, and says when to try again.
         api = kube.Kube.from_environment(
-            kubeconfig=args.kubeconfig, context=args.context, timeout=15.0
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            timeout=TIMEOUT,
+            attempts=1,
+            client_retries=0,
         )
-    except kube.KubeError as exc:
-        print(f"kubectl-kn_rescheduler: {exc}", file=err)
+    except Exception as exc:  # the client's reader raises its own, YAML, OS and type errors
+        print(f"kubectl-kn_rescheduler: cannot use the kubeconfig: {_first(exc)}", file=err)
         return FAILED
     namespace = (
         args.namespace or kube.Kube.context_namespace(args.kubeconfig, args.context) or "default"
@@ -135,19 +147,43 @@ def main(
         print(f"kubectl-kn_rescheduler: {exc}", file=err)
         return USAGE
     except kube.KubeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"kubectl-kn_rescheduler: the API server: {first}", file=err)
+        print(f"kubectl-kn_rescheduler: the API server: {_first(exc)}", file=err)
         return FAILED
 
 
-# Control characters (C0 but tab, DEL, C1): names, reasons and Event messages are written by
-# anyone who can write a workload or an Event, and a terminal obeys escape sequences.
-_CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+def _first(exc: BaseException) -> str:
+    """The first line of what ``exc`` says, shown safe."""
+    text = str(exc).strip()
+    return shown(text.splitlines()[0] if text else type(exc).__name__)
+
+
+def _program() -> str:
+    """How the user called it: ``kn rescheduler`` through kn, else ``kubectl kn-rescheduler``."""
+    called = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "kn rescheduler" if called == "kn-rescheduler" else "kubectl kn-rescheduler"
+
+
+# Control characters (C0 but tab, DEL, C1) and the invisible ones that reorder or hide text
+# (zero-width, bidirectional overrides and isolates): names, reasons and Event messages are
+# written by anyone who can write a workload or an Event, and a terminal obeys them.
+_CONTROL: Final = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]"
+)
+# A line longer than this is cut (a refused record's reason quotes the value it refused).
+MAX_LINE: Final = 2000
 
 
 def shown(line: str) -> str:
-    """``line`` safe for a terminal: each control character as its ``\\xNN`` escape."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+    """``line`` safe for a terminal: each control or invisible character as its escape, and at
+    most MAX_LINE characters."""
+    if len(line) > MAX_LINE:
+        line = line[:MAX_LINE] + f"... ({len(line) - MAX_LINE} more characters; -o json has all)"
+
+    def escaped(match: re.Match[str]) -> str:
+        code = ord(match.group())
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return _CONTROL.sub(escaped, line)
 
 
 def _emit(out: TextIO, as_json: bool, data: object, lines: Sequence[str]) -> None:
@@ -169,7 +205,8 @@ def _run(
     as_json = args.output == "json"
     if args.command == "status":
         kind, name = parse_target(args.workload)
-        found = status.gather(api, kind, namespace, name)
+        settings = installed_settings(api, args.installed_in)
+        found = status.gather(api, kind, namespace, name, settings.cfg)
         _emit(out, as_json, status.as_json(found), status.render(found, now))
         return OK
     if args.command == "explain":
@@ -213,9 +250,13 @@ def _run(
 
 
 def _cleanup(args: argparse.Namespace, api: kube.Kube, out: TextIO, as_json: bool) -> int:
-    key = args.pressure_label_key
+    label = args.pressure_label
+    if label is None:
+        label = installed_settings(api, args.installed_in).cfg.pressure_label
+    elif not re.fullmatch(r"[^=\s]+=[^=\s]*", label):
+        raise UsageError(f"--pressure-label {label!r}: write it KEY=VALUE, as status=presure")
     if not args.yes and not args.dry_run:
-        found = cleanup.plans(api, pressure_key=key)
+        found = cleanup.plans(api, pressure_label=label)
         lines = [cleanup.listed(plan) for plan in found]
         lines.append(
             f"{len(found)} object(s) carry marks of kn-rescheduler"
@@ -228,7 +269,7 @@ def _cleanup(args: argparse.Namespace, api: kube.Kube, out: TextIO, as_json: boo
         _emit(out, as_json, data, lines)
         return OK
     dry = args.dry_run == "server"
-    report = cleanup.clean(api.with_options(dry_run=dry), pressure_key=key)
+    report = cleanup.clean(api.with_options(dry_run=dry), pressure_label=label)
     prefix = "(server dry run) " if dry else ""
     lines = [prefix + line for line in report]
     lines.append(f"{len(report)} object(s) carried marks of kn-rescheduler")

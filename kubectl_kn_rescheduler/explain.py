@@ -34,6 +34,8 @@ from kubectl_kn_rescheduler.reading import RULES, UsageError, section
 from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
+    OPTED_IN_LABEL,
+    OPTED_IN_VALUE,
     POLICY_ANNOTATION,
     POLICY_STAMP_ANNOTATION,
 )
@@ -70,6 +72,9 @@ TERMINATED: Final = "A container terminated (`state.terminated` / `lastState.ter
 STUCK: Final = "Stuck on a node (found by the sweep)"
 FAST_PATHS: Final = "Moved sooner with evidence beside the pod (the fast paths)"
 EXCLUSIONS: Final = "Unschedulable because of our exclusions"
+# Where the opted-in label the ApiServerSource selects on is explained.
+OPT_IN: Final = "docs/install-opt-in.md"
+OPTED_IN_SECTION: Final = "Which pods produce events: the `kn-rescheduler.io/opted-in` label"
 # The reasons a container's last run ended with, which the terminated rules judge.
 TERMINATED_REASONS: Final = frozenset({"OOMKilled", "Error", "ContainerCannotRun", "StartError"})
 HEADINGS: Final = (
@@ -93,6 +98,8 @@ class Verdict:
     failing: FailingPod | None
     why: str
     rule: str
+    # The page the rule's heading is in.
+    doc: str = RULES
 
     @property
     def kind(self) -> str | None:
@@ -109,7 +116,7 @@ class Verdict:
             "kind": self.kind,
             "reason": self.reason,
             "why": self.why,
-            "rule": section(RULES, self.rule),
+            "rule": section(self.doc, self.rule),
         }
 
 
@@ -193,10 +200,12 @@ def judge(
     *,
     siblings: Sequence[Pod] = (),
     kubelet_events: Sequence[Mapping[str, Any]] = (),
+    neighbours: Sequence[Pod] = (),
 ) -> tuple[Verdict, Verdict]:
     """detect-failures' and the sweep's verdicts on ``pod`` at ``now`` (pure).
 
-    ``siblings`` are the other pods of its controller and ``kubelet_events`` the Events about
+    ``siblings`` are the other pods of its controller, ``neighbours`` the other pods on its node
+    (a pull queued behind theirs is not judged early), and ``kubelet_events`` the Events about
     them all, as the sweep lists them (the Warning ones and the image pulls are taken out here,
     by the functions' own readers).
     """
@@ -208,12 +217,32 @@ def judge(
     warnings = warning_events(kubelet_events)
     pulls: dict[str, tuple[ImagePull, ...]] = image_pulls(kubelet_events)
     try:
-        found = find_failures([pod, *siblings], cfg, now, warnings, lambda: pulls)
+        seen = {str((pod.get("metadata") or {}).get("uid", ""))}
+        listed: list[Pod] = [pod]
+        for other in [*siblings, *neighbours]:
+            other_uid = str((other.get("metadata") or {}).get("uid", ""))
+            if other_uid not in seen:
+                seen.add(other_uid)
+                listed.append(other)
+        found = find_failures(listed, cfg, now, warnings, lambda: pulls)
     except MalformedPod as exc:  # pragma: no cover - detect refused it first
         raise UsageError(f"not a pod the functions can judge: {exc}") from exc
     swept = next((f for f in found if f.uid == uid), None)
     none_why, none_rule = _none_reported(pod, cfg)
-    if reply is not None:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if reply is not None and labels.get(OPTED_IN_LABEL) != OPTED_IN_VALUE:
+        # The ApiServerSource selects pods on the label admission puts on opted-in pods: none
+        # of this pod's changes reach detect-failures (knative/sources.yaml).
+        first = Verdict(
+            "detect-failures",
+            None,
+            f"no event of this pod reaches it: the ApiServerSource sends only pods labelled "
+            f"{OPTED_IN_LABEL}={OPTED_IN_VALUE}, which admission puts on opted-in pods (this one "
+            "was created before, or the label was removed); the sweep judges it",
+            OPTED_IN_SECTION,
+            OPT_IN,
+        )
+    elif reply is not None:
         detected = FailingPod.from_data(reply.data)
         said = detected.failure.why or detected.failure.message
         first = Verdict("detect-failures", detected, said, _rule_of(detected))
@@ -236,6 +265,8 @@ class Action:
     calls: tuple[str, ...]
     reply: str | None
     error: str = ""
+    # Calls your credentials were refused: the functions' own would make them.
+    refused: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -243,6 +274,7 @@ class Action:
             "calls": list(self.calls),
             "reply": self.reply,
             "error": self.error or None,
+            "refused": list(self.refused),
         }
 
 
@@ -275,7 +307,8 @@ def act(api: kube.Kube, cfg: Config, failing: FailingPod, source: str) -> Action
             if trace is not None:
                 steps.extend(trace.steps)
     writes = tuple(c.describe() for c in calls if c.method != "GET")
-    return Action(tuple(steps), writes, reply, error)
+    refused = tuple(c.describe() for c in calls if c.status in (401, 403))
+    return Action(tuple(steps), writes, reply, error, refused)
 
 
 @dataclass(frozen=True)
@@ -297,6 +330,7 @@ class Explanation:
             "settings": self.settings,
             "verdicts": [v.as_json() for v in self.verdicts],
             "updateAnnotations": self.action.as_json() if self.action else None,
+            "notes": list(self.notes),
         }
 
 
@@ -323,13 +357,33 @@ def explain(
             if p["metadata"].get("uid") != pod["metadata"].get("uid")
             and (controller_of(p) or {}).get("uid") == owner.get("uid")  # type: ignore[arg-type]
         ]
+    node = (pod.get("spec") or {}).get("nodeName")
+    neighbours: list[Pod] = []
+    notes: list[str] = []
+    if node:
+        try:
+            neighbours = list(
+                api.list_all("Pod", None, field_selector=f"spec.nodeName={node}")  # type: ignore[arg-type]
+            )
+        except kube.Forbidden:
+            notes.append(
+                f"the pods of other namespaces on {node} could not be listed (forbidden): the "
+                "sweep weighs them for an image pull queued behind theirs"
+            )
     about = {str(p["metadata"].get("uid")) for p in [pod, *siblings]}
     kubelet_events = [
         e
         for e in api.list_all("Event", namespace, field_selector="involvedObject.kind=Pod")
         if (e.get("involvedObject") or {}).get("uid") in about
     ]
-    verdicts = judge(pod, cfg, clock(), siblings=siblings, kubelet_events=kubelet_events)
+    verdicts = judge(
+        pod,
+        cfg,
+        clock(),
+        siblings=siblings,
+        kubelet_events=kubelet_events,
+        neighbours=neighbours,
+    )
     failing = next((v for v in verdicts if v.failing is not None), None)
     action = (
         act(api, cfg, failing.failing, failing.function) if failing and failing.failing else None
@@ -342,6 +396,7 @@ def explain(
         settings=settings,
         verdicts=verdicts,
         action=action,
+        notes=tuple(notes),
     )
 
 
@@ -352,6 +407,7 @@ def render(explanation: Explanation) -> list[str]:
         f"pod {e.namespace}/{e.name} on {e.node}, controller {e.owner}",
         f"  judged with the settings of {e.settings}",
     ]
+    out += [f"  note: {note}" for note in e.notes]
     for verdict in e.verdicts:
         if verdict.failing is not None:
             failure = verdict.failing.failure
@@ -359,7 +415,7 @@ def render(explanation: Explanation) -> list[str]:
         else:
             head = f"  {verdict.function}: reports nothing"
         out.append(f"{head}: {verdict.why}")
-        out.append(f"    rule: {section(RULES, verdict.rule)}")
+        out.append(f"    rule: {section(verdict.doc, verdict.rule)}")
     action = e.action
     if action is None:
         out.append(
@@ -371,6 +427,12 @@ def render(explanation: Explanation) -> list[str]:
     if action.calls:
         out.append("    it would send:")
         out += [f"      {call}" for call in action.calls]
+    if action.refused:
+        out.append(
+            "    your credentials were refused these calls, which the function's own are not: "
+            "the plan above may differ from what it will do"
+        )
+        out += [f"      {call}" for call in action.refused]
     if action.error:
         out.append(f"    {action.error}")
     elif action.reply:

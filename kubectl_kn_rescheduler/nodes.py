@@ -195,6 +195,13 @@ def _health(node: Mapping[str, Any], now: datetime, cfg: Config) -> list[str]:
         Verdict.HEALTHY: "assess-nodes' next review leaves it unmarked",
     }[verdict.verdict]
     lines.append(f"{said}: {verdict.why} (docs/node-health.md#what-it-does)")
+    carried, after = facts.failing_label, verdict.failing_label(facts)
+    if carried != after:
+        lines.append(
+            f"  and sets {FAILING_WORKLOADS_LABEL}={after}"
+            if after
+            else f"  and removes its {FAILING_WORKLOADS_LABEL}={carried} label"
+        )
     return lines
 
 

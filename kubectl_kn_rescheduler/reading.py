@@ -16,7 +16,7 @@ from typing import Any, Final
 from shared.api.keys import COMPONENT, DEFAULT_NAMESPACE
 from shared.api.times import parse_kube_time
 from shared.platform import kube
-from shared.platform.config import ENV_PREFIX, Config, ConfigError
+from shared.platform.config import CONFIG_FILE_ENV, ENV_PREFIX, Config, ConfigError
 
 # The label kustomize's configMapGenerator puts on the settings (knative/kustomization.yaml).
 CONFIG_SELECTOR: Final = (
@@ -101,7 +101,12 @@ def installed_settings(api: kube.Kube, namespace: str = DEFAULT_NAMESPACE) -> Se
         return Settings(Config(), f"the defaults: no settings ConfigMap in namespace {namespace}")
     newest = max(found, key=lambda c: str((c.get("metadata") or {}).get("creationTimestamp", "")))
     name = f"{namespace}/{newest['metadata']['name']}"
-    data = {k: str(v) for k, v in (newest.get("data") or {}).items() if k.startswith(ENV_PREFIX)}
+    # Everything but the path of a settings file: that would be read from this machine.
+    data = {
+        k: str(v)
+        for k, v in (newest.get("data") or {}).items()
+        if k.startswith(ENV_PREFIX) and k != CONFIG_FILE_ENV
+    }
     try:
         return Settings(Config.from_env(data), f"ConfigMap {name}")
     except ConfigError as exc:
@@ -119,6 +124,7 @@ class OurEvent:
     name: str
     count: int
     message: str
+    uid: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +162,7 @@ def our_events(items: Iterable[Mapping[str, Any]]) -> list[OurEvent]:
                 name=str(involved.get("name", "")),
                 count=count if isinstance(count, int) and count > 0 else 1,
                 message=str(event.get("message", "")),
+                uid=str(involved.get("uid") or ""),
             )
         )
     return sorted(found, key=lambda e: (e.at is None, e.at or datetime.min))

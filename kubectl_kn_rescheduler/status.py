@@ -10,7 +10,6 @@ refuse is shown as refused, with their reason.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,15 +17,13 @@ from typing import Any, Final
 
 from kubectl_kn_rescheduler.reading import RULES, OurEvent, UsageError, ago, our_events, section
 from shared.api.avoidnodes import ANNOTATION as AVOID_NODES_ANNOTATION
-from shared.api.keys import (
-    ADMISSION_PARAM_LABEL,
-    EXCLUDED_NODES_ANNOTATION,
-    POLICY_ANNOTATION,
-    STATE_ANNOTATION,
-)
+from shared.api.keys import ADMISSION_PARAM_LABEL, POLICY_ANNOTATION, STATE_ANNOTATION
 from shared.api.state import StateError, WorkloadState, load_state
 from shared.api.times import format_time
 from shared.platform import kube
+from shared.platform.config import Config
+from shared.workloads.classify import excluded_nodes_of
+from shared.workloads.owners import resolve
 from shared.workloads.policy import InvalidPolicy, OwnerKind, Policy, parse_retries
 from shared.workloads.state import foreign_copy
 
@@ -71,6 +68,8 @@ class WorkloadStatus:
     holders: tuple[HolderStatus, ...]
     pods: tuple[PodLine, ...]
     events: tuple[OurEvent, ...]
+    # Why this workload answers for what was asked (a pod of it), or "".
+    note: str = ""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -122,46 +121,112 @@ def pod_line(pod: Mapping[str, Any]) -> PodLine:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
-    raw = (meta.get("annotations") or {}).get(EXCLUDED_NODES_ANNOTATION)
-    try:
-        kept = json.loads(raw) if raw else []
-    except ValueError:
-        kept = []
     return PodLine(
         name=str(meta.get("name", "")),
         node=str((pod.get("spec") or {}).get("nodeName") or "(not scheduled)"),
         phase=str(status.get("phase", "")),
         ready=ready,
-        kept_off=tuple(n for n in kept if isinstance(n, str)) if isinstance(kept, list) else (),
+        # The functions' own reader: a stamp that is not a list of names counts as none.
+        kept_off=excluded_nodes_of(pod),  # type: ignore[arg-type]
     )
 
 
-def gather(api: kube.Kube, kind: str, namespace: str, name: str) -> WorkloadStatus:
-    """Read the workload, its holders, their pods and our Events (GETs and LISTs only)."""
+def _revision(obj: Mapping[str, Any]) -> int:
+    """The Deployment controller's revision number of a ReplicaSet; -1 when unreadable (anyone
+    may annotate a ReplicaSet)."""
+    raw = (_meta(obj).get("annotations") or {}).get(REVISION, "")
+    return int(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) < 19 else -1
+
+
+def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in _meta(obj).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return ref
+    return None
+
+
+def _policy(
+    api: kube.Kube, namespace: str, kind: str, obj: Mapping[str, Any]
+) -> tuple[str | None, str]:
+    """The ``scheduling-retries`` in force for ``obj``'s pods and where it is, as the functions
+    resolve it (``shared.workloads.owners.resolve``: the holder, then a ReplicaSet's Deployment
+    or a Job's CronJob); a bare pod's is its own."""
+    meta = _meta(obj)
+    if kind == "Pod":
+        own = (meta.get("annotations") or {}).get(POLICY_ANNOTATION)
+        return own, (f"Pod {meta.get('name')}" if own is not None else "")
+    # A pod of this holder, as its controller reference names it: the functions' own path.
+    child = {
+        "metadata": {
+            "name": "status",
+            "namespace": namespace,
+            "ownerReferences": [
+                {
+                    "kind": kind,
+                    "name": meta.get("name"),
+                    "uid": meta.get("uid"),
+                    "apiVersion": obj.get("apiVersion", ""),
+                    "controller": True,
+                }
+            ],
+        }
+    }
+    try:
+        found = resolve(api, namespace, child)
+    except kube.NotFound:
+        return None, ""
+    ref = found.policy_ref
+    return found.policy, (f"{ref.kind} {ref.name}" if ref is not None else "")
+
+
+def gather(
+    api: kube.Kube, kind: str, namespace: str, name: str, cfg: Config | None = None
+) -> WorkloadStatus:
+    """Read the workload, its holders, their pods and our Events (GETs and LISTs only).
+
+    A pod with a controller is answered for its workload (a Deployment's pod for the
+    Deployment): its state is on the controller.
+    """
+    cfg = cfg or Config()
     try:
         top = api.get(kind, namespace, name)
     except kube.NotFound as exc:
         raise UsageError(f"{kind} {namespace}/{name} not found") from exc
+    note = ""
+    if kind == "Pod" and (owner := _controller(top)) is not None:
+        note = f"pod {name} belongs to {owner.get('kind')} {owner.get('name')}"
+        kind, name = str(owner.get("kind", "")), str(owner.get("name", ""))
+        if kind not in ("ReplicaSet", "StatefulSet", "Job"):
+            raise UsageError(f"{note}, whose pods kn-rescheduler never moves")
+        try:
+            top = api.get(kind, namespace, name)
+        except kube.NotFound as exc:
+            raise UsageError(f"{note}, which is gone") from exc
+        parent = _controller(top) if kind == "ReplicaSet" else None
+        if parent is not None and parent.get("kind") == "Deployment":
+            kind, name = "Deployment", str(parent.get("name", ""))
+            top = api.get(kind, namespace, name)
     top_meta = _meta(top)
-    policy_raw = (top_meta.get("annotations") or {}).get(POLICY_ANNOTATION)
-    policy_on = f"{kind} {name}" if policy_raw is not None else ""
     holder_objs: list[tuple[str, Mapping[str, Any], str]] = []
     if kind == "Deployment":
-        current = (top_meta.get("annotations") or {}).get(REVISION)
+        current = _revision(top)
         owned = [
             rs
             for rs in api.list_all("ReplicaSet", namespace)
             if _controller_uid(rs) == top_meta.get("uid")
         ]
-        owned.sort(
-            key=lambda rs: -int((_meta(rs).get("annotations") or {}).get(REVISION, "0") or 0)
-        )
+        owned.sort(key=lambda rs: -_revision(rs))
         for rs in owned:
-            revision = (_meta(rs).get("annotations") or {}).get(REVISION)
-            role = "current" if revision == current else "old"
+            revision = _revision(rs)
+            role = "current" if revision == current >= 0 else "old"
             holder_objs.append(("ReplicaSet", rs, f"{role}, revision {revision}"))
     else:
-        holder_objs.append((kind, top, "bare pod" if kind == "Pod" else kind))
+        holder_objs.append((kind, top, "bare pod" if kind == "Pod" else ""))
+    policy_raw, policy_on = (
+        _policy(api, namespace, holder_objs[0][0], holder_objs[0][1])
+        if holder_objs
+        else ((top_meta.get("annotations") or {}).get(POLICY_ANNOTATION), f"{kind} {name}")
+    )
     holder_uids = {str(_meta(o).get("uid")) for _, o, _ in holder_objs}
     if kind == "Pod":
         pods = [top]
@@ -174,22 +239,25 @@ def gather(api: kube.Kube, kind: str, namespace: str, name: str) -> WorkloadStat
         # An old ReplicaSet with neither pods nor a record says nothing: a Deployment keeps ten.
         if kind != "Deployment" or has_pods or status.state is not None or status.refused:
             holders.append(status)
-    names = {name} | {h.name for h in holders}
-    prefixes = tuple(f"{h.name}-" for h in holders if h.kind != "Pod")
-    mine = [
-        e
-        for e in our_events(api.list_all("Event", namespace))
-        if e.name in names or (e.kind == "Pod" and e.name.startswith(prefixes))
-    ]
+    # Our Events about these objects by uid: the workload, its holders, their live pods and the
+    # pods their records say were moved (a name is no proof: another workload's pods may share
+    # its prefix).
+    known = {str(top_meta.get("uid"))} | holder_uids
+    known |= {str(_meta(p).get("uid")) for p in pods}
+    for holder in holders:
+        if holder.state is not None:
+            known |= set(holder.state.handled)
+    mine = [e for e in our_events(api.list_all("Event", namespace)) if e.uid and e.uid in known]
     return WorkloadStatus(
         kind=kind,
         namespace=namespace,
         name=name,
         policy_on=policy_on,
-        policy=parse_retries(policy_raw) if policy_raw is not None else None,
+        policy=parse_retries(policy_raw, cfg.max_retries) if policy_raw is not None else None,
         holders=tuple(holders),
         pods=tuple(sorted((pod_line(p) for p in pods), key=lambda p: p.name)),
         events=tuple(mine[-EVENTS_SHOWN:]),
+        note=note,
     )
 
 
@@ -205,6 +273,8 @@ def _budget(policy: int | InvalidPolicy | None, holder: HolderStatus) -> Policy 
 def render(status: WorkloadStatus, now: datetime) -> list[str]:
     """The status in sentences (pure)."""
     out = [f"{status.kind} {status.namespace}/{status.name}"]
+    if status.note:
+        out.append(f"  ({status.note})")
     policy = status.policy
     if policy is None:
         out.append(
@@ -243,8 +313,10 @@ def _holder_lines(
         head = "  the pod's own record"
     else:
         count = holder.replicas
-        replicas = "" if count is None else f", {count} replica{'' if count == 1 else 's'}"
-        head = f"  {holder.kind} {holder.name} ({holder.role}{replicas})"
+        parts = [holder.role] if holder.role else []
+        if count is not None:
+            parts.append(f"{count} replica{'' if count == 1 else 's'}")
+        head = f"  {holder.kind} {holder.name}" + (f" ({', '.join(parts)})" if parts else "")
     if holder.refused:
         return [f"{head}: {holder.refused}"]
     state = holder.state
@@ -321,6 +393,8 @@ def as_json(status: WorkloadStatus) -> dict[str, Any]:
         "name": status.name,
         "policy": policy.value if isinstance(policy, InvalidPolicy) else policy,
         "policyRefused": policy.reason if isinstance(policy, InvalidPolicy) else None,
+        "policyOn": status.policy_on or None,
+        "note": status.note or None,
         "holders": [
             {
                 "kind": h.kind,

@@ -285,11 +285,14 @@ class Kube:
         attempts: int = 4,
         kubeconfig: str | None = None,
         context: str | None = None,
+        client_retries: int | None = None,
     ) -> Kube:
         """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config.
 
         ``kubeconfig`` and ``context`` (the kubectl plugin's ``--kubeconfig`` and ``--context``)
         choose a file and a context in it, and always mean a kubeconfig, even in a pod.
+        ``client_retries``: urllib3's own retries of a connection (None: its default, 3), below
+        ``attempts``; the plugin asks for none, a person is waiting.
         """
         configuration = k8s_client.Configuration()
         try:
@@ -308,6 +311,8 @@ class Kube:
             raise Unconfigured(f"no credentials for the API server: {exc}") from exc
         # Handlers run many threads (gunicorn gthread); the default pool of 4 makes them queue.
         configuration.connection_pool_maxsize = 32
+        if client_retries is not None:
+            configuration.retries = client_retries
         return cls(
             k8s_client.ApiClient(configuration),
             dry_run=dry_run,

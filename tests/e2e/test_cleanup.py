@@ -10,6 +10,7 @@ run finds nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from shared.api.keys import (
     SUSPECT_TAINT_EFFECT,
     USAGE_ANNOTATION,
 )
+from shared.api.pressure import Record
 from shared.platform.kube import Kube
 from tests import builders
 
@@ -49,9 +51,13 @@ OUR_LABELS = {
     LOAD_LABEL: "high",
     PRESSURE_LABEL_KEY: PRESSURE_LABEL_VALUE,
 }
-OUR_ANNOTATIONS = dict.fromkeys(
-    (NODE_HEALTH_ANNOTATION, PRESSURE_ANNOTATION, USAGE_ANNOTATION, HOT_STREAK_ANNOTATION), "{}"
-)
+OUR_ANNOTATIONS = {
+    **dict.fromkeys((NODE_HEALTH_ANNOTATION, USAGE_ANNOTATION, HOT_STREAK_ANNOTATION), "{}"),
+    # label-nodes' record of putting the label there, as it writes it.
+    PRESSURE_ANNOTATION: Record(
+        rule="cpu-usage", value=91.0, since=datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+    ).to_json(),
+}
 
 
 @pytest.fixture
@@ -71,8 +77,18 @@ def marked(api: Kube, cluster: Any) -> Iterator[tuple[str, str]]:
             "spec": {"taints": [*THEIR_TAINTS, OURS_TAINT]},
         },
     )
+    # Someone's value of the pressure key beside a record of ours left from before (label-nodes
+    # leaves such a label alone, and so does the cleanup).
     api.merge_patch(
-        "Node", None, theirs, {"metadata": {"labels": {PRESSURE_LABEL_KEY: "maintenance"}}}
+        "Node",
+        None,
+        theirs,
+        {
+            "metadata": {
+                "labels": {PRESSURE_LABEL_KEY: "maintenance"},
+                "annotations": {PRESSURE_ANNOTATION: OUR_ANNOTATIONS[PRESSURE_ANNOTATION]},
+            }
+        },
     )
     yield ours, theirs
     for name in (ours, theirs):
@@ -108,8 +124,10 @@ def test_the_cleanup_removes_our_marks_and_keeps_everyone_elses(
     assert not set(OUR_ANNOTATIONS) & set(notes)
     assert notes["example.com/owner"] == "team-blue"
     assert node["spec"]["taints"] == THEIR_TAINTS
-    # Someone else's label of the pressure key (no record of ours beside it) stays.
-    assert api.get("Node", None, theirs)["metadata"]["labels"][PRESSURE_LABEL_KEY] == "maintenance"
+    # Someone else's value of the pressure key stays, our record beside it goes.
+    their_node = api.get("Node", None, theirs)["metadata"]
+    assert their_node["labels"][PRESSURE_LABEL_KEY] == "maintenance"
+    assert PRESSURE_ANNOTATION not in (their_node.get("annotations") or {})
     rs = api.get("ReplicaSet", namespace, "web")
     assert rs["metadata"]["annotations"] == {"team": "blue"}
 

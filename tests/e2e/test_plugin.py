@@ -281,3 +281,111 @@ def test_kubectl_finds_the_installed_plugin_by_its_name(cluster: Any, tmp_path: 
     assert "kubectl-kn_rescheduler" in run_kubectl("plugin", "list")
     said = json.loads(run_kubectl("kn-rescheduler", "nodes", "--all", "-o", "json"))
     assert {n["name"] for n in said} == set(cluster.nodes)
+
+
+def test_status_reads_the_policy_as_the_functions_do_and_only_events_about_its_objects(
+    plugin: Callable[..., tuple[int, str]], api: Kube, namespace: str
+) -> None:
+    # The installed settings, in a namespace of this test's: at most 5 retries.
+    api.create(
+        "ConfigMap",
+        namespace,
+        {
+            "metadata": {
+                "name": "kn-rescheduler-config-test",
+                "labels": {
+                    "app.kubernetes.io/component": "config",
+                    "app.kubernetes.io/part-of": "kn-rescheduler",
+                },
+            },
+            "data": {"KN_RESCHEDULER_MAX_RETRIES": "5"},
+        },
+    )
+    deployment(api, namespace, "greedy", "no-such-node", **{POLICY_ANNOTATION: "8"})
+    pod = wait_for(
+        "the Deployment's pod",
+        lambda: next(iter(api.list_all("Pod", namespace, label_selector="app=greedy")), None),
+    )
+    # An Event claiming to be ours about another object of the same name.
+    api.create(
+        "Event",
+        namespace,
+        {
+            "metadata": {"name": "forged"},
+            "involvedObject": {"kind": "ConfigMap", "name": "greedy", "namespace": namespace},
+            "reason": "Rescheduled",
+            "message": "moved pod greedy-x off node node-0",
+            "type": "Normal",
+            "reportingComponent": "kn-rescheduler",
+            "source": {"component": "kn-rescheduler"},
+        },
+    )
+
+    # Asked about the pod, the plugin answers for its Deployment, with the installed maximum.
+    said = as_json(
+        plugin(
+            "-n",
+            namespace,
+            "--installed-in",
+            namespace,
+            "-o",
+            "json",
+            "status",
+            f"pod/{pod['metadata']['name']}",
+        )
+    )
+    assert (said["kind"], said["name"]) == ("Deployment", "greedy")
+    assert said["note"].startswith(f"pod {pod['metadata']['name']} belongs to ReplicaSet")
+    assert said["policy"] == "8" and "more than the maximum of 5" in said["policyRefused"]
+    assert said["events"] == []
+
+
+def test_status_of_a_cronjobs_job_reads_the_cronjobs_policy(
+    plugin: Callable[..., tuple[int, str]], api: Kube, namespace: str
+) -> None:
+    api.create(
+        "CronJob",
+        namespace,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "metadata": {"name": "nightly", "annotations": {POLICY_ANNOTATION: "2"}},
+            "spec": {
+                "schedule": "0 3 * * *",
+                "suspend": True,
+                "jobTemplate": {
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "restartPolicy": "Never",
+                                "containers": [{"name": "job", "image": "registry.example/job:1"}],
+                            }
+                        }
+                    }
+                },
+            },
+        },
+    )
+    cronjob = api.get("CronJob", namespace, "nightly")
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "nightly-manual",
+            # As `kubectl create job --from=cronjob/nightly` writes it.
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "CronJob",
+                    "name": "nightly",
+                    "uid": cronjob["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": cronjob["spec"]["jobTemplate"]["spec"],
+    }
+    api.create("Job", namespace, job)
+    said = as_json(plugin("-n", namespace, "-o", "json", "status", "job/nightly-manual"))
+    assert (said["policy"], said["policyOn"]) == (2, "CronJob nightly")
+    assert said["holders"][0]["budget"] == 2

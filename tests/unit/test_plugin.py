@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kubectl_kn_rescheduler import cli, explain, nodes, status
+from kubectl_kn_rescheduler import cleanup, cli, explain, nodes, status
 from kubectl_kn_rescheduler.reading import (
     UsageError,
     ago,
@@ -27,6 +27,7 @@ from kubectl_kn_rescheduler.reading import (
 )
 from shared.api import movedoff
 from shared.api.keys import (
+    FAILING_WORKLOADS_LABEL,
     MAINTENANCE_LABEL,
     MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
@@ -84,6 +85,8 @@ def test_every_rule_the_plugin_names_is_a_section_of_the_docs() -> None:
     anchors = docs_anchors("docs/failure-rules.md")
     for heading in [*explain.HEADINGS, status.STOP]:
         assert section("docs/failure-rules.md", heading).partition("#")[2] in anchors, heading
+    opt_in = section(explain.OPT_IN, explain.OPTED_IN_SECTION).partition("#")[2]
+    assert opt_in in docs_anchors(explain.OPT_IN)
     assert {"what-it-does", "a-burst-nodes-where-other-workloads-fail-now"} <= docs_anchors(
         "docs/node-health.md"
     )
@@ -349,7 +352,24 @@ def test_a_kubeconfig_that_is_not_there_is_one_sentence_and_exit_1(tmp_path: Pat
     err = io.StringIO()
     code = cli.main(["--kubeconfig", str(tmp_path / "none"), "nodes"], io.StringIO(), err)
     assert code == cli.FAILED
-    assert err.getvalue().startswith("kubectl-kn_rescheduler: no credentials for the API server")
+    assert err.getvalue().startswith("kubectl-kn_rescheduler: cannot use the kubeconfig: no cred")
+    assert len(err.getvalue().strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"clusters: [", b"\xff\xfe\x00binary", b'"a string"', b"- a\n- list\n"],
+    ids=["broken YAML", "binary", "a JSON string", "a list"],
+)
+def test_a_kubeconfig_that_is_not_one_is_one_sentence_and_exit_1(
+    tmp_path: Path, content: bytes
+) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_bytes(content)
+    err = io.StringIO()
+    code = cli.main(["--kubeconfig", str(config), "nodes"], io.StringIO(), err)
+    assert code == cli.FAILED
+    assert err.getvalue().startswith("kubectl-kn_rescheduler: cannot use the kubeconfig: ")
     assert len(err.getvalue().strip().splitlines()) == 1
 
 
@@ -385,3 +405,72 @@ def test_what_others_wrote_cannot_drive_the_terminal() -> None:
     # An Event message or a name carrying an escape sequence (clear screen, a fake prompt).
     assert cli.shown("moved\x1b[2J pod\x07 web\x9b") == "moved\\x1b[2J pod\\x07 web\\x9b"
     assert cli.shown("tab\tkept") == "tab\tkept"
+
+
+def test_invisible_characters_and_endless_lines_are_shown_safe() -> None:
+    # A right-to-left override that would show "gpj.exe" as "exe.jpg", a zero-width space.
+    assert cli.shown("file\u202egpj.exe\u200b") == "file\\u202egpj.exe\\u200b"
+    long = cli.shown("x" * 5000)
+    assert len(long) < 2100 and long.endswith("(3000 more characters; -o json has all)")
+
+
+def test_a_settings_file_named_by_the_configmap_is_not_read_here() -> None:
+    planted = config_map("c", "2026-11-20T00:00:00Z", {"KN_RESCHEDULER_CONFIG_FILE": "/etc/passwd"})
+    assert installed_settings(Listing([planted])).cfg == Config()  # type: ignore[arg-type]
+
+
+def test_a_revision_someone_wrote_by_hand_sorts_last_and_crashes_nothing() -> None:
+    hand = builders.replicaset("web-1", annotations={status.REVISION: "abc"})
+    real = builders.replicaset("web-2", annotations={status.REVISION: "7"})
+    assert (status._revision(hand), status._revision(real)) == (-1, 7)
+
+
+# -- cleanup: only what is ours -----------------------------------------------------------------
+
+
+def pressured(value: str, record: Record | None) -> Any:
+    annotations = {PRESSURE_ANNOTATION: record.to_json()} if record else {}
+    return node({"status": value}, annotations)
+
+
+@pytest.mark.parametrize(
+    ("value", "record", "label_removed"),
+    [
+        pytest.param(
+            "presure", Record(rule="cpu", since=NOW), True, id="ours: our value, our record"
+        ),
+        pytest.param(
+            "maintenance",
+            Record(rule="cpu", since=NOW),
+            False,
+            id="someone's value beside our record",
+        ),
+        pytest.param("presure", Record(rule="cpu"), False, id="a record that never put it there"),
+        pytest.param("presure", None, False, id="no record of ours"),
+    ],
+)
+def test_the_pressure_label_goes_only_where_label_nodes_put_it(
+    value: str, record: Record | None, label_removed: bool
+) -> None:
+    plan = cleanup.node_cleanup(pressured(value, record))
+    removed = plan.removed if plan else ()
+    assert (f"label status={value}" in removed) is label_removed
+    # Our record goes either way: it is ours, whatever the label.
+    assert (f"annotation {PRESSURE_ANNOTATION}" in removed) is (record is not None)
+
+
+def test_a_bare_pods_state_is_ours_to_remove() -> None:
+    pod = builders.bare_pod("solo-1-ab12c")
+    pod["metadata"]["annotations"] = {STATE_ANNOTATION: "{}", "team": "blue"}
+    plan = cleanup.workload_cleanup("Pod", pod)
+    assert plan is not None and plan.removed == (f"annotation {STATE_ANNOTATION}",)
+    assert "Pod" in cleanup.WORKLOAD_KINDS
+
+
+def test_a_failing_workloads_label_the_window_left_behind_is_said_to_go() -> None:
+    old = NOW - timedelta(hours=1)
+    record = NodeHealth(failures=(Seen(old, "Deployment shop/web", "u1", "CrashLoopBackOff"),))
+    marks = nodes.node_marks(
+        node({FAILING_WORKLOADS_LABEL: "1"}, {NODE_HEALTH_ANNOTATION: record.to_json()}), NOW, CFG
+    )
+    assert marks.lines[-1] == f"  and removes its {FAILING_WORKLOADS_LABEL}=1 label"

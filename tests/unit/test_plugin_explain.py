@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kubectl_kn_rescheduler import explain
-from shared.api.keys import POLICY_STAMP_ANNOTATION
+from shared.api.keys import OPTED_IN_LABEL, OPTED_IN_VALUE, POLICY_STAMP_ANNOTATION
 from shared.api.kubetypes import Pod
 from shared.api.times import format_time, parse_kube_time
 from shared.workloads.classify import FailureKind
@@ -35,8 +35,11 @@ from tests.unit.test_real_kubelet_statuses import (
 
 
 def stamped(scenario: str) -> Pod:
+    """The recorded pod as admission stamps an opted-in one: the policy and the label the
+    ApiServerSource selects on."""
     pod = pod_of(scenario)
     pod["metadata"].setdefault("annotations", {})[POLICY_STAMP_ANNOTATION] = "3"  # type: ignore[typeddict-item]
+    pod["metadata"].setdefault("labels", {})[OPTED_IN_LABEL] = OPTED_IN_VALUE  # type: ignore[typeddict-item]
     return pod
 
 
@@ -127,3 +130,20 @@ def test_a_stuck_sandbox_is_the_sweeps_and_names_the_stuck_rule() -> None:
         kubelet_events=renewed("sandbox-cni-broken", start),
     )
     assert swept.failing is not None and swept.rule == explain.STUCK
+
+
+def test_a_stamped_pod_without_the_opted_in_label_is_left_to_the_sweep() -> None:
+    # Created before admission stamped the label, or the label taken off: the ApiServerSource
+    # selects on it, so detect-failures never hears of the pod; the sweep lists every pod.
+    pod = stamped("crashloop")
+    del pod["metadata"]["labels"][OPTED_IN_LABEL]  # type: ignore[typeddict-item]
+    detected, swept = explain.judge(pod, CFG, recorded_at("crashloop"))
+    assert detected.failing is None and detected.why.startswith("no event of this pod reaches it")
+    assert (detected.doc, detected.rule) == (explain.OPT_IN, explain.OPTED_IN_SECTION)
+    assert swept.reason == "CrashLoopBackOff"
+
+
+def test_a_neighbour_on_the_node_is_given_to_the_sweep_once() -> None:
+    pod = stamped("crashloop")
+    twice = explain.judge(pod, CFG, recorded_at("crashloop"), siblings=[pod], neighbours=[pod])
+    assert twice[1].reason == "CrashLoopBackOff"
