@@ -1,5 +1,5 @@
 import sys
 
-from kubectl_kn_rescheduler.cli import main
+from kubectl_kn_rescheduler.cli import run
 
-sys.exit(main())
+sys.exit(run())

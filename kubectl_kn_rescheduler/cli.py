@@ -114,6 +114,13 @@ def parser(program: str = "kubectl kn-rescheduler") -> argparse.ArgumentParser:
     return top
 
 
+def run() -> int:
+    """The executables' entry point: ``main`` with the functions' log lines kept quiet (their
+    modules log as services do; here a failure is said once, in a sentence)."""
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    return main()
+
+
 def main(
     argv: Sequence[str] | None = None,
     out: TextIO | None = None,
@@ -123,8 +130,6 @@ def main(
     out = out or sys.stdout
     err = err or sys.stderr
     args = parser(_program()).parse_args(argv)
-    # The functions' modules log as services do; here a failure is said once, in a sentence.
-    logging.getLogger().setLevel(logging.ERROR)
     try:
         # One attempt, no client retries: a person is waiting, and says when to try again.
         api = kube.Kube.from_environment(

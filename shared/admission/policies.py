@@ -739,7 +739,11 @@ def holder_policy(cfg: Config) -> dict[str, Any]:
     A ReplicaSet scaled to 0 creates no pod, so it is no param: a Deployment keeps ten old
     ReplicaSets by default, each with the annotations copied, and every param of a namespace
     costs each pod create there one evaluation. The Deployment controller scales them with
-    updates, so the update that scales one up again (a rollback) labels it. A StatefulSet stays
+    updates, so the update that scales one up again (a rollback) labels it. But one created at
+    0 (a rollout's new ReplicaSet, a Deployment created at 0) is a param from its create: the
+    update that scales it up is followed at once by its pods' creates, and the API server's
+    informer of params would not yet have the label (its first pods went unstamped, seen in
+    the demo's scaled-up Deployment). A StatefulSet stays
     a param at 0: ``kubectl scale``, an HPA or KEDA scale it through its ``scale`` subresource,
     which this policy never sees (a Scale is not a StatefulSet), and it has no old revisions to
     pile up. Only ``true`` asks for a preference, as the pod policies read it."""
@@ -753,7 +757,8 @@ def holder_policy(cfg: Config) -> dict[str, Any]:
     asks = (
         "("
         + " || ".join(asked)
-        + ") && (object.kind != 'ReplicaSet' || object.spec.?replicas.orValue(1) > 0)"
+        + ") && (object.kind != 'ReplicaSet' || object.spec.?replicas.orValue(1) > 0"
+        + " || request.operation == 'CREATE')"
     )
     labelled = (
         f"object.metadata.?labels.orValue({{}})[?{_quote(ADMISSION_PARAM_LABEL)}]"

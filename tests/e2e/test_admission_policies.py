@@ -136,9 +136,9 @@ def _pod(name: str, owner: dict[str, Any] | None, **spec: Any) -> dict[str, Any]
 
 
 def _replicaset(
-    api: Kube, namespace: str, name: str, annotations: dict[str, str]
+    api: Kube, namespace: str, name: str, annotations: dict[str, str], replicas: int = 1
 ) -> dict[str, Any]:
-    """A ReplicaSet of one pod that no scheduler places (one at 0 would be no param: it makes
+    """A ReplicaSet of one pod that no scheduler places (one scaled to 0 is no param: it makes
     no pods); the pods under test are dry runs of other names."""
     made = api.create(
         "ReplicaSet",
@@ -148,7 +148,7 @@ def _replicaset(
             "kind": "ReplicaSet",
             "metadata": {"name": name, "annotations": annotations},
             "spec": {
-                "replicas": 1,
+                "replicas": replicas,
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name}},
@@ -461,6 +461,11 @@ def test_a_workload_is_a_param_exactly_while_it_has_an_annotation_of_ours(
     assert ADMISSION_PARAM_LABEL not in (idle["metadata"].get("labels") or {})
     back = api.merge_patch("ReplicaSet", namespace, "web", {"spec": {"replicas": 2}})
     assert back["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
+    # Created at 0 (a rollout's new ReplicaSet, a Deployment created at 0), it is one from its
+    # create: the update scaling it up is followed at once by its pods' creates, before the API
+    # server's informer of params would see a label put on by that update.
+    new = _replicaset(api, namespace, "rollout", {POLICY_ANNOTATION: "3"}, replicas=0)
+    assert new["metadata"]["labels"][ADMISSION_PARAM_LABEL] == "true"
     # A StatefulSet stays one at 0: kubectl scale, an HPA or KEDA scale it through its scale
     # subresource, which the policy never sees.
     sts = _statefulset(api, namespace, "idle", {POLICY_ANNOTATION: "3"})

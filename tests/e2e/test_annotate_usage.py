@@ -48,6 +48,31 @@ def node_writes(client: flask.testing.FlaskClient) -> float:
     return 0.0
 
 
+def bind(api: Kube, namespace: str, name: str, node: str) -> None:
+    """A pod requesting 1950m (25 % of a local node's allocatable) bound to ``node`` by a
+    nodeSelector, past any extender; returns once the scheduler bound it."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.example/app:1",
+                    "resources": {"requests": {"cpu": "1950m", "memory": "1Gi"}},
+                }
+            ],
+        },
+    }
+    api.create("Pod", namespace, pod)
+    wait_for(
+        f"the scheduler to bind {name}",
+        lambda: api.get("Pod", namespace, name)["spec"].get("nodeName") == node,
+    )
+
+
 @pytest.fixture
 def annotate_usage(cluster: Cluster, function_client: ClientFactory) -> flask.testing.FlaskClient:
     wait_for(
@@ -153,26 +178,7 @@ def test_pods_bound_since_the_sample_count_as_estimated_usage(
     before, _ = usage_of(cluster, node)
     assert before is not None and before.estimate.pods == 0
 
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "just-bound", "namespace": namespace},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [
-                {
-                    "name": "app",
-                    "image": "registry.example/app:1",
-                    "resources": {"requests": {"cpu": "1950m", "memory": "1Gi"}},
-                }
-            ],
-        },
-    }
-    api.create("Pod", namespace, pod)
-    wait_for(
-        "the scheduler to bind the pod",
-        lambda: api.get("Pod", namespace, "just-bound")["spec"].get("nodeName") == node,
-    )
+    bind(api, namespace, "just-bound", node)
     ping(annotate_usage)
 
     after, _ = usage_of(cluster, node)
@@ -245,26 +251,7 @@ def test_a_pod_bound_to_a_node_it_pushes_over_the_predicted_limit_is_warned_once
 
     # Bound by a nodeSelector, past any extender: 87 % measured plus 25 % requested.
     for name, node in (("onto-hot", hot), ("onto-cool", cool)):
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [
-                    {
-                        "name": "app",
-                        "image": "registry.example/app:1",
-                        "resources": {"requests": {"cpu": "1950m", "memory": "1Gi"}},
-                    }
-                ],
-            },
-        }
-        api.create("Pod", namespace, pod)
-        wait_for(
-            f"the scheduler to bind {name}",
-            lambda n=name, on=node: api.get("Pod", namespace, n)["spec"].get("nodeName") == on,  # type: ignore[misc]
-        )
+        bind(api, namespace, name, node)
     ping(annotate_usage)
     ping(annotate_usage)
 

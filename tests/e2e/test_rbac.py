@@ -172,6 +172,9 @@ ALLOWED = [
     pods(ANNOTATE, "list"),
     Can(ANNOTATE, "get", "nodes", group="metrics.k8s.io", namespace=""),
     Can(ANNOTATE, "list", "nodes", group="metrics.k8s.io", namespace=""),
+    # The PredictedUsageOverLimit Warning on a pod, in the pod's namespace: said once, so
+    # never read back or counted again (no get, no patch).
+    Can(ANNOTATE, "create", "events", namespace="default"),
     # The second scheduler: what a scheduler does (bind pods, their status, Events, reading
     # what it schedules against) and its own lease.
     pods(SCHEDULER, "create", subresource="binding"),
@@ -310,7 +313,8 @@ DENIED = [
     nodes(ANNOTATE, "watch"),
     Can(ANNOTATE, "patch", "nodes", subresource="status", namespace=""),
     Can(ANNOTATE, "list", "pods", group="metrics.k8s.io", namespace=""),
-    Can(ANNOTATE, "create", "events", namespace="default"),
+    Can(ANNOTATE, "get", "events", namespace="default"),
+    Can(ANNOTATE, "patch", "events", namespace="default"),
     Can(ANNOTATE, "get", "secrets", namespace=NAMESPACE),
     Can(ANNOTATE, "get", "configmaps", namespace=NAMESPACE),
     # score-nodes: its node cache lists and watches Nodes; it reads nothing else, not even

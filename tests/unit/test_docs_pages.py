@@ -40,6 +40,9 @@ SPLIT_PAGES: Final = (
     "local-cluster-networking.md",
     "local-cluster-production.md",
     "local-cluster-internals.md",
+    "load-aware.md",
+    "load-aware-internals.md",
+    "plugin.md",
 )
 
 

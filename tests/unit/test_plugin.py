@@ -8,6 +8,7 @@ not follow fails here, not on a user's cluster.
 from __future__ import annotations
 
 import io
+import logging
 import re
 import tomllib
 from datetime import UTC, datetime, timedelta
@@ -378,8 +379,8 @@ def test_the_package_installs_the_names_kubectl_and_kn_look_for() -> None:
     # kubectl maps `kubectl kn-rescheduler` to kubectl-kn_rescheduler; kn maps `kn rescheduler`
     # to kn-rescheduler.
     assert scripts == {
-        "kubectl-kn_rescheduler": "kubectl_kn_rescheduler.cli:main",
-        "kn-rescheduler": "kubectl_kn_rescheduler.cli:main",
+        "kubectl-kn_rescheduler": "kubectl_kn_rescheduler.cli:run",
+        "kn-rescheduler": "kubectl_kn_rescheduler.cli:run",
     }
 
 
@@ -474,3 +475,11 @@ def test_a_failing_workloads_label_the_window_left_behind_is_said_to_go() -> Non
         node({FAILING_WORKLOADS_LABEL: "1"}, {NODE_HEALTH_ANNOTATION: record.to_json()}), NOW, CFG
     )
     assert marks.lines[-1] == f"  and removes its {FAILING_WORKLOADS_LABEL}=1 label"
+
+
+def test_running_the_command_line_leaves_the_callers_logging_as_it_was(tmp_path: Path) -> None:
+    # main() is also called in-process (tests, a notebook): only the executables quiet the log.
+    root = logging.getLogger()
+    before = root.level
+    cli.main(["--kubeconfig", str(tmp_path / "none"), "nodes"], io.StringIO(), io.StringIO())
+    assert root.level == before
