@@ -43,7 +43,7 @@ def test_a_pod_bound_since_the_last_evaluation_to_a_node_over_the_limit_is_said(
     (said,) = bindings_over_limit("node-b", record(90.0, estimate_cpu=7.0), [fresh()], SINCE, CFG)
     assert (said.namespace, said.name, said.node) == ("shop", "web-7d9c8b6f4-x2x9z", "node-b")
     assert said.over == (("CPU", 97.0),)
-    assert "predicted usage with the pods bound there since the last sample is CPU 97%" in (
+    assert "(measured, plus the requests of the pods bound there lately) is CPU 97.0%" in (
         said.message
     )
     assert "over the limit of 95% (predicted_usage_limit)" in said.message
@@ -65,6 +65,11 @@ def test_both_resources_over_are_both_said() -> None:
             id="bound before the last evaluation: judged then",
         ),
         pytest.param(record(99.0), bound_at(None), id="no PodScheduled condition"),
+        pytest.param(
+            record(99.0),
+            bound_at(SAMPLED + timedelta(days=1)),
+            id="a binding time someone wrote in the future",
+        ),
         pytest.param(record(99.0), fresh(phase="Succeeded"), id="finished"),
         pytest.param(record(99.0), fresh(deleting=True), id="terminating"),
         pytest.param(record(99.0), fresh(node="node-c"), id="another node's pod"),

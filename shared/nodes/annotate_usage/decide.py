@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 
 from shared.api.keys import (
@@ -233,6 +233,10 @@ def decide_node(
     return NodeDecision(name, record, bucket, False, "within tolerance")
 
 
+# How far past the sample a binding's time may be (the API server's clock against ours).
+FUTURE_SLACK: Final = timedelta(minutes=1)
+
+
 @dataclass(frozen=True)
 class OverLimit:
     """A pod bound to a node whose predicted usage with it is over the limit."""
@@ -248,10 +252,11 @@ class OverLimit:
 
     @property
     def message(self) -> str:
-        said = " and ".join(f"{resource} {value:.0f}%" for resource, value in self.over)
+        said = " and ".join(f"{resource} {value:.1f}%" for resource, value in self.over)
         return (
             f"bound to node {self.node} at {format_time(self.bound_at)}, whose predicted usage "
-            f"with the pods bound there since the last sample is {said} of allocatable, over "
+            f"(measured, plus the requests of the pods bound there lately) is {said} of "
+            "allocatable, over "
             f"the limit of {self.limit:g}% (predicted_usage_limit) that score-nodes' filter holds "
             "a placement to; nothing is blocked or moved (docs/load-aware.md, "
             '"Against its origin")'
@@ -282,7 +287,10 @@ def bindings_over_limit(
         bound = scheduled_at(pod)
         # The condition's time has whole seconds: a pod bound in the second of ``since`` is
         # judged again rather than never (its Event is said once, whatever the evaluations).
+        # A time past the sample (a status someone wrote) is no binding seen yet.
         if bound is None or bound < since.replace(microsecond=0):
+            continue
+        if bound > record.sampled_at + FUTURE_SLACK:
             continue
         if exemption(pod, cfg) is not None:
             continue

@@ -32,10 +32,11 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
 from prometheus_client import Counter, Gauge
@@ -84,10 +85,16 @@ CPU_PERCENT: Final = Gauge(
 MEMORY_PERCENT: Final = Gauge(
     "node_memory_usage_percent", "Node memory usage, percent of allocatable.", ["node"]
 )
+# Seconds an evaluation may spend saying binding warnings, under its lock.
+WARNING_BUDGET: Final = 5.0
+# How far before the last evaluation bindings are judged again: the clocks of this process and
+# of the API server (which times a binding) may differ by that much.
+SKEW_MARGIN: Final = timedelta(seconds=10)
 OVER_LIMIT: Final = Counter(
     "knr_usage_bindings_over_limit_total",
     "Pods bound to a node whose predicted usage with them was over predicted_usage_limit, by "
-    "resource (each pod once per node; a Warning Event PredictedUsageOverLimit on the pod).",
+    "resource over it (each pod once per node and resource; a Warning Event "
+    "PredictedUsageOverLimit on the pod).",
     ["resource"],
 )
 
@@ -160,8 +167,9 @@ class Annotator:
         # The nodes this process exports a usage gauge for.
         self._gauged: set[str] = set()
         self.recorder = Recorder(kube, clock)
-        # When this process last evaluated: bindings before it were judged then.
+        # When this process last judged every binding: those before it were judged then.
         self._evaluated_at: datetime | None = None
+        self.warning_budget = WARNING_BUDGET
 
     def evaluate(self) -> Evaluation | None:
         """One evaluation; None when another is running (it measures what this tick would)."""
@@ -220,11 +228,22 @@ class Annotator:
         self, decisions: Iterable[NodeDecision], pods_by_node: dict[str, list[Pod]], now: datetime
     ) -> None:
         """The PredictedUsageOverLimit Warning on each pod bound lately to a node over the
-        limit (module docstring); each pod once per node, whatever the ticks and replicas."""
+        limit (module docstring); each pod once per node, whatever the ticks and replicas.
+
+        Bounded: it runs under the evaluation's lock, so Event creates the API server answers
+        slowly (a policy engine down) must not hold back the next ticks' usage writes; after
+        WARNING_BUDGET the rest waits for the next evaluation. Judged from the last evaluation
+        that judged anything, less SKEW_MARGIN (binding times are the API server's clock, this
+        ``now`` ours): a pod judged twice is said once, its Event's name being the same.
+        """
+        if not pods_by_node:
+            # No pod list (the source down, the list refused): nothing judged, the cursor stays.
+            return
         since = now - self.config.usage_estimate_window
         if self._evaluated_at is not None:
-            since = max(since, self._evaluated_at)
-        self._evaluated_at = now
+            since = max(since, self._evaluated_at - SKEW_MARGIN)
+        deadline = time.monotonic() + self.warning_budget
+        finished = True
         for decision in decisions:
             if decision.record is None or decision.node not in pods_by_node:
                 continue
@@ -232,6 +251,9 @@ class Annotator:
                 decision.node, decision.record, pods_by_node[decision.node], since, self.config
             )
             for over in found:
+                if time.monotonic() > deadline:
+                    finished = False
+                    break
                 said = self.recorder.record(
                     Involved("Pod", over.namespace, over.name, over.uid),
                     REASON_PREDICTED_OVER_LIMIT,
@@ -250,6 +272,13 @@ class Annotator:
                         over.message,
                         extra={"node": over.node, "reason": REASON_PREDICTED_OVER_LIMIT},
                     )
+            if not finished:
+                log.warning(
+                    "binding warnings took longer than %ss; the rest wait for the next evaluation",
+                    self.warning_budget,
+                )
+                return
+        self._evaluated_at = now
 
     def _recent_pods(self, now: datetime) -> dict[str, list[Pod]]:
         """Bound pods by node. One LIST of every bound pod (paged); a failure leaves the
