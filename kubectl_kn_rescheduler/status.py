@@ -10,7 +10,7 @@ refuse is shown as refused, with their reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -421,10 +421,3 @@ def as_json(status: WorkloadStatus) -> dict[str, Any]:
         ],
         "events": [e.as_json() for e in status.events],
     }
-
-
-def describe(statuses: Sequence[WorkloadStatus], now: datetime) -> list[str]:
-    lines: list[str] = []
-    for status in statuses:
-        lines.extend(render(status, now))
-    return lines
