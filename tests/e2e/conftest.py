@@ -32,8 +32,8 @@ from dev.localcluster.keys import (
 from dev.localcluster.kubelet import LOCAL_FUNCTION_SETTINGS
 from dev.stack import webhook as webhook_setup
 from dev.stack.functions import FunctionServer, environment
+from kubectl_kn_rescheduler import explain
 from shared.api.keys import (
-    APISERVER_UPDATE,
     FAILING_WORKLOADS_LABEL,
     LOAD_LABEL,
     MAINTENANCE_LABEL,
@@ -353,21 +353,9 @@ def break_every_node_differently(faults: Callable[..., None], nodes: Sequence[st
 
 
 def pod_event(pod: dict[str, Any]) -> events.Event:
-    """The event ApiServerSource (Resource mode) sends for this pod's latest update."""
-    meta = pod["metadata"]
-    attributes = {
-        "specversion": "1.0",
-        "id": str(uuid.uuid4()),
-        "source": "https://127.0.0.1",
-        "type": APISERVER_UPDATE,
-        "subject": f"/apis/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-        "kind": "Pod",
-        "apiversion": "v1",
-        "name": meta["name"],
-        "namespace": meta["namespace"],
-        "datacontenttype": "application/json",
-    }
-    return events.Event(attributes["id"], attributes["source"], APISERVER_UPDATE, attributes, pod)
+    """The event ApiServerSource (Resource mode) sends for this pod's latest update: the one the
+    kubectl plugin's ``explain`` builds."""
+    return explain.pod_event(pod)
 
 
 @dataclass
