@@ -213,6 +213,12 @@ def kustomization(ksvcs: list[dict[str, Any]], objects: list[dict[str, Any]]) ->
         "kind": "Component",
         "components": ["../webhook-deployment"],
         "resources": ["functions.yaml"],
+        # The base's own label: a component's objects do not pass through the base's
+        # transformers, and without it they would carry it only when another component that
+        # sets it comes later.
+        "labels": [
+            {"pairs": {"app.kubernetes.io/part-of": "kn-rescheduler"}, "includeSelectors": False}
+        ],
         "patches": [
             *deletes,
             *ref_patches(objects),
