@@ -18,6 +18,7 @@ from typing import Final
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-bins.sh"
+HELM_SCRIPT: Final = REPO_ROOT / "hack" / "build-helm.sh"
 BINARIES: Final = (
     "etcd",
     "kube-apiserver",
@@ -83,3 +84,8 @@ def ensure_bins(*, real_nodes: bool = False) -> Path:
     if absent:
         raise BinsError(f"{directory} lacks {', '.join(absent)}")
     return directory
+
+
+def ensure_helm() -> Path:
+    """Helm, the version hack/helm/go.mod pins, built on first use."""
+    return Path(run_build_script(HELM_SCRIPT))
