@@ -6,6 +6,9 @@
 #   make sbom                                     the bills of materials of the archives again
 #   make deploy FN=detect-failures REGISTRY=r     build, push, deploy that function only
 #   make deploy-all REGISTRY=r                    every function, plus everything else in knative/
+#   make push REGISTRY=r                          build and push every function's image, and write
+#                                                 their digests as Helm values,
+#                                                 .local/deploy/image-values.yaml
 #   make undeploy FN=detect-failures              remove that function's Service
 #   make manifests REGISTRY=r [TAG=t]             render knative/ with these image names (stdout)
 #   make revisions FN=detect-failures             list the function's Revisions
@@ -70,7 +73,7 @@ KNR_IMAGES := .local/images
 # The daemonless build: the default engine, or buildah named by its path.
 knr_daemonless = $(filter buildah,$(notdir $(CONTAINER)))
 
-.PHONY: image images sbom deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
+.PHONY: image images sbom push deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
 	knr-check-fn knr-check-registry knr-check-engine knr-check-admission
 
 knr-check-admission:
@@ -207,6 +210,15 @@ deploy-all: knr-check-admission knr-check-registry knr-check-engine
 	@if grep -q "^kind: MutatingWebhookConfiguration" $(KNR_WORK)/all/rendered.yaml; then \
 	  echo "Deployed, admission by the webhook. Without cert-manager (COMPONENTS=cert-manager), run: make webhook-cert"; \
 	else echo "Deployed, admission by MutatingAdmissionPolicies: no webhook, no certificate."; fi
+
+# The chart's image values (docs/install-helm.md): the registry and each pushed digest.
+push: knr-check-registry knr-check-engine
+	@set -e; $(foreach f,$(KNR_FUNCTIONS),$(call knr_push,$(f));)
+	@{ echo "# Written by make push: the images pushed to $(REGISTRY), by digest."; \
+	  echo "image:"; echo "  registry: $(REGISTRY)"; echo "  digests:"; \
+	  for f in $(KNR_FUNCTIONS); do ref=$$(cat $(KNR_WORK)/$$f.digest); \
+	    echo "    $$f: $${ref#*@}"; done; } > $(KNR_WORK)/image-values.yaml
+	@echo "helm values: $(KNR_WORK)/image-values.yaml"
 
 undeploy: knr-check-fn
 	@$(call knr_overlay,$(FN),$(FN),tag,$(COMPONENTS))

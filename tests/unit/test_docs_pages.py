@@ -23,6 +23,7 @@ PAGE_LIMIT: Final = 20_000
 # The entry pages and the pages split from them.
 SPLIT_PAGES: Final = (
     "install.md",
+    "install-helm.md",
     "install-step-by-step.md",
     "install-without-serving.md",
     "install-opt-in.md",
