@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dev.localcluster import knative, realnode
+from dev.localcluster.bins import ensure_helm
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.nodeimages import BUSYBOX_IMAGE, IMAGE_HOST
 from dev.stack import installed as installed_rescheduler
+from dev.tools.chart import CHART
+from dev.tools.chart import FUNCTIONS as KNR_FUNCTIONS
+from kubectl_kn_rescheduler import cleanup
 from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
@@ -37,6 +42,7 @@ from shared.api.keys import (
     STATE_ANNOTATION,
 )
 from shared.api.state import load_state
+from shared.platform.kube import Kube
 from tests import builders
 from tests.e2e.conftest import kubectl, needs_real_nodes, preferring, real_cluster
 from tests.e2e.test_cluster_network import SLEEPER, reaches, start_pod
@@ -676,3 +682,157 @@ def test_one_function_restarted_upgraded_and_rolled_back_mid_move_while_the_user
     # The user's Trigger is gone: its receiver saw the first move, not this one.
     shown = kubectl(c, "logs", "-n", SYSTEM, "deployment/event-display", check=False)
     assert EVENT_POD_RESCHEDULED in shown and "shop2" not in shown
+
+
+# -- The same system installed again, with Helm (charts/kn-rescheduler) ---------------------------
+
+RELEASE = "kn-rescheduler"
+HELM_SHOP = "helm-shop"
+
+
+def helm(c: Cluster, home: Path, *args: str) -> str:
+    """The pinned Helm against the cluster, its caches and settings in ``home``."""
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    done = subprocess.run(
+        [str(ensure_helm()), "--kubeconfig", str(c.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def image_values(c: Cluster, path: Path) -> Path:
+    """The chart's image values for what `make deploy-all` pushed: the registry and each
+    function's digest, as `make push` writes them."""
+    digests = {}
+    registry = ""
+    for function in KNR_FUNCTIONS:
+        ref = (REPO / DEPLOY_WORK / f"{function}.digest").read_text().strip()
+        name, digest = ref.split("@")
+        registry = name.rsplit("/", 1)[0]
+        digests[function] = digest
+    values = {
+        "image": {"registry": registry, "digests": digests},
+        "serving": {"enabled": False},
+        "deadLetters": {"image": c.event_display},
+    }
+    path.write_text(json.dumps(values))
+    return path
+
+
+def settings_in_use(c: Cluster) -> set[str]:
+    """The settings ConfigMap each function's pod template reads."""
+    names = set()
+    for d in deployments_of(c, SYSTEM):
+        for container in d["spec"]["template"]["spec"]["containers"]:
+            names |= {e["configMapRef"]["name"] for e in container.get("envFrom", [])}
+    return names
+
+
+def wait_installed(c: Cluster, what: str) -> None:
+    eventually(
+        lambda: not installed_rescheduler.missing(c) and not rolling(c),
+        f"every function available and every Knative object Ready {what}",
+        300,
+    )
+
+
+def rolling(c: Cluster) -> list[str]:
+    """Deployments whose rollout is not finished (kubectl rollout status' test)."""
+    out = []
+    for d in deployments_of(c, SYSTEM):
+        status, spec = d.get("status", {}), d["spec"]
+        if (
+            status.get("observedGeneration", 0) < d["metadata"]["generation"]
+            or status.get("updatedReplicas", 0) < spec.get("replicas", 1)
+            or status.get("replicas", 0) > status.get("updatedReplicas", 0)
+            or status.get("availableReplicas", 0) < spec.get("replicas", 1)
+        ):
+            out.append(d["metadata"]["name"])
+    return out
+
+
+def test_helm_installs_moves_upgrades_rolls_back_and_uninstalls_leaving_nothing(
+    rescheduler: Cluster, tmp_path: Path
+) -> None:
+    """docs/install-helm.md on the installed cluster: the kustomize install removed, the chart
+    installed with the same images; a pod moved; a setting changed by `helm upgrade` (every
+    function rolls to the new settings, the move's record stays); `helm rollback`; `helm
+    uninstall` leaves none of the release's objects, and the cleanup no mark of ours."""
+    c = rescheduler
+    rendered = (REPO / DEPLOY_WORK / "all" / "rendered.yaml").read_text()
+    ours = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "Namespace"]
+    kubectl(c, "delete", "--ignore-not-found", "--wait", "-f", "-", stdin=yaml.safe_dump_all(ours))
+    kubectl(c, "apply", "-f", str(REPO / "knative" / "namespace.yaml"))
+    values = image_values(c, tmp_path / "values.json")
+
+    helm(c, tmp_path, "install", RELEASE, str(CHART), "-n", SYSTEM, "-f", str(values))
+    # The webhook's certificate, as NOTES.txt says without cert-manager.
+    make(
+        "webhook-cert",
+        KNR_CERT_DIR=f"{DEPLOY_WORK}/webhook-cert",
+        KUBECTL=kubectl_command(c),
+        KNR_WORK=DEPLOY_WORK,
+    )
+    wait_installed(c, "after helm install")
+    first = settings_in_use(c)
+    assert len(first) == 1
+
+    kubectl(c, "create", "namespace", HELM_SHOP)
+    c.set_fault(BROKEN, "app-crash")
+    try:
+        c.rest.post(f"/apis/apps/v1/namespaces/{HELM_SHOP}/deployments", needy_deployment("web"))
+
+        def settled() -> bool:
+            live = pods_in(c, HELM_SHOP)
+            return len(live) == 1 and is_ready(live[0]) and live[0]["spec"]["nodeName"] == HEALTHY
+
+        eventually(settled, f"the Helm install's move: the pod Ready on {HEALTHY}", SETTLE)
+    finally:
+        c.set_fault(BROKEN, None)
+    (pod,) = pods_in(c, HELM_SHOP)
+    assert pod["metadata"]["labels"].get(OPTED_IN_LABEL) == "true"
+    rs = pod["metadata"]["ownerReferences"][0]["name"]
+    rs_path = f"/apis/apps/v1/namespaces/{HELM_SHOP}/replicasets/{rs}"
+
+    def moved() -> Any:
+        annotations = c.rest.get(rs_path)["metadata"].get("annotations") or {}
+        return load_state(annotations.get(STATE_ANNOTATION))
+
+    assert moved().excluded_nodes == (BROKEN,)
+
+    helm(
+        c, tmp_path, "upgrade", RELEASE, str(CHART), "-n", SYSTEM, "--reuse-values",
+        "--set", "config.logLevel=DEBUG",
+    )  # fmt: skip
+    wait_installed(c, "after helm upgrade")
+    second = settings_in_use(c)
+    assert len(second) == 1 and second != first, "every function rolls to the new settings"
+    (name,) = second
+    data = c.rest.get(f"/api/v1/namespaces/{SYSTEM}/configmaps/{name}")["data"]
+    assert data["KN_RESCHEDULER_LOG_LEVEL"] == "DEBUG"
+    assert moved().excluded_nodes == (BROKEN,) and moved().moves == 1
+
+    helm(c, tmp_path, "rollback", RELEASE, "1", "-n", SYSTEM)
+    wait_installed(c, "after helm rollback")
+    assert settings_in_use(c) == first
+
+    manifest = helm(c, tmp_path, "get", "manifest", RELEASE, "-n", SYSTEM)
+    helm(c, tmp_path, "uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout", "5m")
+    left = kubectl(c, "get", "--ignore-not-found", "-o", "name", "-f", "-", stdin=manifest)
+    assert left.strip() == "", f"left behind by helm uninstall:\n{left}"
+
+    api = Kube(c.api_client())
+    assert cleanup.plans(api), "the move left marks for the cleanup to remove"
+    cleanup.clean(api)
+    assert cleanup.plans(api) == []
+    assert (c.rest.get(rs_path)["metadata"].get("annotations") or {}).get(STATE_ANNOTATION) is None
