@@ -96,7 +96,7 @@ down:
 # and assess-nodes need one (make up, then KUBECONFIG=.local/kubeconfig): without, replay says
 # so once, skips their events and exits 3. Options: ARGS=--help.
 replay: venv
-	$(PY) -m dev.tools.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
+	$(PY) -m kubectl_kn_rescheduler.replay $(or $(FILE),.local/stack/archive.jsonl) $(ARGS)
 
 # The archive of an installed kn-rescheduler (docs/replay.md): every function pod's log, as
 # kubectl reads it (KUBECTL=...), made one event archive: make archive [FILE=...], then make
@@ -106,7 +106,7 @@ archive: venv
 	@set -o pipefail; out=$(or $(FILE),.local/cluster-archive.jsonl); mkdir -p "$$(dirname "$$out")"; \
 	$(KUBECTL) -n $(KNR_NAMESPACE) logs -l app.kubernetes.io/component=function -c function \
 	  --tail=-1 --max-log-requests=100 --ignore-errors \
-	  | $(PY) -m dev.tools.archive - > "$$out.partial" && mv "$$out.partial" "$$out" \
+	  | $(PY) -m kubectl_kn_rescheduler.archive - > "$$out.partial" && mv "$$out.partial" "$$out" \
 	  && echo "make replay FILE=$$out" || { rm -f "$$out.partial"; exit 1; }
 
 # Benchmarks against the peers (vanilla, the descheduler) on the local control plane (issue 6):

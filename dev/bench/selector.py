@@ -60,11 +60,11 @@ from dev.bench.common import (
 )
 from dev.localcluster.cluster import Cluster
 from dev.localcluster.rest import ApiError, Rest
-from dev.pipeline import filters
 from dev.pipeline.broker import KnativeBroker
 from dev.pipeline.source import ApiServerSource, from_manifest
 from dev.stack import webhook as webhook_setup
 from dev.stack.functions import FunctionServer, environment
+from kubectl_kn_rescheduler.routing import filters
 from shared.api.keys import OPTED_IN_LABEL, POLICY_ANNOTATION
 
 NAMESPACE = "bench-selector"

@@ -5,8 +5,7 @@
 - :mod:`dev.pipeline.broker` runs Knative's own Broker data plane (ingress, in-memory channel
   dispatcher, filter) and writes what Knative's controllers would (``KnativeBroker``).
 - :mod:`dev.pipeline.netns` gives it a network namespace and loopback forwards.
-- :mod:`dev.pipeline.filters` and :mod:`dev.pipeline.triggers` hold Knative's filter rules and
-manifest
-  checks for replay, which routes recorded events in-process; :mod:`dev.pipeline.cloudevent` the
-  HTTP encoding.
+- Knative's filter rules and Trigger checks live in :mod:`kubectl_kn_rescheduler.routing`,
+  which the Broker here and the replay (the plugin's and ``make replay``) share;
+  :mod:`dev.pipeline.cloudevent` is the HTTP encoding.
 """

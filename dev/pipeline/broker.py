@@ -67,9 +67,10 @@ import requests
 import yaml
 from kubernetes import client as k8s
 
-from dev.pipeline import cloudevent, filters, triggers
+from dev.pipeline import cloudevent
 from dev.pipeline.netns import Forward, NetNamespace
 from dev.pipeline.source import _die_with_parent, _terminate, knative_dir
+from kubectl_kn_rescheduler.routing import filters, triggers
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dev.pipeline.filters import parse_time
+from kubectl_kn_rescheduler.routing.filters import parse_time
 
 STRUCTURED = "application/cloudevents+json"
 BATCH = "application/cloudevents-batch+json"

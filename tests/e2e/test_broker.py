@@ -26,8 +26,8 @@ import yaml
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from dev.pipeline import triggers as trigger_manifests
 from dev.pipeline.broker import DISPATCHER_PORT, KnativeBroker
+from kubectl_kn_rescheduler.routing import triggers as trigger_manifests
 from shared.api.keys import (
     APISERVER_ADD,
     APISERVER_DELETE,

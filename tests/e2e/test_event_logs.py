@@ -3,7 +3,7 @@ the real control plane, and no pod's literal env values reach those logs.
 
 By default a function logs one compact line per event and the whole (redacted) event only when
 it led to a reply, an API write, a 4xx or a 5xx (shared/platform/events.py). These tests take the
-lines the functions really wrote and feed them to the replay tool (dev/tools/replay.py).
+lines the functions really wrote and feed them to the replay (kubectl_kn_rescheduler/replay.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dev.stack.stack import Stack
-from dev.tools import replay
+from kubectl_kn_rescheduler import replay
 from shared.api.keys import (
     EVENT_POD_EXHAUSTED,
     EVENT_POD_FAILING,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dev.stack.stack import Stack
-from dev.tools import replay
+from kubectl_kn_rescheduler import replay
 from shared.api.keys import (
     EVENT_POD_FAILING,
     EVENT_POD_RESCHEDULED,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dev.tools import replay
+from kubectl_kn_rescheduler import replay
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.platform import logs
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of

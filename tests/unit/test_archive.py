@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dev.stack.stack import read_archive
-from dev.tools import archive, replay
+from kubectl_kn_rescheduler import archive, replay
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.platform import logs
 from tests.unit import pods

@@ -12,7 +12,7 @@ import yaml
 from dev.bench import broker as bench_broker
 from dev.bench.common import ROOT, broker_manifests
 from dev.bench.selector import DETECT_FILTER, source_events
-from dev.pipeline import triggers
+from kubectl_kn_rescheduler.routing import triggers
 
 
 def test_the_shipped_broker_and_triggers_move_to_another_namespace(tmp_path: Path) -> None:

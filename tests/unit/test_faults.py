@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from dev.bench.chaos import scenario
-from dev.pipeline import triggers
 from dev.pipeline.faults import SOURCE, Faults, FaultSpec, event_id, retriable
 from dev.pipeline.netns import Action, Message
 from dev.stack.stack import TRIGGERED_FUNCTIONS
+from kubectl_kn_rescheduler.routing import triggers
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = {

@@ -6,7 +6,7 @@ import io
 import json
 from pathlib import Path
 
-from dev.tools import replay
+from kubectl_kn_rescheduler import replay
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from tests.unit import pods
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.tools import replay
+from kubectl_kn_rescheduler import replay
 from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_EXHAUSTED,
@@ -44,7 +44,7 @@ def run_replay(kubeconfig: Path | None, home: Path, *args: str) -> subprocess.Co
     if kubeconfig is not None:
         env["KUBECONFIG"] = str(kubeconfig)
     return subprocess.run(
-        [sys.executable, "-m", "dev.tools.replay", str(ARCHIVE), *args],
+        [sys.executable, "-m", "kubectl_kn_rescheduler.replay", str(ARCHIVE), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from dev.pipeline import filters, triggers
-from dev.pipeline.filters import Result
+from kubectl_kn_rescheduler.routing import filters, triggers
+from kubectl_kn_rescheduler.routing.filters import Result
 
 ROOT = Path(__file__).resolve().parents[2]
 

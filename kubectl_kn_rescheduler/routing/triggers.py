@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from dev.pipeline import filters
+from kubectl_kn_rescheduler.routing import filters
 
 log = logging.getLogger(__name__)
 

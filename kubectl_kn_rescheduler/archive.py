@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
-from dev.tools import replay
+from kubectl_kn_rescheduler import replay
 
 # An event whose line carries no time sorts first: it cannot be placed, and first is where a
 # reader looks.

@@ -55,7 +55,8 @@ import urllib3
 from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
-from dev.pipeline import triggers as trigger_manifests
+from kubectl_kn_rescheduler.routing import triggers as trigger_manifests
+from kubectl_kn_rescheduler.routing.triggers import Trigger
 from shared.api.times import parse_kube_time
 from shared.nodes.assess_nodes.handler import Assessor
 from shared.platform import events, kube
@@ -63,7 +64,9 @@ from shared.platform.config import Config
 from shared.pods.detect_failures.decide import detect
 from shared.pods.update_annotations.handler import Rescheduler, last_trace
 
-ROOT = Path(__file__).resolve().parents[2]
+# knative/ of a checkout, whose Triggers route events by default; an installed package has none
+# (the plugin's replay reads the cluster's Triggers instead).
+KNATIVE: Final = Path(__file__).resolve().parents[1] / "knative"
 
 # The functions replayed here that read or write the cluster (the pod and its owner, the node's
 # health record). detect-failures needs none: it judges a pod event from the event alone.
@@ -200,16 +203,17 @@ def _reply_of(response: Any) -> dict[str, Any] | None:
 
 
 class InProcess:
-    """The functions loaded here, routed by the Triggers in knative/."""
+    """The functions loaded here, routed by ``triggers`` (those of knative/, or those installed
+    in the cluster)."""
 
-    def __init__(self, cfg: Config, api: Callable[[], kube.Kube], triggers_dir: Path) -> None:
+    def __init__(
+        self, cfg: Config, api: Callable[[], kube.Kube], triggers: Sequence[Trigger]
+    ) -> None:
         self.cfg = cfg
         self._api = api
         self._rescheduler: Rescheduler | None = None
         self._assessor: Assessor | None = None
-        self.triggers, _ = trigger_manifests.load(
-            triggers_dir, namespace="kn-rescheduler", broker="default"
-        )
+        self.triggers = list(triggers)
 
     def functions_for(self, event: events.Event) -> list[str]:
         return [
@@ -449,7 +453,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         "--in-process", action="store_true", help="load the functions here (the default)"
     )
     parser.add_argument("--ca-file", help="CA bundle for an https --to URL")
-    parser.add_argument("--triggers", default=str(ROOT / "knative"), help="Trigger manifests")
+    parser.add_argument(
+        "--triggers",
+        default=str(KNATIVE) if KNATIVE.is_dir() else None,
+        help="a folder of Trigger manifests (default: knative/ of the checkout)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="server-side dry run of writes")
     parser.add_argument("--recorded-speed", action="store_true", help="keep recorded gaps")
     parser.add_argument("--json", action="store_true", help="one JSON object per outcome")
@@ -481,8 +489,16 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     if args.to:
         sender = Remote(args.to, verify=args.ca_file or True)
     else:
+        if not args.triggers:
+            parser.error(
+                "--triggers FOLDER is needed outside a checkout (or run `kubectl "
+                "kn-rescheduler replay`, which routes by the cluster's Triggers)"
+            )
         cfg = Config.from_env(os.environ)
-        sender = InProcess(cfg, kube.Kube.from_environment, Path(args.triggers))
+        routes, _ = trigger_manifests.load(
+            Path(args.triggers), namespace="kn-rescheduler", broker="default"
+        )
+        sender = InProcess(cfg, kube.Kube.from_environment, routes)
         needed = sender.needing_a_cluster(chosen)
         if needed:
             cluster = connect()
