@@ -12,6 +12,7 @@ command line or an object name the plugin cannot act on.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import re
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TextIO
 
-from kubectl_kn_rescheduler import cleanup, explain, nodes, status
+from kubectl_kn_rescheduler import archive, cleanup, explain, nodes, recorded, replay, status
 from kubectl_kn_rescheduler.reading import UsageError, installed_settings, parse_target
 from shared.api.keys import DEFAULT_NAMESPACE
 from shared.platform import kube
@@ -37,9 +38,11 @@ EPILOG = """commands:
   explain POD        what kn-rescheduler will do about a pod and why, by the functions' code
   nodes [NODE...]    every mark of ours on Nodes: why, since when, until when
   cleanup            list every mark of ours; --yes removes them (after an uninstall)
+  replay [FILE]      the functions' logged events through their own code again, every
+                     write a server-side dry run (FILE: an archive; default: the logs)
 
-Read-only unless asked: only `cleanup --yes` writes, and `explain` sends the writes it would
-make as server-side dry runs (validated by the API server, never stored).
+Read-only unless asked: only `cleanup --yes` writes; `explain` and `replay` send the writes
+they would make as server-side dry runs (validated by the API server, never stored).
 Docs: docs/plugin.md"""
 
 
@@ -111,6 +114,18 @@ def parser(program: str = "kubectl kn-rescheduler") -> argparse.ArgumentParser:
         help="label-nodes' label (default: KN_RESCHEDULER_PRESSURE_LABEL as installed, else "
         f"{cleanup.PRESSURE_LABEL}); the key with another value is someone else's and stays",
     )
+    again = command(
+        "replay", "the functions' logged events through their own code, writes as dry runs"
+    )
+    again.add_argument(
+        "file",
+        nargs="?",
+        help="an archive or log lines to replay (default: the installed functions' logs)",
+    )
+    again.add_argument("--save", metavar="FILE", help="also write the logs' archive to FILE")
+    again.add_argument("--type", action="append", default=[], help="only this event type")
+    again.add_argument("--subject", action="append", default=[], help="subject contains this")
+    again.add_argument("--id", action="append", default=[], help="only this event id")
     return top
 
 
@@ -251,6 +266,8 @@ def _run(
         return OK
     if args.command == "cleanup":
         return _cleanup(args, api, out, as_json)
+    if args.command == "replay":
+        return _replay(args, api, out, err, as_json)
     raise UsageError(f"unknown command {args.command}")  # pragma: no cover - argparse refuses
 
 
@@ -280,3 +297,69 @@ def _cleanup(args: argparse.Namespace, api: kube.Kube, out: TextIO, as_json: boo
     lines.append(f"{len(report)} object(s) carried marks of kn-rescheduler")
     _emit(out, as_json, {"dryRun": dry, "report": report}, lines)
     return OK
+
+
+def _replay(
+    args: argparse.Namespace, api: kube.Kube, out: TextIO, err: TextIO, as_json: bool
+) -> int:
+    """The events the functions logged (or those of FILE) through the functions' own code,
+    routed by the installed Triggers, with the installed settings, every write a server-side
+    dry run. Exit 1 when an event was not handled."""
+    where = args.installed_in
+    if args.file:
+        try:
+            lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.file}: {exc.strerror}") from exc
+        source = args.file
+    else:
+        logs = recorded.function_logs(api, where)
+        if not logs.pods:
+            raise UsageError(
+                f"no function pod in namespace {where}: is kn-rescheduler installed there? "
+                "(--installed-in NAMESPACE)"
+            )
+        for why in logs.unreadable:
+            err.write(shown(f"replay: a log not read: {why}") + "\n")
+        lines = list(logs.lines)
+        source = f"the logs of {logs.pods} function pod(s) in {where}"
+    made = archive.collect(lines)
+    if args.save:
+        _write_whole(Path(args.save), made.lines())
+    routes, refused = recorded.installed_triggers(api, where)
+    for why in refused:
+        err.write(shown(f"replay: a Trigger Knative would refuse, left out: {why}") + "\n")
+    if not routes:
+        raise UsageError(f"no Trigger of the Broker default in namespace {where}: nothing routes")
+    settings = installed_settings(api, where)
+    chosen = [e for e in made.events if replay.Selection(args.type, args.subject, args.id)(e)]
+    sender = replay.InProcess(settings.cfg, lambda: api, routes)
+    said = io.StringIO()
+    outcomes = replay.replay(
+        chosen, sender, dry_run=True, recorded_speed=False, out=said, as_json=as_json
+    )
+    failed = sum(1 for o in outcomes if not o.ok)
+    summary = (
+        f"replayed {len(chosen)} of {len(made.events)} event(s) from {source} "
+        f"({made.duplicates} logged again by another function, {made.not_events} other line(s)): "
+        f"{len(outcomes) - failed} handled, {failed} failed; routed by the {len(routes)} "
+        f"Trigger(s) in {where}, with the settings of {settings.source}, every write a server "
+        "dry run"
+    )
+    if as_json:
+        out.write(said.getvalue())
+        err.write(shown(summary) + "\n")
+    else:
+        _emit(out, False, None, [*said.getvalue().splitlines(), summary])
+    return FAILED if failed else OK
+
+
+def _write_whole(path: Path, lines: Sequence[str]) -> None:
+    """``lines`` to ``path``, whole or not at all (a partial archive would replay as if whole)."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        partial.replace(path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from exc

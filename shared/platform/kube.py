@@ -68,6 +68,8 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     # The settings the functions run with (knative/config.env), read by the kubectl plugin so
     # that it judges with the installed thresholds, not its own defaults.
     "ConfigMap": ("/api/v1", "configmaps"),
+    # The plugin's replay routes recorded events as the Broker does, by the installed Triggers.
+    "Trigger": ("/apis/eventing.knative.dev/v1", "triggers"),
     # The Metrics API (metrics-server, through the API server's aggregation layer): one
     # NodeMetrics per node, usage in cores and bytes ({"cpu": "1250m", "memory": "2Gi"}).
     "NodeMetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes"),
@@ -421,6 +423,14 @@ class Kube:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Transient(f"{method} {url_path}: {type(exc).__name__}: {exc}") from exc
         return int(response.status), bytes(data or b"")
+
+    def text(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        """A GET the API server answers with text (a container's log), read once."""
+        url_path = path + ("?" + urlencode(dict(query)) if query else "")
+        status, data = self._send("GET", url_path, {"Accept": "*/*"}, None)
+        if 200 <= status < 300:
+            return data.decode("utf-8", errors="replace")
+        raise _error_for(status, data, f"GET {path}")
 
     # -- verbs ------------------------------------------------------------------------------
 

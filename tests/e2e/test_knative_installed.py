@@ -14,6 +14,7 @@ Needs root and the real-node packages (hack/install-packages.sh), and the functi
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -33,6 +34,7 @@ from dev.stack import installed as installed_rescheduler
 from dev.tools.chart import CHART
 from dev.tools.chart import FUNCTIONS as KNR_FUNCTIONS
 from kubectl_kn_rescheduler import cleanup
+from kubectl_kn_rescheduler import cli as plugin
 from shared.api.keys import (
     APISERVER_UPDATE,
     EVENT_POD_FAILING,
@@ -608,6 +610,38 @@ def test_the_installed_functions_logs_make_an_archive_that_replays_their_decisio
     assert f"reply: {EVENT_POD_FAILING} namespaces/{SHOP}/pods/shop-" in replayed
     assert "-> update-annotations: HTTP 2" in replayed, replayed[-3000:]
     assert "(dry run)" in replayed
+
+
+def test_the_plugin_replays_the_installed_functions_logs_routed_by_the_installed_triggers(
+    rescheduler: Cluster, tmp_path: Path
+) -> None:
+    """The same debugging with no checkout: `kubectl kn-rescheduler replay` reads the function
+    pods' logs with the user's kubeconfig, routes by the Triggers installed (the user's own
+    among them) and runs the functions' code with the installed settings, every write a server
+    dry run."""
+    c = rescheduler
+    saved = tmp_path / "replayed.jsonl"
+    out, err = io.StringIO(), io.StringIO()
+    code = plugin.main(
+        ["--kubeconfig", str(c.kubeconfig), "replay", "--save", str(saved)], out=out, err=err
+    )
+    said = out.getvalue()
+    assert code == 0, said[-3000:] + err.getvalue()
+    assert f"reply: {EVENT_POD_FAILING} namespaces/{SHOP}/pods/shop-" in said
+    assert "-> update-annotations: HTTP 2" in said, said[-3000:]
+    assert " 0 failed; routed by the " in said and "every write a server dry run" in said
+    assert f"with the settings of ConfigMap {SYSTEM}/kn-rescheduler-config-" in said, said[-600:]
+    # The archive it read is the one `make archive` makes of the same logs.
+    archived = [json.loads(line) for line in saved.read_text().splitlines()]
+    about_shop = {
+        e["type"] for e in archived if f"namespaces/{SHOP}/pods/shop-" in e.get("subject", "")
+    }
+    assert {APISERVER_UPDATE, EVENT_POD_FAILING} <= about_shop, about_shop
+    # Nothing was written: the move's record is as the move left it.
+    (pod,) = [p for p in pods_in(c, SHOP) if p["metadata"]["name"].startswith("shop-")]
+    rs = pod["metadata"]["ownerReferences"][0]["name"]
+    meta = c.rest.get(f"/apis/apps/v1/namespaces/{SHOP}/replicasets/{rs}")["metadata"]
+    assert load_state((meta.get("annotations") or {}).get(STATE_ANNOTATION)).moves == 1
 
 
 def generations(c: Cluster) -> dict[str, int]:
