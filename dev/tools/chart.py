@@ -39,6 +39,7 @@ from typing import Any, Final
 import yaml
 
 from dev.localcluster.bins import ensure_bins
+from dev.stack.functions import FUNCTIONS
 from dev.tools.generated import write_or_check
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -47,17 +48,6 @@ CHART: Final = REPO / "charts" / "kn-rescheduler"
 CONFIG_ENV: Final = KNATIVE / "config.env"
 NAMESPACE: Final = "kn-rescheduler"
 CONFIG_MAP: Final = "kn-rescheduler-config"
-FUNCTIONS: Final = (
-    "detect-failures",
-    "update-annotations",
-    "mutate-admission",
-    "sweep-failures",
-    "assess-nodes",
-    "label-nodes",
-    "annotate-usage",
-    "score-nodes",
-    "rebalance-nodes",
-)
 CIDR_PLACEHOLDER: Final = "SET-THE-API-SERVER-CIDR"
 DEAD_LETTERS_IMAGE: Final = (
     "gcr.io/knative-releases/knative.dev/eventing/cmd/event_display@sha256:"
