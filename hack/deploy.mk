@@ -6,6 +6,8 @@
 #   make sbom                                     the bills of materials of the archives again
 #   make deploy FN=detect-failures REGISTRY=r     build, push, deploy that function only
 #   make deploy-all REGISTRY=r                    every function, plus everything else in knative/
+#   make release VERSION=x.y.z REGISTRY=r         the release's files in dist/, the same bytes
+#                                                 every time (dev/tools/release.py)
 #   make push REGISTRY=r                          build and push every function's image, and write
 #                                                 their digests as Helm values,
 #                                                 .local/deploy/image-values.yaml
@@ -73,7 +75,7 @@ KNR_IMAGES := .local/images
 # The daemonless build: the default engine, or buildah named by its path.
 knr_daemonless = $(filter buildah,$(notdir $(CONTAINER)))
 
-.PHONY: image images sbom push deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
+.PHONY: image images sbom push release deploy deploy-all undeploy manifests revisions rollback rollforward webhook-cert \
 	knr-check-fn knr-check-registry knr-check-engine knr-check-admission
 
 knr-check-admission:
@@ -210,6 +212,14 @@ deploy-all: knr-check-admission knr-check-registry knr-check-engine
 	@if grep -q "^kind: MutatingWebhookConfiguration" $(KNR_WORK)/all/rendered.yaml; then \
 	  echo "Deployed, admission by the webhook. Without cert-manager (COMPONENTS=cert-manager), run: make webhook-cert"; \
 	else echo "Deployed, admission by MutatingAdmissionPolicies: no webhook, no certificate."; fi
+
+# The release's files (docs/install-helm.md, "Release files"): the images built with VERSION as
+# their tag, then the manifests, the chart, the archives and their checksums.
+release: knr-check-registry knr-check-engine
+	@if [ -z "$(VERSION)" ]; then echo "VERSION is required (x.y.z)" >&2; exit 2; fi
+	$(MAKE) --no-print-directory images TAG=$(VERSION) CONTAINER=$(CONTAINER)
+	$(if $(wildcard .venv/bin/python),.venv/bin/python,python3) -m dev.tools.release \
+	  --version $(VERSION) --registry $(REGISTRY) --images $(KNR_IMAGES) --out dist
 
 # The chart's image values (docs/install-helm.md): the registry and each pushed digest.
 push: knr-check-registry knr-check-engine
