@@ -12,8 +12,13 @@ only. Which ones, nobody could say without reading the code; this reads it:
 So the table says which functions *may* read a setting: a module imported for one helper
 counts whole. It does not miss one: every read of a config goes through those names (a read
 any other way would not be listed, and the test beside this keeps the table current, not
-complete). ``python -m dev.tools.settings`` writes the page; ``--check`` exits 1 when the page
-is not what the code says (tests/unit/test_settings_table.py runs it).
+complete).
+
+The same table is what the functions run with: ``shared/platform/reads.py``, generated here,
+is what ``Config.for_function`` reads for each function, so a setting the code starts reading
+is read once this is run again, and the tests fail until it is. ``python -m dev.tools.settings``
+writes both files; ``--check`` exits 1 when either is not what the code says
+(tests/unit/test_settings_table.py runs it).
 """
 
 from __future__ import annotations
@@ -27,26 +32,37 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Final
 
+from dev.tools import config_env
 from shared.api.times import format_duration
 from shared.platform.config import ENV_PREFIX, Config
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 PAGE: Final = ROOT / "docs" / "settings.md"
+TABLE: Final = ROOT / "shared" / "platform" / "reads.py"
+# Read by every function, whatever its code reads: the profile presets others; a missed read of
+# the namespace, the excluded namespaces or the dry run would act where the operator said not to.
+ALWAYS: Final = frozenset({"profile", "namespace", "excluded_namespaces", "dry_run"})
 # The names the code gives a Config, as a variable or as the last attribute of a chain.
 CONFIG_NAMES: Final = frozenset({"cfg", "config", "CONFIG", "CFG"})
 
 HEADER: Final = """# Settings: which function reads which
 
 Generated from the code by `python -m dev.tools.settings` (`tests/unit/test_settings_table.py`
-fails when it is out of date); do not edit by hand. What each setting means, and the
-`knative/config.env` that sets them:
-[install-reference.md](install-reference.md#configuration-reference).
+fails when it is out of date); do not edit by hand. What each setting means:
+`knative/config.env` (the settings of a kustomize install, grouped as below) and
+[install-reference.md](install-reference.md#configuration-reference). In the Helm chart each
+is `config.<group>.<name>` ([install-helm.md](install-helm.md#values)).
 
-Every function reads the same `Config` (`shared/platform/config.py`) and checks every setting
-at start-up. A setting is listed for the functions whose code may read it: the function's
-`main.py` and every module of `shared/` it imports, directly or through another, in which the
-setting is read from a config. A module imported for one helper counts whole, so a function
-may be listed for a setting it never reads on its way; it is never left out of one it reads.
+Every Service loads the whole settings ConfigMap, but each function reads, checks and logs
+only its own settings (`Config.for_function` in `shared/platform/config.py`, from the table
+`shared/platform/reads.py` generated with this page): a bad value stops the functions that
+read it and no other, and a function's `configuration` log line at start-up shows just what it
+runs with. A function's settings are the ones its code may read: its `main.py` and every module
+of `shared/` it imports, directly or through another, in which the setting is read from a
+config (a module imported for one helper counts whole, so a function may read a setting it
+never uses on its way; it never misses one it uses). Every function also reads the profile
+(which presets others), the namespace, the excluded namespaces and the dry run: a missed read
+of one of those would act where the operator said not to.
 """
 
 
@@ -153,39 +169,123 @@ def _default(value: object) -> str:
     return str(value) if value != "" else "(empty)"
 
 
+def reads(found: dict[str, set[str]] | None = None) -> dict[str, frozenset[str]]:
+    """For each function, the settings it reads: what its code may read, and ``ALWAYS``."""
+    found = readers() if found is None else found
+    functions = sorted({f for who in found.values() for f in who})
+    return {
+        function: frozenset({n for n, who in found.items() if function in who} | ALWAYS)
+        for function in functions
+    }
+
+
+def table_module(table: dict[str, frozenset[str]]) -> str:
+    """shared/platform/reads.py: ``table`` as the functions read it, formatted as ruff would."""
+    lines = [
+        '"""Which settings each function reads: generated from the code by',
+        "`python -m dev.tools.settings` (tests/unit/test_settings_table.py fails when it is out of",
+        "date); do not edit by hand.",
+        "",
+        "A function reads, checks and logs these and no other (`Config.for_function`): the",
+        "settings its code (its main.py and the modules of shared/ it imports) reads from a",
+        "config, and the ones every function reads whatever its code does (the profile, which",
+        "presets others; the namespace, the excluded namespaces and the dry run, which a missed",
+        'read would turn into acting where the operator said not to)."""',
+        "",
+        "from collections.abc import Mapping",
+        "from types import MappingProxyType",
+        "from typing import Final",
+        "",
+        "READS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(",
+        "    {",
+    ]
+    for function, names in sorted(table.items()):
+        lines += [f'        "{function}": frozenset(', "            {"]
+        lines += [f'                "{name}",' for name in sorted(names)]
+        lines += ["            }", "        ),"]
+    lines += ["    }", ")"]
+    return "\n".join(lines) + "\n"
+
+
+# Read by each function's log set-up (shared/platform/logs.py), not by Config.
+LOG_SETTINGS: Final = ("KN_RESCHEDULER_LOG_LEVEL", "KN_RESCHEDULER_LOG_EVENTS")
+
+
 def page() -> str:
     read = readers()
+    table = reads(read)
     defaults = Config()
-    rows = [
-        "| setting | default | read by |",
-        "| --- | --- | --- |",
-    ]
+    in_file = config_env.settings()
+    order = {s.env: i for i, s in enumerate(in_file)}
+    group_of = {s.env: s.group for s in in_file}
+    everyone = len(table)
+
+    def who(names: list[str]) -> str:
+        return "every function" if len(names) == everyone else ", ".join(names)
+
+    rows: list[tuple[int, str]] = []
     for field in dataclasses.fields(Config):
-        who = ", ".join(sorted(read[field.name])) or "(no function: checked at start-up only)"
+        variable = f"{ENV_PREFIX}{field.name.upper()}"
+        readers_of = sorted(f for f, names in table.items() if field.name in names)
         default = _default(getattr(defaults, field.name)).replace("|", "\\|")
-        rows.append(f"| `{ENV_PREFIX}{field.name.upper()}` | {default} | {who} |")
-    counts: dict[str, int] = {}
-    for functions in read.values():
-        for function in functions:
-            counts[function] = counts.get(function, 0) + 1
-    per = ", ".join(f"{name} {counts[name]}" for name in sorted(counts))
-    total = len(read)
-    summary = f"\n{total} settings. How many each function may read: {per}.\n"
-    return HEADER + summary + "\n" + "\n".join(rows) + "\n"
+        group = f"`{group_of[variable]}`" if variable in group_of else "(a Service's own env)"
+        line = f"| `{variable}` | {default} | {group} | {who(readers_of)} |"
+        rows.append((order.get(variable, len(order)), line))
+    for s in in_file:
+        if s.env in LOG_SETTINGS:
+            line = f"| `{s.env}` | {s.value} | `{s.group}` | every function (its log set-up) |"
+            rows.append((order[s.env], line))
+    groups_of = {
+        function: [
+            g.key
+            for g in config_env.groups()
+            if any(
+                s.env.removeprefix(ENV_PREFIX).lower() in names or s.env in LOG_SETTINGS
+                for s in g.settings
+            )
+        ]
+        for function, names in table.items()
+    }
+    per_function = [
+        "| function | settings | groups |",
+        "| --- | --- | --- |",
+        *(
+            f"| {f} | {len(table[f])} | {', '.join(f'`{g}`' for g in groups_of[f])} |"
+            for f in sorted(table)
+        ),
+    ]
+    summary = (
+        f"\n{len(read)} settings of `Config`, and the log level and the events logged. What each"
+        " function reads, and from which groups:\n\n" + "\n".join(per_function) + "\n"
+    )
+    head = ["| setting | default | group | read by |", "| --- | --- | --- | --- |"]
+    body = [line for _, line in sorted(rows, key=lambda r: r[0])]
+    return (
+        HEADER
+        + summary
+        + "\nEvery setting, in the order of config.env:\n\n"
+        + "\n".join(head + body)
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dev.tools.settings", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/settings.md is stale")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if docs/settings.md or reads.py is stale"
+    )
     args = parser.parse_args(argv)
-    text = page()
+    wanted = {PAGE: page(), TABLE: table_module(reads())}
+    stale = [
+        path for path, text in wanted.items() if not path.is_file() or path.read_text() != text
+    ]
     if args.check:
-        if not PAGE.is_file() or PAGE.read_text() != text:
-            print(f"{PAGE.relative_to(ROOT)} is stale: run python -m dev.tools.settings")
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE.relative_to(ROOT)}")
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is stale: run python -m dev.tools.settings")
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(wanted[path])
+        print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

@@ -29,7 +29,7 @@ from shared.platform.ticks import TickGate
 
 FUNCTION = "annotate-usage"
 logs.configure(FUNCTION)
-CONFIG = Config.from_env(os.environ)
+CONFIG = Config.for_function(FUNCTION, os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 
 # Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
@@ -48,7 +48,7 @@ if CONFIG.usage_source == USAGE_SOURCE_PROMETHEUS and not CONFIG.prometheus_url:
         "and needs the address of its HTTP API, e.g. http://prometheus.monitoring:9090; or set "
         "KN_RESCHEDULER_USAGE_SOURCE=metrics-api",
     )
-events.log.info("configuration", extra={"config": describe(CONFIG)})
+events.log.info("configuration", extra={"config": describe(CONFIG, FUNCTION)})
 
 _annotator: Annotator | None = None
 

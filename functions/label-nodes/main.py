@@ -27,7 +27,7 @@ from shared.platform.ticks import TickGate
 
 FUNCTION = "label-nodes"
 logs.configure(FUNCTION)
-CONFIG = Config.from_env(os.environ)
+CONFIG = Config.for_function(FUNCTION, os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 
 # Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
@@ -48,7 +48,7 @@ if not CONFIG.prometheus_url:
 RULES = load_rules(CONFIG.pressure_rules_file)
 events.log.info(
     "configuration",
-    extra={"config": describe(CONFIG), "rules": [rule.describe() for rule in RULES]},
+    extra={"config": describe(CONFIG, FUNCTION), "rules": [rule.describe() for rule in RULES]},
 )
 PROMETHEUS = Prometheus(CONFIG.prometheus_url)
 

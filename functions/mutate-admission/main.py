@@ -32,9 +32,9 @@ from shared.platform.kube import Kube
 
 FUNCTION = "mutate-admission"
 logs.configure(FUNCTION)
-CONFIG = Config.from_env(os.environ)
+CONFIG = Config.for_function(FUNCTION, os.environ)
 log = logging.getLogger(FUNCTION)
-log.info("configuration", extra={"config": describe(CONFIG)})
+log.info("configuration", extra={"config": describe(CONFIG, FUNCTION)})
 
 ADMITTER = Admitter(lambda: Kube.from_environment(dry_run=CONFIG.dry_run), CONFIG)
 

@@ -66,9 +66,9 @@ from shared.platform.kube import JSON, Kube
 FUNCTION = "score-nodes"
 logs.configure(FUNCTION)
 log = logging.getLogger(FUNCTION)
-CONFIG = Config.from_env(os.environ)
+CONFIG = Config.for_function(FUNCTION, os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EXTENDER_MAX_BODY)
-log.info("configuration", extra={"config": describe(CONFIG)})
+log.info("configuration", extra={"config": describe(CONFIG, FUNCTION)})
 
 VERBS = ("filter", "prioritize")
 

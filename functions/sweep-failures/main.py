@@ -21,7 +21,7 @@ from shared.pods.sweep_failures.handler import Sweeper
 
 FUNCTION = "sweep-failures"
 logs.configure(FUNCTION)
-CONFIG = Config.from_env(os.environ)
+CONFIG = Config.for_function(FUNCTION, os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 
 # Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
@@ -33,7 +33,7 @@ SENDERS = Senders.from_config(FUNCTION, CONFIG)
 TICKS = TickGate(CONFIG.min_tick_interval)
 
 
-events.log.info("configuration", extra={"config": describe(CONFIG)})
+events.log.info("configuration", extra={"config": describe(CONFIG, FUNCTION)})
 
 _sweeper: Sweeper | None = None
 

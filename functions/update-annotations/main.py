@@ -20,12 +20,12 @@ from shared.pods.update_annotations.handler import Rescheduler
 
 FUNCTION = "update-annotations"
 logs.configure(FUNCTION)
-CONFIG = Config.from_env(os.environ)
+CONFIG = Config.for_function(FUNCTION, os.environ)
 BODY_LIMIT = BodyLimit.from_env(os.environ, EVENT_MAX_BODY)
 
 # Who may post events here (KN_RESCHEDULER_SENDER_AUTH, shared.platform.senders).
 SENDERS = Senders.from_config(FUNCTION, CONFIG)
-events.log.info("configuration", extra={"config": describe(CONFIG)})
+events.log.info("configuration", extra={"config": describe(CONFIG, FUNCTION)})
 
 _rescheduler: Rescheduler | None = None
 

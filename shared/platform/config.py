@@ -1,9 +1,14 @@
-"""Runtime configuration shared by every function.
+"""Runtime configuration: one `Config` of every setting, of which each function reads its own.
 
-Each function reads the same `Config`: from environment variables `KN_RESCHEDULER_<FIELD>` (what
-a Knative Service sets in `env:`), optionally layered over a mounted YAML or JSON file whose keys
-are the field names (what a ConfigMap volume gives). The environment wins, so a single Service
-can override one knob without a second ConfigMap.
+Settings come from environment variables `KN_RESCHEDULER_<FIELD>` (what a Knative Service sets in
+`env:`, or loads from the settings ConfigMap with `envFrom`), optionally layered over a mounted
+YAML or JSON file whose keys are the field names (what a ConfigMap volume gives). The environment
+wins, so a single Service can override one knob without a second ConfigMap.
+
+Every function gets the whole ConfigMap, but reads, checks and logs only the settings its code
+reads (`Config.for_function`, the table in shared.platform.reads, generated from the code): a bad
+value of a rebalancing limit stops rebalance-nodes, not the webhook, and a function's start-up
+log shows what it runs with, not sixty settings it never looks at.
 
 A value we cannot read stops the function at start-up with a `ConfigError` naming the variable:
 a rescheduler that silently falls back to defaults could delete pods its operator meant to
@@ -15,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +31,7 @@ import yaml
 from shared.api.keys import DEFAULT_NAMESPACE, PRESSURE_LABEL_KEY, PRESSURE_LABEL_VALUE
 from shared.api.times import parse_duration
 from shared.platform.profiles import DEFAULT_PROFILE, PROFILES
+from shared.platform.reads import READS
 
 # A bound on what a user can ask for: enough for any sane workload, small enough that a typo
 # ("30000") cannot turn the rescheduler into a pod-deleting loop.
@@ -316,28 +322,6 @@ class Config:
     def __post_init__(self) -> None:
         for name in ("waiting_reasons", "termination_reasons"):
             _refuse_never_move(getattr(self, name), name)
-        if (
-            not self.low_load_threshold
-            < self.high_load_threshold
-            <= min(self.cpu_threshold, self.memory_threshold)
-        ):
-            raise ConfigError(
-                "KN_RESCHEDULER_HIGH_LOAD_THRESHOLD",
-                "expected low_load_threshold < high_load_threshold <= cpu_threshold and "
-                f"memory_threshold, got {self.low_load_threshold}, {self.high_load_threshold}, "
-                f"{self.cpu_threshold}, {self.memory_threshold}",
-            )
-        if self.rebalance_gap <= 0:
-            raise ConfigError(
-                "KN_RESCHEDULER_REBALANCE_GAP",
-                "expected a gap above 0 points (100 turns the mean rule off), got "
-                f"{self.rebalance_gap}",
-            )
-        if self.cpu_score_weight + self.memory_score_weight <= 0:
-            raise ConfigError(
-                "KN_RESCHEDULER_CPU_SCORE_WEIGHT",
-                "cpu_score_weight and memory_score_weight cannot both be 0",
-            )
 
     @property
     def api_timeout_seconds(self) -> float:
@@ -347,32 +331,106 @@ class Config:
         return namespace in self.excluded_namespaces or namespace == self.namespace
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], file: Path | None = None) -> Config:
+    def from_env(
+        cls,
+        environ: Mapping[str, str],
+        file: Path | None = None,
+        *,
+        reads: Collection[str] | None = None,
+    ) -> Config:
         """Build the config from a mounted file (optional) overlaid by the environment.
 
         `file` defaults to the path in KN_RESCHEDULER_CONFIG_FILE when that is set. Unknown
         keys in the file are errors (they are typos); unknown KN_RESCHEDULER_* variables are
         ignored, since functions define their own.
+
+        With `reads`, only those settings are read and checked; every other one keeps its
+        default, whatever the environment or the file says (`for_function`).
         """
+        wanted = frozenset(_FIELDS) if reads is None else frozenset(reads)
         if file is None and environ.get(CONFIG_FILE_ENV):
             file = Path(environ[CONFIG_FILE_ENV])
         values: dict[str, Any] = {}
         if file is not None:
             for key, raw in _read_file(file).items():
-                values[key] = _convert(key, raw, f"{key} in {file.name}")
+                if key in wanted:
+                    values[key] = _convert(key, raw, f"{key} in {file.name}")
         for name in _FIELDS:
             variable = ENV_PREFIX + name.upper()
-            if variable in environ:
+            if name in wanted and variable in environ:
                 values[name] = _convert(name, environ[variable], variable)
         # The profile's preset under everything given explicitly.
         preset = PROFILES[values.get("profile", DEFAULT_PROFILE)].values
-        values = {**preset, **values}
+        values = {**{k: v for k, v in preset.items() if k in wanted}, **values}
         try:
-            return cls(**values)
+            config = cls(**values)
         except ConfigError:
             raise
         except (TypeError, ValueError) as err:  # pragma: no cover - conversions check types
             raise ConfigError("config", str(err)) from err
+        for check in _CHECKS:
+            if check.fields <= wanted:
+                check.run(config)
+        return config
+
+    @classmethod
+    def for_function(
+        cls, function: str, environ: Mapping[str, str], file: Path | None = None
+    ) -> Config:
+        """The settings `function` reads (shared.platform.reads, generated from its code), from
+        the environment and the file as `from_env` reads them. Every other setting keeps its
+        default: a value there, good or bad, is another function's, so a typo in a rebalancing
+        limit cannot stop the webhook from starting."""
+        if function not in READS:
+            raise ConfigError("function", f"no function {function!r}: {', '.join(READS)}")
+        return cls.from_env(environ, file, reads=READS[function])
+
+
+@dataclass(frozen=True)
+class _Check:
+    """A rule over several settings, checked only where a function reads all of them: a
+    function that reads the CPU threshold but not the load buckets has no use for their order."""
+
+    fields: frozenset[str]
+    holds: Callable[[Config], bool]
+    variable: str
+    problem: Callable[[Config], str]
+
+    def run(self, config: Config) -> None:
+        if not self.holds(config):
+            raise ConfigError(self.variable, self.problem(config))
+
+
+_CHECKS: Final = (
+    _Check(
+        frozenset(
+            {"low_load_threshold", "high_load_threshold", "cpu_threshold", "memory_threshold"}
+        ),
+        lambda c: (
+            c.low_load_threshold < c.high_load_threshold <= min(c.cpu_threshold, c.memory_threshold)
+        ),
+        "KN_RESCHEDULER_HIGH_LOAD_THRESHOLD",
+        lambda c: (
+            "expected low_load_threshold < high_load_threshold <= cpu_threshold and "
+            f"memory_threshold, got {c.low_load_threshold}, {c.high_load_threshold}, "
+            f"{c.cpu_threshold}, {c.memory_threshold}"
+        ),
+    ),
+    _Check(
+        frozenset({"rebalance_gap"}),
+        lambda c: c.rebalance_gap > 0,
+        "KN_RESCHEDULER_REBALANCE_GAP",
+        lambda c: (
+            f"expected a gap above 0 points (100 turns the mean rule off), got {c.rebalance_gap}"
+        ),
+    ),
+    _Check(
+        frozenset({"cpu_score_weight", "memory_score_weight"}),
+        lambda c: c.cpu_score_weight + c.memory_score_weight > 0,
+        "KN_RESCHEDULER_CPU_SCORE_WEIGHT",
+        lambda c: "cpu_score_weight and memory_score_weight cannot both be 0",
+    ),
+)
 
 
 def _read_file(file: Path) -> dict[str, Any]:
@@ -686,10 +744,13 @@ def _convert(name: str, raw: object, where: str) -> Any:
     return _FIELDS[name](raw, where)
 
 
-def describe(config: Config) -> str:
-    """One log line with every setting, for start-up logs."""
+def describe(config: Config, function: str | None = None) -> str:
+    """One log line with every setting, or with the ones `function` reads, for start-up logs."""
+    reads = READS.get(function, frozenset()) if function is not None else None
     shown: dict[str, Any] = {}
     for f in dataclasses.fields(config):
+        if reads is not None and f.name not in reads:
+            continue
         value = getattr(config, f.name)
         if isinstance(value, frozenset):
             value = sorted(value)

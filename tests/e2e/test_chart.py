@@ -26,6 +26,7 @@ import yaml
 
 from dev.localcluster.bins import ensure_helm
 from dev.tools import chart as tool
+from dev.tools import config_env
 from tests.e2e.knative_manifests import Obj, kubectl
 
 pytestmark = pytest.mark.e2e
@@ -188,13 +189,27 @@ def env_from(objs: list[Obj], name: str) -> list[str]:
 def test_a_changed_setting_is_a_new_configmap_every_function_rolls_to(helm: Path) -> None:
     plain = rendered(helm, {"admission": {"mode": "webhook"}})
     again = rendered(helm, {"admission": {"mode": "webhook"}})
-    changed = rendered(helm, {"admission": {"mode": "webhook"}, "config": {"dryRun": True}})
+    changed = rendered(
+        helm, {"admission": {"mode": "webhook"}, "config": {"common": {"dryRun": True}}}
+    )
     assert settings_name(plain) == settings_name(again)
     assert settings_name(changed) != settings_name(plain)
     [cm] = [o for o in changed if tool.is_settings(o)]
     assert cm["data"]["KN_RESCHEDULER_DRY_RUN"] == "true"
     for function in ("detect-failures", "update-annotations", "score-nodes"):
         assert env_from(changed, function) == [settings_name(changed)]
+
+
+def test_each_group_s_value_becomes_its_variable_in_the_settings(helm: Path) -> None:
+    groups = config_env.groups()
+    values = {g.key: {s.key: f"set-{s.key}" for s in g.settings} for g in groups}
+    [cm] = [
+        o
+        for o in rendered(helm, {"admission": {"mode": "webhook"}, "config": values})
+        if tool.is_settings(o)
+    ]
+    expected = {s.env: f"set-{s.key}" for g in groups for s in g.settings}
+    assert {k: v for k, v in cm["data"].items() if k in expected} == expected
 
 
 def test_admission_auto_takes_the_policies_where_the_api_server_serves_them(helm: Path) -> None:
@@ -237,7 +252,9 @@ def test_admission_auto_takes_the_webhook_on_an_older_api_server(helm: Path) -> 
             "kn-rescheduler",
             "digests",
         ),
-        ({"config": {"dryRnu": "true"}}, "kn-rescheduler", "dryRnu"),
+        ({"config": {"common": {"dryRnu": "true"}}}, "kn-rescheduler", "dryRnu"),
+        ({"config": {"dryRun": "true"}}, "kn-rescheduler", "dryRun"),
+        ({"config": {"rebalance": {"dryRun": "true"}}}, "kn-rescheduler", "dryRun"),
         ({"admission": {"mode": "always"}}, "kn-rescheduler", "admission"),
     ],
     ids=[
@@ -246,6 +263,8 @@ def test_admission_auto_takes_the_webhook_on_an_older_api_server(helm: Path) -> 
         "network policy without its cidr",
         "a digest that is not one",
         "a misspelt setting",
+        "a setting outside its group",
+        "a setting in another function's group",
         "an unknown admission mode",
     ],
 )

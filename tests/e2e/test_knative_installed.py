@@ -846,7 +846,7 @@ def test_helm_installs_moves_upgrades_rolls_back_and_uninstalls_leaving_nothing(
 
     helm(
         c, tmp_path, "upgrade", RELEASE, str(CHART), "-n", SYSTEM, "--reuse-values",
-        "--set", "config.logLevel=DEBUG",
+        "--set", "config.common.logLevel=DEBUG",
     )  # fmt: skip
     wait_installed(c, "after helm upgrade")
     second = settings_in_use(c)

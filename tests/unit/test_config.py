@@ -14,6 +14,7 @@ from shared.platform.config import (
     ConfigError,
     describe,
 )
+from shared.platform.reads import READS
 
 
 def test_the_defaults_match_the_design() -> None:
@@ -246,3 +247,75 @@ def test_load_aware_settings_read_percent_signs_and_durations() -> None:
         90.0,
         "metrics-api",
     )
+
+
+# --- each function reads its own settings (Config.for_function, shared/platform/reads.py) -------
+
+
+def test_a_function_takes_its_own_settings_from_the_environment() -> None:
+    cfg = Config.for_function("rebalance-nodes", {"KN_RESCHEDULER_REBALANCE_MAX_PER_RUN": "9"})
+    assert cfg.rebalance_max_per_run == 9
+
+
+def test_a_setting_a_function_does_not_read_keeps_its_default_good_or_bad() -> None:
+    given = {"KN_RESCHEDULER_REBALANCE_MAX_PER_RUN": "9", "KN_RESCHEDULER_REBALANCE_GAP": "lots"}
+    cfg = Config.for_function("detect-failures", given)
+    assert cfg.rebalance_max_per_run == Config().rebalance_max_per_run
+    with pytest.raises(ConfigError, match="KN_RESCHEDULER_REBALANCE_GAP"):
+        Config.for_function("rebalance-nodes", given)
+
+
+@pytest.mark.parametrize("function", sorted(READS))
+def test_every_function_reads_the_dry_run_and_the_namespaces_whatever_its_code_says(
+    function: str,
+) -> None:
+    given = {
+        "KN_RESCHEDULER_DRY_RUN": "true",
+        "KN_RESCHEDULER_NAMESPACE": "ops",
+        "KN_RESCHEDULER_EXCLUDED_NAMESPACES": "payments",
+    }
+    cfg = Config.for_function(function, given)
+    assert (cfg.dry_run, cfg.namespace, cfg.excluded_namespaces) == (
+        True,
+        "ops",
+        frozenset({"payments"}),
+    )
+
+
+def test_a_profile_presets_only_what_a_function_reads() -> None:
+    given = {"KN_RESCHEDULER_PROFILE": "hpc"}
+    assert Config.for_function("score-nodes", given).cpu_threshold == (
+        Config.from_env(given).cpu_threshold
+    )
+    assert Config.for_function("detect-failures", given).cpu_threshold == Config().cpu_threshold
+
+
+def test_settings_checked_together_are_checked_where_a_function_reads_them_all() -> None:
+    # A CPU threshold under the default high-load boundary: annotate-usage, which draws the
+    # load buckets from both, refuses it; rebalance-nodes reads the threshold alone and runs.
+    given = {"KN_RESCHEDULER_CPU_THRESHOLD": "50"}
+    with pytest.raises(ConfigError, match="KN_RESCHEDULER_HIGH_LOAD_THRESHOLD"):
+        Config.for_function("annotate-usage", given)
+    assert Config.for_function("rebalance-nodes", given).cpu_threshold == 50.0
+
+
+def test_a_file_s_setting_of_another_function_is_left_unread_but_a_typo_is_still_refused(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "settings.yaml"
+    file.write_text("rebalance_gap: lots\ncrashloop_restart_threshold: 6\n")
+    assert Config.for_function("detect-failures", {}, file).crashloop_restart_threshold == 6
+    file.write_text("rebalance_gapp: 10\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        Config.for_function("detect-failures", {}, file)
+
+
+def test_an_unknown_function_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no function 'detect-failure'"):
+        Config.for_function("detect-failure", {})
+
+
+def test_describe_for_a_function_shows_what_it_reads_and_no_more() -> None:
+    shown = json.loads(describe(Config(), "label-nodes"))
+    assert set(shown) == READS["label-nodes"]
+    assert "rebalance_gap" not in shown and "pressure_max_share" in shown

@@ -2,146 +2,216 @@
 {{/* The settings' data: each value of .Values.config set, as its variable. */}}
 {{- define "kn-rescheduler.settingsData" -}}
 {{- $c := .Values.config }}
-{{- if hasKey $c "namespace" }}
-KN_RESCHEDULER_NAMESPACE: {{ index $c "namespace" | toString | quote }}
+{{- $common := index $c "common" | default dict }}
+{{- if hasKey $common "namespace" }}
+KN_RESCHEDULER_NAMESPACE: {{ index $common "namespace" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "excludedNamespaces" }}
-KN_RESCHEDULER_EXCLUDED_NAMESPACES: {{ index $c "excludedNamespaces" | toString | quote }}
+{{- if hasKey $common "excludedNamespaces" }}
+KN_RESCHEDULER_EXCLUDED_NAMESPACES: {{ index $common "excludedNamespaces" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "logLevel" }}
-KN_RESCHEDULER_LOG_LEVEL: {{ index $c "logLevel" | toString | quote }}
+{{- if hasKey $common "dryRun" }}
+KN_RESCHEDULER_DRY_RUN: {{ index $common "dryRun" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "logEvents" }}
-KN_RESCHEDULER_LOG_EVENTS: {{ index $c "logEvents" | toString | quote }}
+{{- if hasKey $common "logLevel" }}
+KN_RESCHEDULER_LOG_LEVEL: {{ index $common "logLevel" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "dryRun" }}
-KN_RESCHEDULER_DRY_RUN: {{ index $c "dryRun" | toString | quote }}
+{{- if hasKey $common "logEvents" }}
+KN_RESCHEDULER_LOG_EVENTS: {{ index $common "logEvents" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "useEviction" }}
-KN_RESCHEDULER_USE_EVICTION: {{ index $c "useEviction" | toString | quote }}
+{{- if hasKey $common "profile" }}
+KN_RESCHEDULER_PROFILE: {{ index $common "profile" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "kseCompat" }}
-KN_RESCHEDULER_KSE_COMPAT: {{ index $c "kseCompat" | toString | quote }}
+{{- $events := index $c "events" | default dict }}
+{{- if hasKey $events "senderAuth" }}
+KN_RESCHEDULER_SENDER_AUTH: {{ index $events "senderAuth" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "forwardUnstamped" }}
-KN_RESCHEDULER_FORWARD_UNSTAMPED: {{ index $c "forwardUnstamped" | toString | quote }}
+{{- if hasKey $events "minTickInterval" }}
+KN_RESCHEDULER_MIN_TICK_INTERVAL: {{ index $events "minTickInterval" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "crashloopRestartThreshold" }}
-KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD: {{ index $c "crashloopRestartThreshold" | toString | quote }}
+{{- $failures := index $c "failures" | default dict }}
+{{- if hasKey $failures "crashloopRestartThreshold" }}
+KN_RESCHEDULER_CRASHLOOP_RESTART_THRESHOLD: {{ index $failures "crashloopRestartThreshold" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "crashloopRecentRun" }}
-KN_RESCHEDULER_CRASHLOOP_RECENT_RUN: {{ index $c "crashloopRecentRun" | toString | quote }}
+{{- if hasKey $failures "crashloopRecentRun" }}
+KN_RESCHEDULER_CRASHLOOP_RECENT_RUN: {{ index $failures "crashloopRecentRun" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "crashloopPace" }}
-KN_RESCHEDULER_CRASHLOOP_PACE: {{ index $c "crashloopPace" | toString | quote }}
+{{- if hasKey $failures "crashloopPace" }}
+KN_RESCHEDULER_CRASHLOOP_PACE: {{ index $failures "crashloopPace" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "waitingFailureAfter" }}
-KN_RESCHEDULER_WAITING_FAILURE_AFTER: {{ index $c "waitingFailureAfter" | toString | quote }}
+{{- if hasKey $failures "waitingFailureAfter" }}
+KN_RESCHEDULER_WAITING_FAILURE_AFTER: {{ index $failures "waitingFailureAfter" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "resetAfter" }}
-KN_RESCHEDULER_RESET_AFTER: {{ index $c "resetAfter" | toString | quote }}
+{{- if hasKey $failures "resetAfter" }}
+KN_RESCHEDULER_RESET_AFTER: {{ index $failures "resetAfter" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "pendingStuckAfter" }}
-KN_RESCHEDULER_PENDING_STUCK_AFTER: {{ index $c "pendingStuckAfter" | toString | quote }}
+{{- if hasKey $failures "pendingStuckAfter" }}
+KN_RESCHEDULER_PENDING_STUCK_AFTER: {{ index $failures "pendingStuckAfter" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "pullStuckAfter" }}
-KN_RESCHEDULER_PULL_STUCK_AFTER: {{ index $c "pullStuckAfter" | toString | quote }}
+{{- if hasKey $failures "pullStuckAfter" }}
+KN_RESCHEDULER_PULL_STUCK_AFTER: {{ index $failures "pullStuckAfter" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "maxRetries" }}
-KN_RESCHEDULER_MAX_RETRIES: {{ index $c "maxRetries" | toString | quote }}
+{{- if hasKey $failures "forwardUnstamped" }}
+KN_RESCHEDULER_FORWARD_UNSTAMPED: {{ index $failures "forwardUnstamped" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "waitingReasons" }}
-KN_RESCHEDULER_WAITING_REASONS: {{ index $c "waitingReasons" | toString | quote }}
+{{- if hasKey $failures "waitingReasons" }}
+KN_RESCHEDULER_WAITING_REASONS: {{ index $failures "waitingReasons" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "terminationReasons" }}
-KN_RESCHEDULER_TERMINATION_REASONS: {{ index $c "terminationReasons" | toString | quote }}
+{{- if hasKey $failures "terminationReasons" }}
+KN_RESCHEDULER_TERMINATION_REASONS: {{ index $failures "terminationReasons" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "failedPodReasons" }}
-KN_RESCHEDULER_FAILED_POD_REASONS: {{ index $c "failedPodReasons" | toString | quote }}
+{{- if hasKey $failures "failedPodReasons" }}
+KN_RESCHEDULER_FAILED_POD_REASONS: {{ index $failures "failedPodReasons" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "minTickInterval" }}
-KN_RESCHEDULER_MIN_TICK_INTERVAL: {{ index $c "minTickInterval" | toString | quote }}
+{{- $fastPath := index $c "fastPath" | default dict }}
+{{- if hasKey $fastPath "suspectFastPath" }}
+KN_RESCHEDULER_SUSPECT_FAST_PATH: {{ index $fastPath "suspectFastPath" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "apiTimeout" }}
-KN_RESCHEDULER_API_TIMEOUT: {{ index $c "apiTimeout" | toString | quote }}
+{{- if hasKey $fastPath "corroboratedFastPath" }}
+KN_RESCHEDULER_CORROBORATED_FAST_PATH: {{ index $fastPath "corroboratedFastPath" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "handledUidsMax" }}
-KN_RESCHEDULER_HANDLED_UIDS_MAX: {{ index $c "handledUidsMax" | toString | quote }}
+{{- if hasKey $fastPath "corroboratedRestartThreshold" }}
+KN_RESCHEDULER_CORROBORATED_RESTART_THRESHOLD: {{ index $fastPath "corroboratedRestartThreshold" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "profile" }}
-KN_RESCHEDULER_PROFILE: {{ index $c "profile" | toString | quote }}
+{{- if hasKey $fastPath "corroboratedWaitingAfter" }}
+KN_RESCHEDULER_CORROBORATED_WAITING_AFTER: {{ index $fastPath "corroboratedWaitingAfter" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "usageSource" }}
-KN_RESCHEDULER_USAGE_SOURCE: {{ index $c "usageSource" | toString | quote }}
+{{- $moves := index $c "moves" | default dict }}
+{{- if hasKey $moves "useEviction" }}
+KN_RESCHEDULER_USE_EVICTION: {{ index $moves "useEviction" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "usageRateWindow" }}
-KN_RESCHEDULER_USAGE_RATE_WINDOW: {{ index $c "usageRateWindow" | toString | quote }}
+{{- if hasKey $moves "maxRetries" }}
+KN_RESCHEDULER_MAX_RETRIES: {{ index $moves "maxRetries" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "usageTolerance" }}
-KN_RESCHEDULER_USAGE_TOLERANCE: {{ index $c "usageTolerance" | toString | quote }}
+{{- if hasKey $moves "handledUidsMax" }}
+KN_RESCHEDULER_HANDLED_UIDS_MAX: {{ index $moves "handledUidsMax" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "usageStaleAfter" }}
-KN_RESCHEDULER_USAGE_STALE_AFTER: {{ index $c "usageStaleAfter" | toString | quote }}
+{{- if hasKey $moves "movedOffMark" }}
+KN_RESCHEDULER_MOVED_OFF_MARK: {{ index $moves "movedOffMark" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "usageEstimateWindow" }}
-KN_RESCHEDULER_USAGE_ESTIMATE_WINDOW: {{ index $c "usageEstimateWindow" | toString | quote }}
+{{- if hasKey $moves "movedOffWindow" }}
+KN_RESCHEDULER_MOVED_OFF_WINDOW: {{ index $moves "movedOffWindow" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "usageEstimateFactor" }}
-KN_RESCHEDULER_USAGE_ESTIMATE_FACTOR: {{ index $c "usageEstimateFactor" | toString | quote }}
+{{- $admission := index $c "admission" | default dict }}
+{{- if hasKey $admission "kseCompat" }}
+KN_RESCHEDULER_KSE_COMPAT: {{ index $admission "kseCompat" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "cpuThreshold" }}
-KN_RESCHEDULER_CPU_THRESHOLD: {{ index $c "cpuThreshold" | toString | quote }}
+{{- if hasKey $admission "apiTimeout" }}
+KN_RESCHEDULER_API_TIMEOUT: {{ index $admission "apiTimeout" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "memoryThreshold" }}
-KN_RESCHEDULER_MEMORY_THRESHOLD: {{ index $c "memoryThreshold" | toString | quote }}
+{{- if hasKey $admission "suspectAffinityWeight" }}
+KN_RESCHEDULER_SUSPECT_AFFINITY_WEIGHT: {{ index $admission "suspectAffinityWeight" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "predictedUsageLimit" }}
-KN_RESCHEDULER_PREDICTED_USAGE_LIMIT: {{ index $c "predictedUsageLimit" | toString | quote }}
+{{- if hasKey $admission "failingAffinityWeight" }}
+KN_RESCHEDULER_FAILING_AFFINITY_WEIGHT: {{ index $admission "failingAffinityWeight" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "cpuScoreWeight" }}
-KN_RESCHEDULER_CPU_SCORE_WEIGHT: {{ index $c "cpuScoreWeight" | toString | quote }}
+{{- if hasKey $admission "pressureAffinityWeight" }}
+KN_RESCHEDULER_PRESSURE_AFFINITY_WEIGHT: {{ index $admission "pressureAffinityWeight" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "memoryScoreWeight" }}
-KN_RESCHEDULER_MEMORY_SCORE_WEIGHT: {{ index $c "memoryScoreWeight" | toString | quote }}
+{{- if hasKey $admission "loadAffinityWeight" }}
+KN_RESCHEDULER_LOAD_AFFINITY_WEIGHT: {{ index $admission "loadAffinityWeight" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "loadBalanceBonus" }}
-KN_RESCHEDULER_LOAD_BALANCE_BONUS: {{ index $c "loadBalanceBonus" | toString | quote }}
+{{- $nodeHealth := index $c "nodeHealth" | default dict }}
+{{- if hasKey $nodeHealth "suspectWorkloads" }}
+KN_RESCHEDULER_SUSPECT_WORKLOADS: {{ index $nodeHealth "suspectWorkloads" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "lowLoadThreshold" }}
-KN_RESCHEDULER_LOW_LOAD_THRESHOLD: {{ index $c "lowLoadThreshold" | toString | quote }}
+{{- if hasKey $nodeHealth "suspectWindow" }}
+KN_RESCHEDULER_SUSPECT_WINDOW: {{ index $nodeHealth "suspectWindow" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "highLoadThreshold" }}
-KN_RESCHEDULER_HIGH_LOAD_THRESHOLD: {{ index $c "highLoadThreshold" | toString | quote }}
+{{- if hasKey $nodeHealth "suspectMaxShare" }}
+KN_RESCHEDULER_SUSPECT_MAX_SHARE: {{ index $nodeHealth "suspectMaxShare" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "loadHysteresis" }}
-KN_RESCHEDULER_LOAD_HYSTERESIS: {{ index $c "loadHysteresis" | toString | quote }}
+{{- if hasKey $nodeHealth "suspectTaint" }}
+KN_RESCHEDULER_SUSPECT_TAINT: {{ index $nodeHealth "suspectTaint" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "loadAffinityWeight" }}
-KN_RESCHEDULER_LOAD_AFFINITY_WEIGHT: {{ index $c "loadAffinityWeight" | toString | quote }}
+{{- if hasKey $nodeHealth "suspectConditions" }}
+KN_RESCHEDULER_SUSPECT_CONDITIONS: {{ index $nodeHealth "suspectConditions" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceHotSamples" }}
-KN_RESCHEDULER_REBALANCE_HOT_SAMPLES: {{ index $c "rebalanceHotSamples" | toString | quote }}
+{{- $pressure := index $c "pressure" | default dict }}
+{{- if hasKey $pressure "prometheusUrl" }}
+KN_RESCHEDULER_PROMETHEUS_URL: {{ index $pressure "prometheusUrl" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceGap" }}
-KN_RESCHEDULER_REBALANCE_GAP: {{ index $c "rebalanceGap" | toString | quote }}
+{{- if hasKey $pressure "pressureLabel" }}
+KN_RESCHEDULER_PRESSURE_LABEL: {{ index $pressure "pressureLabel" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceMaxPerRun" }}
-KN_RESCHEDULER_REBALANCE_MAX_PER_RUN: {{ index $c "rebalanceMaxPerRun" | toString | quote }}
+{{- if hasKey $pressure "pressureMaxShare" }}
+KN_RESCHEDULER_PRESSURE_MAX_SHARE: {{ index $pressure "pressureMaxShare" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceMaxPerNode" }}
-KN_RESCHEDULER_REBALANCE_MAX_PER_NODE: {{ index $c "rebalanceMaxPerNode" | toString | quote }}
+{{- if hasKey $pressure "pressureStaleAfter" }}
+KN_RESCHEDULER_PRESSURE_STALE_AFTER: {{ index $pressure "pressureStaleAfter" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceMaxPerNamespace" }}
-KN_RESCHEDULER_REBALANCE_MAX_PER_NAMESPACE: {{ index $c "rebalanceMaxPerNamespace" | toString | quote }}
+{{- $loadAware := index $c "loadAware" | default dict }}
+{{- if hasKey $loadAware "usageSource" }}
+KN_RESCHEDULER_USAGE_SOURCE: {{ index $loadAware "usageSource" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceMaxPerWorkload" }}
-KN_RESCHEDULER_REBALANCE_MAX_PER_WORKLOAD: {{ index $c "rebalanceMaxPerWorkload" | toString | quote }}
+{{- if hasKey $loadAware "usageRateWindow" }}
+KN_RESCHEDULER_USAGE_RATE_WINDOW: {{ index $loadAware "usageRateWindow" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceMinAvailable" }}
-KN_RESCHEDULER_REBALANCE_MIN_AVAILABLE: {{ index $c "rebalanceMinAvailable" | toString | quote }}
+{{- if hasKey $loadAware "usageTolerance" }}
+KN_RESCHEDULER_USAGE_TOLERANCE: {{ index $loadAware "usageTolerance" | toString | quote }}
 {{- end }}
-{{- if hasKey $c "rebalanceAnyPlacement" }}
-KN_RESCHEDULER_REBALANCE_ANY_PLACEMENT: {{ index $c "rebalanceAnyPlacement" | toString | quote }}
+{{- if hasKey $loadAware "usageStaleAfter" }}
+KN_RESCHEDULER_USAGE_STALE_AFTER: {{ index $loadAware "usageStaleAfter" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "usageEstimateWindow" }}
+KN_RESCHEDULER_USAGE_ESTIMATE_WINDOW: {{ index $loadAware "usageEstimateWindow" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "usageEstimateFactor" }}
+KN_RESCHEDULER_USAGE_ESTIMATE_FACTOR: {{ index $loadAware "usageEstimateFactor" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "cpuThreshold" }}
+KN_RESCHEDULER_CPU_THRESHOLD: {{ index $loadAware "cpuThreshold" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "memoryThreshold" }}
+KN_RESCHEDULER_MEMORY_THRESHOLD: {{ index $loadAware "memoryThreshold" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "predictedUsageLimit" }}
+KN_RESCHEDULER_PREDICTED_USAGE_LIMIT: {{ index $loadAware "predictedUsageLimit" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "cpuScoreWeight" }}
+KN_RESCHEDULER_CPU_SCORE_WEIGHT: {{ index $loadAware "cpuScoreWeight" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "memoryScoreWeight" }}
+KN_RESCHEDULER_MEMORY_SCORE_WEIGHT: {{ index $loadAware "memoryScoreWeight" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "loadBalanceBonus" }}
+KN_RESCHEDULER_LOAD_BALANCE_BONUS: {{ index $loadAware "loadBalanceBonus" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "lowLoadThreshold" }}
+KN_RESCHEDULER_LOW_LOAD_THRESHOLD: {{ index $loadAware "lowLoadThreshold" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "highLoadThreshold" }}
+KN_RESCHEDULER_HIGH_LOAD_THRESHOLD: {{ index $loadAware "highLoadThreshold" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "loadHysteresis" }}
+KN_RESCHEDULER_LOAD_HYSTERESIS: {{ index $loadAware "loadHysteresis" | toString | quote }}
+{{- end }}
+{{- if hasKey $loadAware "extenderNodeCache" }}
+KN_RESCHEDULER_EXTENDER_NODE_CACHE: {{ index $loadAware "extenderNodeCache" | toString | quote }}
+{{- end }}
+{{- $rebalance := index $c "rebalance" | default dict }}
+{{- if hasKey $rebalance "rebalanceHotSamples" }}
+KN_RESCHEDULER_REBALANCE_HOT_SAMPLES: {{ index $rebalance "rebalanceHotSamples" | toString | quote }}
+{{- end }}
+{{- if hasKey $rebalance "rebalanceGap" }}
+KN_RESCHEDULER_REBALANCE_GAP: {{ index $rebalance "rebalanceGap" | toString | quote }}
+{{- end }}
+{{- if hasKey $rebalance "rebalanceMaxPerRun" }}
+KN_RESCHEDULER_REBALANCE_MAX_PER_RUN: {{ index $rebalance "rebalanceMaxPerRun" | toString | quote }}
+{{- end }}
+{{- if hasKey $rebalance "rebalanceMaxPerNode" }}
+KN_RESCHEDULER_REBALANCE_MAX_PER_NODE: {{ index $rebalance "rebalanceMaxPerNode" | toString | quote }}
+{{- end }}
+{{- if hasKey $rebalance "rebalanceMaxPerNamespace" }}
+KN_RESCHEDULER_REBALANCE_MAX_PER_NAMESPACE: {{ index $rebalance "rebalanceMaxPerNamespace" | toString | quote }}
+{{- end }}
+{{- if hasKey $rebalance "rebalanceMaxPerWorkload" }}
+KN_RESCHEDULER_REBALANCE_MAX_PER_WORKLOAD: {{ index $rebalance "rebalanceMaxPerWorkload" | toString | quote }}
+{{- end }}
+{{- if hasKey $rebalance "rebalanceMinAvailable" }}
+KN_RESCHEDULER_REBALANCE_MIN_AVAILABLE: {{ index $rebalance "rebalanceMinAvailable" | toString | quote }}
+{{- end }}
+{{- if hasKey $rebalance "rebalanceAnyPlacement" }}
+KN_RESCHEDULER_REBALANCE_ANY_PLACEMENT: {{ index $rebalance "rebalanceAnyPlacement" | toString | quote }}
 {{- end }}
 {{- if include "kn-rescheduler.on.senderAuthentication" . }}
 KN_RESCHEDULER_SENDER_AUTH: "require"
