@@ -45,6 +45,7 @@ cluster-bins:
 	bash hack/build-bins.sh
 	bash hack/build-metrics-server.sh
 	bash hack/build-helm.sh
+	bash hack/build-krew.sh
 
 # What a cluster of kwok nodes runs (make demo, make up): the control plane, no kubelet,
 # kube-proxy or metrics-server, which a first demo would otherwise wait for. With REAL_NODES,

@@ -19,6 +19,7 @@ from typing import Final
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-bins.sh"
 HELM_SCRIPT: Final = REPO_ROOT / "hack" / "build-helm.sh"
+KREW_SCRIPT: Final = REPO_ROOT / "hack" / "build-krew.sh"
 BINARIES: Final = (
     "etcd",
     "kube-apiserver",
@@ -89,3 +90,8 @@ def ensure_bins(*, real_nodes: bool = False) -> Path:
 def ensure_helm() -> Path:
     """Helm, the version hack/helm/go.mod pins, built on first use."""
     return Path(run_build_script(HELM_SCRIPT))
+
+
+def ensure_krew() -> Path:
+    """Krew, the version hack/krew/go.mod pins, built on first use."""
+    return Path(run_build_script(KREW_SCRIPT))

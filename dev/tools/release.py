@@ -12,6 +12,10 @@ that version (reproducibly: hack/build-image.sh) and runs this, which writes ``d
 - ``images/FUNCTION.tar`` and ``images/FUNCTION.spdx.json``: the OCI archives those digests name,
   and their bills of materials. ``skopeo copy --preserve-digests oci-archive:images/F.tar
   docker://REGISTRY/F:VERSION`` pushes one under the digest the manifests name, or refuses.
+- ``kubectl-kn_rescheduler-vVERSION-OS-ARCH.tar.gz`` and ``krew/kn-rescheduler.yaml``: the
+  kubectl plugin for Linux and macOS, amd64 and arm64, and the Krew manifest naming those
+  archives under ``--url`` (dev/tools/krew.py). ``kubectl krew install
+  --manifest=krew/kn-rescheduler.yaml --archive=...`` installs one without a download.
 - ``SHA256SUMS``: every file above, ``sha256sum -c`` checks them.
 
 Nothing in them depends on the day or the machine: the chart archive is written here with
@@ -24,9 +28,7 @@ release twice and compares every byte.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
-import io
 import json
 import os
 import re
@@ -40,7 +42,8 @@ from typing import Final
 import yaml
 
 from dev.stack.functions import FUNCTIONS
-from dev.tools import chart
+from dev.tools import chart, krew
+from dev.tools.tgz import deterministic_tgz
 
 REPO: Final = Path(__file__).resolve().parents[2]
 # Semantic Versioning 2.0.0, as Helm requires of a chart's version.
@@ -110,16 +113,7 @@ def chart_archive(version: str, registry: str, digests: Mapping[str, str]) -> by
             raise ReleaseError(f"charts/kn-rescheduler/values.yaml: no single {old.strip()!r}")
         values = values.replace(old, new)
     files["values.yaml"] = values.encode()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(f"kn-rescheduler/{name}")
-            info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
-            tar.addfile(info, io.BytesIO(files[name]))
-    packed = io.BytesIO()
-    with gzip.GzipFile(fileobj=packed, mode="wb", mtime=0, filename="") as gz:
-        gz.write(raw.getvalue())
-    return packed.getvalue()
+    return deterministic_tgz({f"kn-rescheduler/{n}": (data, 0o644) for n, data in files.items()})
 
 
 def _place(source: Path, target: Path) -> None:
@@ -132,8 +126,17 @@ def _place(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def release(version: str, registry: str, images_dir: Path, out: Path, kubectl: Path) -> list[str]:
-    """Write the release into ``out`` (emptied first); the names written, in order."""
+def release(
+    version: str,
+    registry: str,
+    images_dir: Path,
+    out: Path,
+    kubectl: Path,
+    url: str = krew.RELEASES,
+) -> list[str]:
+    """Write the release into ``out`` (emptied first); the names written, in order. ``url``
+    is where the release's files will be downloaded from (``URL/vVERSION/FILE``), which the
+    Krew manifest names."""
     if not SEMVER.fullmatch(version):
         raise ReleaseError(f"VERSION {version!r} is not a semantic version (x.y.z)")
     if not REGISTRY.fullmatch(registry):
@@ -147,9 +150,11 @@ def release(version: str, registry: str, images_dir: Path, out: Path, kubectl: P
     if out.exists():
         shutil.rmtree(out)
     (out / "images").mkdir(parents=True)
+    (out / "krew").mkdir()
     written: dict[str, bytes | Path] = {}
     written.update(manifests(kubectl, registry, digests))
     written[f"kn-rescheduler-{version}.tgz"] = chart_archive(version, registry, digests)
+    written.update(krew.plugin_files(version, url))
     for f in FUNCTIONS:
         written[f"images/{f}.tar"] = archives[f]
         written[f"images/{f}.spdx.json"] = documents[f]
@@ -179,9 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--registry", required=True, help="where the images will be pushed")
     parser.add_argument("--images", type=Path, default=REPO / ".local" / "images")
     parser.add_argument("--out", type=Path, default=REPO / "dist")
+    parser.add_argument(
+        "--url", default=krew.RELEASES, help="where the files will be downloaded from (Krew)"
+    )
     args = parser.parse_args(argv)
     try:
-        names = release(args.version, args.registry, args.images, args.out, chart.kubectl())
+        names = release(
+            args.version, args.registry, args.images, args.out, chart.kubectl(), args.url
+        )
     except ReleaseError as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 2

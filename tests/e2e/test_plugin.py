@@ -3,15 +3,17 @@ the API shows, and it writes nothing unless asked.
 
 A Deployment crash-loops on a faulty kwok node and is moved once by detect-failures and
 update-annotations (in-process, the webhook stamping its pods); the plugin then reads it back.
-The last test installs the package as pip does and runs it through the cluster's own kubectl,
-which finds it on the PATH by its name.
+Two tests install the plugin, as pip does and as Krew does from a release's manifest and archive,
+and run it through the cluster's own kubectl, which finds it on the PATH by its name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import platform as host
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,9 @@ from typing import Any
 
 import pytest
 
+from dev.localcluster.bins import ensure_krew
+from dev.tools import krew
+from dev.tools.tgz import deterministic_tgz
 from kubectl_kn_rescheduler import cli
 from shared.api import movedoff
 from shared.api.keys import (
@@ -40,6 +45,8 @@ from tests.e2e.test_rescheduling import failing_pod, move_once, only
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+# The version of the plugin archives a test makes.
+VERSION = "0.0.1"
 
 
 @pytest.fixture
@@ -281,6 +288,50 @@ def test_kubectl_finds_the_installed_plugin_by_its_name(cluster: Any, tmp_path: 
     assert "kubectl-kn_rescheduler" in run_kubectl("plugin", "list")
     said = json.loads(run_kubectl("kn-rescheduler", "nodes", "--all", "-o", "json"))
     assert {n["name"] for n in said} == set(cluster.nodes)
+
+
+def test_krew_installs_the_release_s_plugin_and_it_runs_on_the_system_s_python(
+    cluster: Any, tmp_path: Path
+) -> None:
+    # The archive a release makes for this machine, and a manifest naming it.
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(host.machine(), host.machine())
+    mine = [p for p in krew.PLATFORMS if (p.os, p.arch) == (sys.platform, arch)]
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if not mine or system_python is None:
+        pytest.skip(f"no archive for {sys.platform}/{arch} or no python3 in /usr/bin")
+    (platform,) = mine
+    sites = tmp_path / "sites"
+    packed = deterministic_tgz(krew.tree(platform, krew.installed(sites, [platform])[platform]))
+    archive = tmp_path / krew.archive_name(VERSION, platform)
+    archive.write_bytes(packed)
+    digest = hashlib.sha256(packed).hexdigest()
+    manifest = tmp_path / "kn-rescheduler.yaml"
+    manifest.write_text(
+        krew.manifest(
+            VERSION, krew.RELEASES, {krew.archive_name(VERSION, p): digest for p in krew.PLATFORMS}
+        )
+    )
+    # Nothing of this checkout's: the system's Python, no virtualenv, no PYTHONPATH.
+    root = tmp_path / "krew-root"
+    env = {
+        "HOME": str(tmp_path),
+        "KREW_ROOT": str(root),
+        "PATH": f"{root / 'bin'}:/usr/bin:/bin",
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
+    installed = subprocess.run(
+        [str(ensure_krew()), "install", f"--manifest={manifest}", f"--archive={archive}"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    assert (root / "bin" / krew.EXECUTABLE).is_symlink()
+
+    done = subprocess.run(
+        [str(cluster.bins_dir / "kubectl"), "kn-rescheduler", "nodes", "--all", "-o", "json"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert {n["name"] for n in json.loads(done.stdout)} == set(cluster.nodes)
 
 
 def test_status_reads_the_policy_as_the_functions_do_and_only_events_about_its_objects(

@@ -18,7 +18,7 @@ import yaml
 from dev.bench import images
 from dev.localcluster.bins import ensure_helm
 from dev.stack.functions import FUNCTIONS
-from dev.tools import chart, release
+from dev.tools import chart, krew, release
 from tests.e2e.conftest import wait_for
 from tests.e2e.knative_manifests import Obj, kubectl
 
@@ -80,6 +80,8 @@ def test_a_release_made_twice_is_the_same_bytes(made: tuple[Path, Path]) -> None
             *release.MANIFESTS,
             CHART,
             "SHA256SUMS",
+            "krew/kn-rescheduler.yaml",
+            *(krew.archive_name(VERSION, p) for p in krew.PLATFORMS),
             *(f"images/{f}.tar" for f in FUNCTIONS),
             *(f"images/{f}.spdx.json" for f in FUNCTIONS),
         ]
@@ -185,3 +187,47 @@ def member(tar: tarfile.TarFile, name: str) -> bytes:
     extracted = tar.extractfile(name)
     assert extracted is not None, name
     return extracted.read()
+
+
+def test_the_krew_manifest_names_each_platform_s_archive_by_its_digest(
+    made: tuple[Path, Path],
+) -> None:
+    root = made[0]
+    plugin = yaml.safe_load((root / "krew" / "kn-rescheduler.yaml").read_text())
+    assert (plugin["kind"], plugin["metadata"]["name"]) == ("Plugin", "kn-rescheduler")
+    assert plugin["spec"]["version"] == f"v{VERSION}"
+    listed = {
+        (p["selector"]["matchLabels"]["os"], p["selector"]["matchLabels"]["arch"]): p
+        for p in plugin["spec"]["platforms"]
+    }
+    assert set(listed) == {(p.os, p.arch) for p in krew.PLATFORMS}
+    for platform in krew.PLATFORMS:
+        entry = listed[(platform.os, platform.arch)]
+        name = krew.archive_name(VERSION, platform)
+        assert entry["uri"] == f"{krew.RELEASES}/v{VERSION}/{name}"
+        assert entry["sha256"] == hashlib.sha256((root / name).read_bytes()).hexdigest()
+        assert entry["bin"] == krew.EXECUTABLE
+
+
+@pytest.mark.parametrize("platform", krew.PLATFORMS, ids=lambda p: p.name)
+def test_each_archive_holds_the_compiled_modules_of_its_platform_for_every_python(
+    made: tuple[Path, Path], platform: krew.Platform
+) -> None:
+    with tarfile.open(made[0] / krew.archive_name(VERSION, platform)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members[krew.EXECUTABLE].mode == 0o755
+    assert {m.mtime for m in members.values()} == {0}
+    assert "lib/kubectl_kn_rescheduler/cli.py" in members
+    assert not [n for n in members if n.endswith(".pyc") or n.endswith("RECORD")]
+    # The Kubernetes client needs pydantic-core, which is compiled only: one module per
+    # CPython, built for this platform and no other.
+    compiled = sorted(n for n in members if n.startswith("lib/pydantic_core/_pydantic_core."))
+    tag = (
+        "darwin"
+        if platform.os == "darwin"
+        else ("x86_64" if platform.arch == "amd64" else "aarch64")
+    )
+    assert len(compiled) == len(krew.PYTHONS), compiled
+    for python in krew.PYTHONS:
+        [one] = [n for n in compiled if f".cpython-{python.replace('.', '')}-" in n]
+        assert tag in one, one
