@@ -130,13 +130,42 @@ def config_methods(fields: Iterable[str]) -> dict[str, set[str]]:
     return methods
 
 
+def _annotated_config(node: ast.AST) -> set[str]:
+    """The names ``node`` gives a Config by annotation (``rules: Config``), whatever they are."""
+    names: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.arg) and _is_config(n.annotation):
+            names.add(n.arg)
+        elif (
+            isinstance(n, ast.AnnAssign)
+            and isinstance(n.target, ast.Name)
+            and _is_config(n.annotation)
+        ):
+            names.add(n.target.id)
+    return names
+
+
+def _is_config(annotation: ast.expr | None) -> bool:
+    if isinstance(annotation, ast.Name):
+        return annotation.id == "Config"
+    if isinstance(annotation, ast.Constant):
+        return annotation.value == "Config"
+    return isinstance(annotation, ast.Attribute) and annotation.attr == "Config"
+
+
 def settings_read(path: Path, fields: Iterable[str], methods: dict[str, set[str]]) -> set[str]:
     """The fields of ``fields`` that ``path`` reads from a config, directly or through one of
-    Config's own properties and methods (``config_methods``)."""
+    Config's own properties and methods (``config_methods``). A config is a name of
+    ``CONFIG_NAMES``, or any name the module annotates as a ``Config``."""
     wanted = set(fields)
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Attribute) and _names_a_config(node.value):
+    tree = ast.parse(path.read_text(), str(path))
+    also = _annotated_config(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (
+            _names_a_config(node.value)
+            or (isinstance(node.value, ast.Name) and node.value.id in also)
+        ):
             if node.attr in wanted:
                 found.add(node.attr)
             found.update(methods.get(node.attr, ()))
