@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -38,15 +40,25 @@ def settings(name: str, kubeconfig: Path, **more: str) -> dict[str, str]:
 def function_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[ClientFactory]:
     """A test client for functions/NAME/main.py, loaded with the given environment."""
 
+    stops: list[threading.Event] = []
+
     def make(name: str, **env: str) -> flask.testing.FlaskClient:
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         app = functions_framework.create_app(
             target="handle", source=str(ROOT / "functions" / name / "main.py")
         )
+        # functions-framework loads the source as the module "main"; a background thread it
+        # started (score-nodes' node cache) is stopped when the test ends, not left to log
+        # into the next test's captured output.
+        stop = getattr(sys.modules.get("main"), "NODE_CACHE_STOP", None)
+        if isinstance(stop, threading.Event):
+            stops.append(stop)
         return app.test_client()
 
     yield make
+    for stop in stops:
+        stop.set()
 
 
 def cloudevent(
