@@ -302,11 +302,19 @@ class Kube:
                 k8s_config.load_incluster_config(client_configuration=configuration)
             else:
                 # The client reads $KUBECONFIG once, at import; read it now instead.
-                k8s_config.load_kube_config(
-                    config_file=kubeconfig or os.environ.get("KUBECONFIG") or None,
-                    context=context,
-                    client_configuration=configuration,
-                )
+                with _client_errors() as said:
+                    k8s_config.load_kube_config(
+                        config_file=kubeconfig or os.environ.get("KUBECONFIG") or None,
+                        context=context,
+                        client_configuration=configuration,
+                    )
+                # A kubeconfig user whose exec plugin (or auth provider) fails is only logged
+                # by the client, which then goes on with no credentials at all: every call
+                # would be made as system:anonymous and refused, or worse, allowed.
+                if said and not _has_credentials(configuration):
+                    raise Unconfigured(
+                        "the kubeconfig's credentials could not be obtained: " + "; ".join(said)
+                    )
         except (k8s_config.ConfigException, OSError) as exc:
             # A pod whose ServiceAccount mounts no token (automountServiceAccountToken: false)
             # has KUBERNETES_SERVICE_HOST but nothing to authenticate with.
@@ -639,3 +647,34 @@ class Kube:
         return self.request(
             "POST", path_for("Pod", namespace, name, "eviction"), body=body, write=True
         )
+
+
+@contextlib.contextmanager
+def _client_errors() -> Iterator[list[str]]:
+    """The errors the Kubernetes client's kubeconfig loader logs (it logs a failing exec
+    credential plugin with logging.error, on the root logger, and carries on)."""
+    said: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR and record.pathname.endswith("kube_config.py"):
+                said.append(record.getMessage().strip())
+
+    keep = _Keep()
+    root = logging.getLogger()
+    root.addHandler(keep)
+    try:
+        yield said
+    finally:
+        root.removeHandler(keep)
+
+
+def _has_credentials(configuration: Any) -> bool:
+    """Whether a loaded client configuration authenticates at all (a token, a client
+    certificate, or a user and password)."""
+    return bool(
+        configuration.api_key
+        or configuration.cert_file
+        or configuration.username
+        or configuration.refresh_api_key_hook
+    )
