@@ -123,3 +123,45 @@ def test_a_binding_a_skewed_clock_puts_before_the_last_evaluation_is_still_judge
     clock[0] = NOW + timedelta(seconds=30)
     usage.evaluate()
     assert api.events == ["web-0"]
+
+
+class Warming(Hot):
+    """node-1 at 2 of its 7.8 cores (26 %), then at 100 % once ``hot`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hot = False
+
+    def sample(self, internal_ips: Mapping[str, Iterable[str]]) -> dict[str, Measured]:
+        cores = 7.8 if self.hot else 2.0
+        return {n: Measured(cpu_cores=cores, memory_bytes=1.0 * 2**30) for n in internal_ips}
+
+
+def test_a_binding_judged_under_the_limit_is_not_warned_when_the_node_heats_up_later() -> None:
+    api, source, clock = Api([bound("web-0", NOW - timedelta(seconds=5))]), Warming(), [NOW]
+    usage = annotator(api, source, clock)
+    usage.evaluate()
+    assert api.events == []
+    # Other load comes 3 s later: the binding, still within the skew margin of the last
+    # evaluation, was judged fine then and is not blamed for what came after it.
+    source.hot, clock[0] = True, NOW + timedelta(seconds=3)
+    usage.evaluate()
+    assert api.events == []
+    # A binding after that evaluation is judged against the hot node.
+    api.pods.append(bound("web-1", NOW + timedelta(seconds=2)))
+    clock[0] = NOW + timedelta(seconds=30)
+    usage.evaluate()
+    assert api.events == ["web-1"]
+
+
+def test_a_new_process_leaves_the_bindings_a_previous_one_judged() -> None:
+    # web-0 was bound 50 s ago, within the estimate window, before this process began.
+    api, clock = Api([bound("web-0", NOW - timedelta(seconds=50))]), [NOW]
+    usage = annotator(api, Hot(), clock)
+    usage.evaluate()
+    assert api.events == []
+    # One bound since it began (a skewed clock's few seconds before) is its to judge.
+    api.pods.append(bound("web-1", NOW - timedelta(seconds=4)))
+    clock[0] = NOW + timedelta(seconds=30)
+    usage.evaluate()
+    assert api.events == ["web-1"]

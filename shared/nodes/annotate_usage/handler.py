@@ -51,7 +51,7 @@ from shared.nodes.annotate_usage.decide import (
     decide_node,
 )
 from shared.nodes.annotate_usage.sources import Source, SourceDown
-from shared.nodes.usage import allocatable, estimate
+from shared.nodes.usage import allocatable, estimate, scheduled_at
 from shared.platform import kube as kubeapi
 from shared.platform.config import Config
 from shared.platform.kube import Kube
@@ -169,6 +169,11 @@ class Annotator:
         self.recorder = Recorder(kube, clock)
         # When this process last judged every binding: those before it were judged then.
         self._evaluated_at: datetime | None = None
+        # When this process began: bindings before it (less SKEW_MARGIN) were a previous
+        # process's to judge, against the usage it saw.
+        self._started = clock()
+        # The bindings (pod uid, node) judged lately, whatever the verdict: judged once.
+        self._judged: dict[tuple[str, str], datetime] = {}
         self.warning_budget = WARNING_BUDGET
 
     def evaluate(self) -> Evaluation | None:
@@ -234,22 +239,35 @@ class Annotator:
         slowly (a policy engine down) must not hold back the next ticks' usage writes; after
         WARNING_BUDGET the rest waits for the next evaluation. Judged from the last evaluation
         that judged anything, less SKEW_MARGIN (binding times are the API server's clock, this
-        ``now`` ours): a pod judged twice is said once, its Event's name being the same.
+        ``now`` ours): a pod judged twice is said once, its Event's name being the same, and a
+        pod judged under the limit is not judged again in that margin (the node may be hotter
+        by then, from load that came after it). A process judges no binding from before it
+        began, less the margin: a previous process judged those against what it measured, and
+        a restart would otherwise warn about every pod of the last window again.
         """
         if not pods_by_node:
             # No pod list (the source down, the list refused): nothing judged, the cursor stays.
             return
-        since = now - self.config.usage_estimate_window
+        since = max(now - self.config.usage_estimate_window, self._started - SKEW_MARGIN)
         if self._evaluated_at is not None:
             since = max(since, self._evaluated_at - SKEW_MARGIN)
         deadline = time.monotonic() + self.warning_budget
         finished = True
+        judged: dict[tuple[str, str], datetime] = {}
         for decision in decisions:
             if decision.record is None or decision.node not in pods_by_node:
                 continue
-            found = bindings_over_limit(
-                decision.node, decision.record, pods_by_node[decision.node], since, self.config
-            )
+            pods = pods_by_node[decision.node]
+            # A binding judged under the limit by the last evaluation is not judged again
+            # within SKEW_MARGIN: the node may be hotter now, from load that came after it.
+            found = [
+                over
+                for over in bindings_over_limit(
+                    decision.node, decision.record, pods, since, self.config
+                )
+                if (over.uid, over.node) not in self._judged
+            ]
+            judged.update(_judged_bindings(decision.node, pods, since))
             for over in found:
                 if time.monotonic() > deadline:
                     finished = False
@@ -262,6 +280,10 @@ class Annotator:
                     key=over.node,
                     repeat=False,
                 )
+                if not said:
+                    # Not said (the create failed, or an Event is there already): judged again
+                    # next time, when the Event's name says it once.
+                    judged.pop((over.uid, over.node), None)
                 if said:
                     for resource, _ in over.over:
                         OVER_LIMIT.labels(resource=resource.lower()).inc()
@@ -279,6 +301,8 @@ class Annotator:
                 )
                 return
         self._evaluated_at = now
+        floor = now - self.config.usage_estimate_window - SKEW_MARGIN
+        self._judged = {k: at for k, at in {**self._judged, **judged}.items() if at >= floor}
 
     def _recent_pods(self, now: datetime) -> dict[str, list[Pod]]:
         """Bound pods by node. One LIST of every bound pod (paged); a failure leaves the
@@ -390,3 +414,16 @@ def _precise(moment: datetime | None) -> str | None:
     if moment is None:
         return None
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _judged_bindings(
+    node: str, pods: Iterable[Pod], since: datetime
+) -> dict[tuple[str, str], datetime]:
+    """The bindings to ``node`` an evaluation from ``since`` judges, by (pod uid, node)."""
+    judged = {}
+    for pod in pods:
+        bound = scheduled_at(pod)
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        if uid and bound is not None and bound >= since.replace(microsecond=0):
+            judged[(uid, node)] = bound
+    return judged
