@@ -23,9 +23,10 @@ lock:
 	rm -rf .lock-venv
 
 # After an uninstall: every mark kn-rescheduler wrote, off Nodes and workloads
-# (docs/install-upgrade.md).
+# (docs/install-upgrade.md); PRESSURE_LABEL=status=presure also takes label-nodes' label off
+# where its record shows it wrote it (the settings naming it went with the install).
 cleanup: venv
-	$(PY) -m kubectl_kn_rescheduler cleanup --yes
+	$(PY) -m kubectl_kn_rescheduler cleanup --yes $(if $(PRESSURE_LABEL),--pressure-label $(PRESSURE_LABEL))
 cleanup-dry-run: venv
 	$(PY) -m kubectl_kn_rescheduler cleanup --dry-run=server
 

@@ -61,6 +61,8 @@ NODE_ANNOTATIONS = (
     HOT_STREAK_ANNOTATION,
 )
 WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "Pod")
+# The kinds the admission policies make their params, with ADMISSION_PARAM_LABEL.
+PARAM_KINDS = frozenset({"ReplicaSet", "StatefulSet", "Job"})
 # label-nodes' label as KN_RESCHEDULER_PRESSURE_LABEL sets it: KEY=VALUE.
 PRESSURE_LABEL = f"{PRESSURE_LABEL_KEY}={PRESSURE_LABEL_VALUE}"
 ATTEMPTS = 5
@@ -78,9 +80,12 @@ class Cleanup:
 
 
 def _our_pressure_label(
-    labels: Mapping[str, str], annotations: Mapping[str, str], pressure_label: str
+    labels: Mapping[str, str], annotations: Mapping[str, str], pressure_label: str | None
 ) -> str | None:
-    """The pressure label's key when label-nodes put the label there, else None."""
+    """The pressure label's key when label-nodes put the label there, else None (and None
+    when which label label-nodes writes is not known: the record does not name it)."""
+    if pressure_label is None:
+        return None
     key, _, value = pressure_label.partition("=")
     if labels.get(key) != value or PRESSURE_ANNOTATION not in annotations:
         return None
@@ -91,9 +96,15 @@ def _our_pressure_label(
     return key if record.since is not None else None
 
 
-def node_cleanup(node: Mapping[str, Any], pressure_label: str = PRESSURE_LABEL) -> Cleanup | None:
-    """The patch taking our marks off a Node, or None when it carries none (pure)."""
+def node_cleanup(
+    node: Mapping[str, Any], pressure_label: str | None = PRESSURE_LABEL
+) -> Cleanup | None:
+    """The patch taking our marks off a Node, or None when it carries none (pure). None too
+    for an object with no resourceVersion (the API always gives one): a patch without it would
+    be unconditional, and would replace a taint list someone changed meanwhile."""
     meta = node.get("metadata") or {}
+    if not meta.get("resourceVersion"):
+        return None
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     taints = (node.get("spec") or {}).get("taints") or []
@@ -119,20 +130,25 @@ def node_cleanup(node: Mapping[str, Any], pressure_label: str = PRESSURE_LABEL) 
         removed.append(f"taint {SUSPECT_LABEL}:{SUSPECT_TAINT_EFFECT}")
     if not metadata and "spec" not in patch:
         return None
-    metadata["resourceVersion"] = meta.get("resourceVersion", "")
+    metadata["resourceVersion"] = meta["resourceVersion"]
     patch["metadata"] = metadata
     return Cleanup("Node", None, str(meta.get("name", "")), patch, tuple(removed))
 
 
 def workload_cleanup(kind: str, obj: Mapping[str, Any]) -> Cleanup | None:
-    """The patch taking our state and marks off a workload, or None when it has none (pure)."""
+    """The patch taking our state and marks off a workload, or None when it has none, or no
+    resourceVersion (pure)."""
     meta = obj.get("metadata") or {}
+    if not meta.get("resourceVersion"):
+        return None
     annotations = meta.get("annotations") or {}
     ours = [k for k in (STATE_ANNOTATION, AVOID_NODES_ANNOTATION) if k in annotations]
-    labelled = ADMISSION_PARAM_LABEL in (meta.get("labels") or {})
+    # The admission policies label only the kinds that create pods from a template of their
+    # own (shared/admission/policies.py): the label on a Deployment or a Pod is someone else's.
+    labelled = kind in PARAM_KINDS and ADMISSION_PARAM_LABEL in (meta.get("labels") or {})
     if not ours and not labelled:
         return None
-    metadata: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion", "")}
+    metadata: dict[str, Any] = {"resourceVersion": meta["resourceVersion"]}
     if ours:
         metadata["annotations"] = dict.fromkeys(ours)
     if labelled:
@@ -144,7 +160,9 @@ def workload_cleanup(kind: str, obj: Mapping[str, Any]) -> Cleanup | None:
     )
 
 
-def _apply(api: Kube, kind: str, namespace: str | None, name: str, pressure_label: str) -> str:
+def _apply(
+    api: Kube, kind: str, namespace: str | None, name: str, pressure_label: str | None
+) -> str:
     """Clean one object, reading it again on a conflict. The outcome, for the report."""
     for _ in range(ATTEMPTS):
         try:
@@ -164,7 +182,7 @@ def _apply(api: Kube, kind: str, namespace: str | None, name: str, pressure_labe
     return f"still changing after {ATTEMPTS} attempts: run again"
 
 
-def clean(api: Kube, *, pressure_label: str = PRESSURE_LABEL) -> list[str]:
+def clean(api: Kube, *, pressure_label: str | None = PRESSURE_LABEL) -> list[str]:
     """Every mark of ours off every Node and workload; one line per object that had one."""
     report = []
     for node in api.list_all("Node"):
@@ -180,7 +198,7 @@ def clean(api: Kube, *, pressure_label: str = PRESSURE_LABEL) -> list[str]:
     return report
 
 
-def plans(api: Kube, *, pressure_label: str = PRESSURE_LABEL) -> list[Cleanup]:
+def plans(api: Kube, *, pressure_label: str | None = PRESSURE_LABEL) -> list[Cleanup]:
     """What a cleanup would remove, read and planned, nothing sent (the listing)."""
     found = [
         plan

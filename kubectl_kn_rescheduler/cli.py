@@ -272,9 +272,20 @@ def _run(
 
 
 def _cleanup(args: argparse.Namespace, api: kube.Kube, out: TextIO, as_json: bool) -> int:
-    label = args.pressure_label
+    label: str | None = args.pressure_label
+    kept = ""
     if label is None:
-        label = installed_settings(api, args.installed_in).cfg.pressure_label
+        settings = installed_settings(api, args.installed_in)
+        if settings.installed:
+            label = settings.cfg.pressure_label
+        else:
+            # After an uninstall the settings are gone, and with them which label label-nodes
+            # wrote: the default's key may well be someone else's (the original scheduler's
+            # status=presure), and the pressure record does not name its label.
+            kept = (
+                "the pressure label is left on every node: which label label-nodes wrote is "
+                f"not known ({settings.source}); name it with --pressure-label KEY=VALUE"
+            )
     elif not re.fullmatch(r"[^=\s]+=[^=\s]*", label):
         raise UsageError(f"--pressure-label {label!r}: write it KEY=VALUE, as status=presure")
     if not args.yes and not args.dry_run:
@@ -284,6 +295,8 @@ def _cleanup(args: argparse.Namespace, api: kube.Kube, out: TextIO, as_json: boo
             f"{len(found)} object(s) carry marks of kn-rescheduler"
             + ("; run again with --yes to remove them" if found else "")
         )
+        if kept:
+            lines.append(kept)
         data = [
             {"kind": p.kind, "namespace": p.namespace, "name": p.name, "remove": list(p.removed)}
             for p in found
@@ -295,7 +308,9 @@ def _cleanup(args: argparse.Namespace, api: kube.Kube, out: TextIO, as_json: boo
     prefix = "(server dry run) " if dry else ""
     lines = [prefix + line for line in report]
     lines.append(f"{len(report)} object(s) carried marks of kn-rescheduler")
-    _emit(out, as_json, {"dryRun": dry, "report": report}, lines)
+    if kept:
+        lines.append(kept)
+    _emit(out, as_json, {"dryRun": dry, "report": report, "pressureLabel": label}, lines)
     return OK
 
 

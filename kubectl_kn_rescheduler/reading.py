@@ -84,6 +84,8 @@ class Settings:
 
     cfg: Config
     source: str
+    # Read from an installed settings ConfigMap (else the defaults of this release).
+    installed: bool = False
 
 
 def installed_settings(api: kube.Kube, namespace: str = DEFAULT_NAMESPACE) -> Settings:
@@ -108,7 +110,7 @@ def installed_settings(api: kube.Kube, namespace: str = DEFAULT_NAMESPACE) -> Se
         if k.startswith(ENV_PREFIX) and k != CONFIG_FILE_ENV
     }
     try:
-        return Settings(Config.from_env(data), f"ConfigMap {name}")
+        return Settings(Config.from_env(data), f"ConfigMap {name}", installed=True)
     except ConfigError as exc:
         return Settings(Config(), f"the defaults: ConfigMap {name} does not parse ({exc})")
 

@@ -33,11 +33,15 @@ from shared.api.keys import (
     MOVED_OFF_LABEL,
     NODE_HEALTH_ANNOTATION,
     POLICY_ANNOTATION,
+    PRESSURE_ANNOTATION,
+    PRESSURE_LABEL_KEY,
+    PRESSURE_LABEL_VALUE,
     STATE_ANNOTATION,
     SUSPECT_LABEL,
     SUSPECT_TAINT_EFFECT,
 )
 from shared.api.nodehealth import NodeHealth, Seen
+from shared.api.pressure import Record as PressureRecord
 from shared.platform.kube import Kube
 from tests.e2e.conftest import Loop, pod_template, wait_for
 from tests.e2e.test_rescheduling import failing_pod, move_once, only
@@ -239,6 +243,45 @@ def test_nodes_says_each_mark_of_ours_and_cleanup_removes_them_only_when_asked(
     assert STATE_ANNOTATION not in (
         api.get("ReplicaSet", namespace, rs)["metadata"].get("annotations") or {}
     )
+
+
+def test_after_an_uninstall_the_pressure_label_stays_unless_it_is_named(
+    plugin: Callable[..., tuple[int, str]], cluster: Any, api: Kube
+) -> None:
+    # No settings ConfigMap (as after kubectl delete -k): status=presure beside our record may
+    # be the original scheduler's label, since the record does not say which label it was for.
+    node = cluster.nodes[3]
+    record = PressureRecord(rule="cpu", value=91.5, since=datetime.now(UTC))
+
+    def mark() -> None:
+        api.merge_patch(
+            "Node",
+            None,
+            node,
+            {
+                "metadata": {
+                    "labels": {PRESSURE_LABEL_KEY: PRESSURE_LABEL_VALUE},
+                    "annotations": {PRESSURE_ANNOTATION: record.to_json()},
+                }
+            },
+        )
+
+    def marks() -> tuple[str | None, bool]:
+        meta = api.get("Node", None, node)["metadata"]
+        return (meta.get("labels") or {}).get(PRESSURE_LABEL_KEY), PRESSURE_ANNOTATION in (
+            meta.get("annotations") or {}
+        )
+
+    mark()
+    code, text = plugin("cleanup", "--yes")
+    assert code == 0 and "the pressure label is left on every node" in text, text
+    assert marks() == (PRESSURE_LABEL_VALUE, False), "the label stays, our record goes"
+
+    mark()
+    label = f"{PRESSURE_LABEL_KEY}={PRESSURE_LABEL_VALUE}"
+    code, text = plugin("cleanup", "--yes", "--pressure-label", label)
+    assert code == 0 and f"Node {node}: removed label {label}" in text, text
+    assert marks() == (None, False)
 
 
 def test_kubectl_finds_the_installed_plugin_by_its_name(cluster: Any, tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ from kubectl_kn_rescheduler.reading import (
 )
 from shared.api import movedoff
 from shared.api.keys import (
+    ADMISSION_PARAM_LABEL,
+    ADMISSION_PARAM_VALUE,
     FAILING_WORKLOADS_LABEL,
     MAINTENANCE_LABEL,
     MOVED_OFF_LABEL,
@@ -215,7 +217,12 @@ def test_only_our_events_are_listed_oldest_first() -> None:
 
 def node(labels: dict[str, str], annotations: dict[str, str], taints: Any = ()) -> Any:
     return {
-        "metadata": {"name": "node-a", "labels": labels, "annotations": annotations},
+        "metadata": {
+            "name": "node-a",
+            "resourceVersion": "4711",
+            "labels": labels,
+            "annotations": annotations,
+        },
         "spec": {"taints": list(taints)},
     }
 
@@ -460,9 +467,49 @@ def test_the_pressure_label_goes_only_where_label_nodes_put_it(
     assert (f"annotation {PRESSURE_ANNOTATION}" in removed) is (record is not None)
 
 
+def test_the_pressure_label_stays_when_which_label_label_nodes_wrote_is_not_known() -> None:
+    # After an uninstall the settings are gone: status=presure beside our record may be the
+    # original scheduler's, and the record does not name its label.
+    plan = cleanup.node_cleanup(pressured("presure", Record(rule="cpu", since=NOW)), None)
+    assert plan is not None and plan.removed == (f"annotation {PRESSURE_ANNOTATION}",)
+
+
+@pytest.mark.parametrize(
+    ("kind", "removed"),
+    [
+        ("ReplicaSet", True),
+        ("StatefulSet", True),
+        ("Job", True),
+        ("Deployment", False),
+        ("Pod", False),
+    ],
+)
+def test_the_admission_param_label_goes_only_from_the_kinds_the_policies_label(
+    kind: str, removed: bool
+) -> None:
+    obj = {"metadata": {"name": "web", "namespace": "shop", "resourceVersion": "9"}}
+    obj["metadata"]["labels"] = {ADMISSION_PARAM_LABEL: ADMISSION_PARAM_VALUE, "team": "blue"}
+    plan = cleanup.workload_cleanup(kind, obj)
+    assert (plan is not None) is removed
+    if plan is not None:
+        assert plan.patch["metadata"]["labels"] == {ADMISSION_PARAM_LABEL: None}
+
+
+def test_an_object_without_a_resource_version_gets_no_unconditional_patch() -> None:
+    marked = node(
+        {SUSPECT_LABEL: "true"}, {}, [{"key": SUSPECT_LABEL, "effect": "PreferNoSchedule"}]
+    )
+    del marked["metadata"]["resourceVersion"]
+    assert cleanup.node_cleanup(marked) is None
+    rs = builders.replicaset("web", annotations={STATE_ANNOTATION: "{}"})
+    rs["metadata"].pop("resourceVersion", None)
+    assert cleanup.workload_cleanup("ReplicaSet", rs) is None
+
+
 def test_a_bare_pods_state_is_ours_to_remove() -> None:
     pod = builders.bare_pod("solo-1-ab12c")
     pod["metadata"]["annotations"] = {STATE_ANNOTATION: "{}", "team": "blue"}
+    pod["metadata"]["resourceVersion"] = "12"
     plan = cleanup.workload_cleanup("Pod", pod)
     assert plan is not None and plan.removed == (f"annotation {STATE_ANNOTATION}",)
     assert "Pod" in cleanup.WORKLOAD_KINDS
