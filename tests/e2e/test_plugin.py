@@ -376,6 +376,17 @@ def test_krew_installs_the_release_s_plugin_and_it_runs_on_the_system_s_python(
     assert done.returncode == 0, done.stderr
     assert {n["name"] for n in json.loads(done.stdout)} == set(cluster.nodes)
 
+    # The same executable is kn's plugin under the name kn looks for (docs/plugin.md).
+    kn_plugin = tmp_path / "kn-plugins" / "kn-rescheduler"
+    kn_plugin.parent.mkdir()
+    kn_plugin.symlink_to(root / "bin" / krew.EXECUTABLE)
+    done = subprocess.run(
+        [str(kn_plugin), "nodes", "--all", "-o", "json"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert {n["name"] for n in json.loads(done.stdout)} == set(cluster.nodes)
+
 
 def test_status_reads_the_policy_as_the_functions_do_and_only_events_about_its_objects(
     plugin: Callable[..., tuple[int, str]], api: Kube, namespace: str
