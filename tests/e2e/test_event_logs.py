@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from shared.api.keys import (
 )
 from shared.platform import logs
 from shared.platform.kube import Kube
+from tests import logcapture
 from tests.e2e.conftest import Loop, pod_template, state_of, wait_for
 from tests.e2e.test_rescheduling import failing_pod, only, pods, ready
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
@@ -45,18 +45,8 @@ def with_password(template: dict[str, Any]) -> dict[str, Any]:
 def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[str]]]:
     """The JSON lines the in-process functions log from here on, at the default settings."""
     monkeypatch.delenv(logs.LOG_EVENTS_ENV, raising=False)
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logs.JsonFormatter("test"))
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield lambda: stream.getvalue().splitlines()
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+    with logcapture.log_lines() as lines:
+        yield lines
 
 
 def replayed(lines: list[str], tmp_path: Path, *args: str) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ import pytest
 from kubectl_kn_rescheduler import replay
 from shared.api.keys import APISERVER_UPDATE, EVENT_POD_FAILING
 from shared.platform import logs
+from tests import logcapture
 from tests.handlers.conftest import ClientFactory, cloudevent, reply_of
 from tests.unit import pods
 from tests.unit.secret_pods import PASSWORD, SECRETS, with_secrets
@@ -41,18 +42,8 @@ Lines = Callable[[], list[dict[str, Any]]]
 def logged(monkeypatch: pytest.MonkeyPatch) -> Iterator[Lines]:
     """The JSON lines the functions log from here on, at the deployed level INFO."""
     monkeypatch.delenv(logs.LOG_EVENTS_ENV, raising=False)
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logs.JsonFormatter("detect-failures"))
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+    with logcapture.log_lines("detect-failures") as lines:
+        yield lambda: [json.loads(line) for line in lines()]
 
 
 def post(client: Any, data: Any, **kw: Any) -> Any:

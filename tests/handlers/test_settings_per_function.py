@@ -7,18 +7,15 @@ must stop rebalance-nodes, and leave the webhook and the pod functions running.
 
 from __future__ import annotations
 
-import io
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import pytest
 
-from shared.platform import logs
 from shared.platform.config import ConfigError
 from shared.platform.reads import READS
+from tests import logcapture
 from tests.handlers.conftest import ClientFactory, settings
 
 # Settings that refuse the value beside them, for a function to read or not.
@@ -49,23 +46,6 @@ def read_by(function: str) -> str:
     return next(name for name in BAD if name in READS[function])
 
 
-@pytest.fixture
-def logged() -> Iterator[io.StringIO]:
-    """What is logged from here on; logs.configure keeps this handler as the process's."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logs.JsonFormatter("test"))
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield stream
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-
-
 @pytest.mark.parametrize("function", sorted(READS))
 def test_a_bad_value_of_another_function_s_setting_does_not_stop_a_function(
     function: str, function_client: ClientFactory, unreachable_kubeconfig: Path
@@ -91,10 +71,10 @@ def test_a_function_logs_the_settings_it_reads_and_no_other(
     function: str,
     function_client: ClientFactory,
     unreachable_kubeconfig: Path,
-    logged: io.StringIO,
 ) -> None:
-    function_client(function, **settings(function, unreachable_kubeconfig))
-    lines = [json.loads(line) for line in logged.getvalue().splitlines()]
+    with logcapture.log_lines() as logged:
+        function_client(function, **settings(function, unreachable_kubeconfig))
+    lines = [json.loads(line) for line in logged()]
     (shown,) = [json.loads(line["config"]) for line in lines if line["msg"] == "configuration"]
     assert set(shown) == READS[function]
     assert len(shown) < 40, "a function reads far fewer than every setting"
