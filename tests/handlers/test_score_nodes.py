@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -331,11 +330,8 @@ def with_node_cache(
     function_client: ClientFactory, unreachable_kubeconfig: Path
 ) -> Iterator[flask.testing.FlaskClient]:
     """score-nodes with its node cache on, against an API server that refuses every
-    connection; the cache's thread is stopped afterwards."""
-    client = function_client("score-nodes", KUBECONFIG=str(unreachable_kubeconfig))
-    stop = sys.modules["main"].NODE_CACHE_STOP
-    yield client
-    stop.set()
+    connection; the cache's thread is stopped afterwards (by function_client)."""
+    yield function_client("score-nodes", KUBECONFIG=str(unreachable_kubeconfig))
 
 
 def test_names_only_while_the_node_cache_cannot_list_pass_every_node_and_score_them_alike(
